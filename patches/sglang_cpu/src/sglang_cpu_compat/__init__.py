@@ -1,0 +1,84 @@
+"""SGLang plugin: CPU-only workarounds so a stock sglang 0.5.23 wheel serves on a CPU host.
+
+Part of sglang-ctxprof's patches/: it exists because PyPI's sgl-kernel is CUDA-only, which no hook
+of the profiler can fix.  Install it only for CPU runs (tests, demo); a GPU deployment never needs it.
+It acts only when SGLANG_USE_CPU_ENGINE=1.  The top-level ``common_ops`` module provides pure-PyTorch
+versions of the sgl_kernel CPU ops sglang calls (see ../shared/reference/cpu/REPORT.md section 4).
+
+Loaded by sglang.srt.plugins.load_plugins() in every sglang process (launcher, scheduler, detokenizer).
+Only acts when SGLANG_USE_CPU_ENGINE=1.
+"""
+import logging
+import os
+import sys
+
+logger = logging.getLogger("sglang_cpu_compat")
+
+
+def _fused_gate_sigmoid_mul_torch(hidden_states, gate_weight, shared_output, output, *, do_add):
+    # torch port of sglang.kernels.ops.elementwise.elementwise._fused_gate_sigmoid_mul_add_kernel
+    import torch
+
+    gate = torch.sigmoid((hidden_states.float() * gate_weight.float()).sum(-1, keepdim=True))
+    res = gate * shared_output.float()
+    if do_add:
+        res = res + output.float()
+    output.copy_(res.to(output.dtype))
+
+
+def _patch_qwen2_moe_shared_gate():
+    # Qwen2-MoE shared-expert gate uses a Triton kernel whenever the layer is not on the
+    # intel_amx backend (qwen2_moe.py: use_fused_gate = ... not use_intel_amx_backend(...)).
+    # Triton has no CPU driver -> "0 active drivers". Replace the launcher with torch ops.
+    from sglang.kernels.ops.elementwise import elementwise as ew
+
+    ew._launch_fused_gate_sigmoid_mul = _fused_gate_sigmoid_mul_torch
+
+
+def _patch_deepseek_mla_torch_native():
+    # DeepSeek MLA picks a forward method per attention backend; "torch_native" is not
+    # registered, so the "triton" handler is used, which picks the MHA path for prefill.
+    # torch_native's forward_extend always reads K/V back from the (latent) MLA KV cache,
+    # so MHA prefill fails with a shape error. Use the absorbed MLA path for every mode.
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry,
+        _dispatch_mla_subtype,
+    )
+
+    AttentionBackendRegistry.register("torch_native", _dispatch_mla_subtype)
+
+
+def _keep_intel_amx_attention_backend():
+    # server-arg post-process `_attention_backend_platform_fallbacks` rewrites
+    # --attention-backend intel_amx -> torch_native when cpu_has_amx_support() is False
+    # (no compiled sgl-kernel CPU ops). Our common_ops stand-in provides Python versions of
+    # decode_attention_cpu/extend_attention_cpu, so keep intel_amx: it is the only CPU
+    # attention backend that implements speculative decoding (verify tree masks, draft decode).
+    if os.environ.get("SGLANG_CPU_COMPAT_KEEP_AMX_ATTN", "1") != "1":
+        return
+    from sglang.srt.arg_groups import attention_hook, overrides
+
+    orig = overrides._attention_backend_platform_fallbacks
+    if getattr(orig, "_cpu_compat", False):
+        return
+
+    def patched(view):
+        if view.attention_backend == "intel_amx" and view.device == "cpu":
+            return {}
+        return orig(view)
+
+    patched._cpu_compat = True
+    overrides._attention_backend_platform_fallbacks = patched
+    attention_hook._attention_backend_platform_fallbacks = patched
+    overrides.POST_PROCESS_PASSES[:] = [patched if f is orig else f for f in overrides.POST_PROCESS_PASSES]
+
+
+def register():
+    if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") != "1":
+        return
+    for fn in (_patch_qwen2_moe_shared_gate, _patch_deepseek_mla_torch_native, _keep_intel_amx_attention_backend):
+        try:
+            fn()
+            logger.debug("sglang_cpu_compat: applied %s in pid %d", fn.__name__, os.getpid())
+        except Exception:
+            logger.exception("sglang_cpu_compat: %s failed", fn.__name__)

@@ -1,0 +1,170 @@
+"""The one place that knows SGLang's internals (0.5.20 - 0.5.23).
+
+Everything version-specific lives here: the table of hook targets, how to read ranks, sequence
+lengths, acceptance and the control request/reply types.  The hooks call these helpers and never
+touch SGLang attributes directly, so supporting another release means editing this module only.
+
+Reads happen where SGLang has already synchronized the step (``process_batch_result`` after
+``copy_done.synchronize()``): ``accept_lens`` is then a CPU tensor, ``req.seqlen`` and
+``len(req.output_ids)`` are plain Python values.  Nothing here touches a GPU tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .records import RankId
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+_S = "sglang.srt.managers.scheduler.Scheduler"
+_EAGLE_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
+_NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
+_MLE_DRAFT = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
+_FROZEN_DRAFT = "sglang.srt.speculative.frozen_kv_mtp_worker_v2.FrozenKVMTPDraftWorker"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One hook target: dotted path, the hook kind (see ``hooks.HOOKS``), and whether it must exist."""
+
+    path: str
+    hook: str
+    required: bool = True
+    group: str = "timing"  # "timing" targets toggle with enable/disable; "control" stays
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(f"{_S}.get_internal_state", "control", group="control"),
+    Target(f"{_S}.run_batch", "run_batch"),
+    Target(f"{_S}.process_batch_result", "process_batch_result"),
+    Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "verify"),
+    Target(f"{_EAGLE_DRAFT}.draft", "draft"),
+    Target(f"{_EAGLE_DRAFT}._draft_extend_for_decode", "draft_extend"),
+    Target(f"{_NGRAM}._prepare_for_speculative_decoding", "draft"),
+    Target(f"{_NGRAM}._update_ngram_corpus", "draft_extend"),
+    Target(f"{_MLE_DRAFT}.draft", "draft", required=False),
+    Target(f"{_MLE_DRAFT}._draft_extend_for_decode", "draft_extend", required=False),
+    Target(f"{_FROZEN_DRAFT}.draft", "draft", required=False),
+    Target(f"{_FROZEN_DRAFT}._draft_extend_for_decode", "draft_extend", required=False),
+    Target("sglang.srt.layers.radix_attention.RadixAttention.forward", "attn"),
+    Target("sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.forward", "moe"),
+    # Whole MoE blocks (gate + top-k + experts + shared experts) of the model families we know.
+    # Only the outermost MoE region of a call counts, so FusedMoE inside them is not double-counted.
+    Target("sglang.srt.models.deepseek_v2.DeepseekV2MoE.forward", "moe", required=False),
+    Target("sglang.srt.models.qwen3_moe.Qwen3MoeSparseMoeBlock.forward", "moe", required=False),
+    Target("sglang.srt.models.qwen2_moe.Qwen2MoeSparseMoeBlock.forward", "moe", required=False),
+)
+
+# What each target needs from the hooked function's signature (checked at start-up and by the
+# offline AST compatibility check): parameter names that must be present, in order.
+SIGNATURES: dict[str, tuple[str, ...]] = {
+    f"{_S}.get_internal_state": ("self", "recv_req"),
+    f"{_S}.run_batch": ("self", "batch"),
+    f"{_S}.process_batch_result": ("self", "batch", "result"),
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": ("self", "batch"),
+}
+
+
+def sglang_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ---- batch / request / result accessors ---------------------------------------------------------
+def batch_kind(batch: Any) -> Optional[str]:
+    """'decode' for a decode (speculative or not) step, 'prefill' for extend, None otherwise."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None:
+        return None
+    if mode.is_decode():
+        return "decode"
+    if mode.is_extend() and not mode.is_target_verify():
+        return "prefill"
+    return None
+
+
+def step_id(batch: Any) -> int:
+    return int(getattr(batch, "forward_iter", 0) or 0)
+
+
+def req_snapshot(req: Any) -> tuple[str, int, int, int]:
+    """(rid, context length now, spec_verify_ct, tokens emitted so far) for one request."""
+    out = req.output_ids
+    flen = getattr(req, "finished_len", None)
+    emitted = len(out) if flen is None else min(len(out), flen)
+    return req.rid, len(req.origin_input_ids) + len(out), int(getattr(req, "spec_verify_ct", 0)), emitted
+
+
+def req_finished(req: Any) -> bool:
+    try:
+        return bool(req.finished())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def accept_lens(result: Any, n: int) -> list[int]:
+    """Tokens accepted per request including the bonus token (CPU values, already synchronized)."""
+    al = getattr(result, "accept_lens", None)
+    if al is None:
+        return [1] * n
+    if getattr(al, "is_cpu", True):
+        return [int(x) for x in al.tolist()]
+    return [0] * n  # never read a device tensor here; report unknown as 0
+
+
+def draft_tokens(result: Any, server_args: Any) -> int:
+    n = getattr(result, "speculative_num_draft_tokens", None)
+    if n is None:
+        n = getattr(server_args, "speculative_num_draft_tokens", None)
+    return int(n or 0)
+
+
+def algorithm_name(server_args: Any) -> str:
+    alg = getattr(server_args, "speculative_algorithm", None)
+    return str(alg).upper() if alg else "NONE"
+
+
+def is_verify_call(args: tuple, kwargs: dict) -> bool:
+    return bool(kwargs.get("is_verify", False))
+
+
+def rank_of(scheduler: Any) -> RankId:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        return RankId(int(p.tp_rank or 0), int(p.dp_rank or 0), int(p.pp_rank or 0))
+    except Exception:  # noqa: BLE001 - older releases keep them on the scheduler
+        return RankId(int(getattr(scheduler, "tp_rank", 0) or 0), int(getattr(scheduler, "dp_rank", 0) or 0),
+                      int(getattr(scheduler, "pp_rank", 0) or 0))
+
+
+def device_of(scheduler: Any) -> str:
+    return str(getattr(getattr(scheduler, "server_args", None), "device", "cpu") or "cpu")
+
+
+# ---- control channel ------------------------------------------------------------------------------
+def control_rid(recv_req: Any) -> Optional[str]:
+    rid = getattr(recv_req, "rid", None)
+    return rid if isinstance(rid, str) else None
+
+
+def make_control_request(rid: str) -> Any:
+    from sglang.srt.managers.io_struct import GetInternalStateReq
+
+    return GetInternalStateReq(rid=rid)
+
+
+def make_control_reply(payload: dict) -> Any:
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    return GetInternalStateReqOutput(internal_state=payload)

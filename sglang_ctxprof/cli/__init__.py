@@ -1,0 +1,1 @@
+"""The ``sglang-ctxprof`` command line (the only place that configures logging globally)."""

@@ -1,0 +1,63 @@
+"""``sglang-ctxprof`` entry point: argparse wiring from a table of subcommands.
+
+Each subcommand module exposes ``add_cli_args(parser)`` and ``run(namespace) -> int``.  Expected
+failures (bad arguments, unreachable server, ...) print one ``error:`` line with a usage hint and
+exit non-zero; they never print a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "tiny-model": ("sglang_ctxprof.cli.tiny_model", "write a tiny random-weight model (+ draft), no download"),
+    "show": ("sglang_ctxprof.cli.show", "print a server's /ctx_profile as a table"),
+}
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exit code 2 (or .code)."""
+
+    def __init__(self, msg: str, code: int = 2) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sglang-ctxprof", description="Context-length profiler for SGLang speculative decoding.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (mod, help_) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        module = importlib.import_module(mod)
+        adder = getattr(module, "add_cli_args", None)
+        if adder is None:
+            args_cls = next(v for k, v in vars(module).items() if k.endswith("Args") and isinstance(v, type))
+            adder = args_cls.add_cli_args
+        adder(p)
+        p.set_defaults(_module=mod)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    if not getattr(ns, "command", None):
+        ap.print_help()
+        return 2
+    module = importlib.import_module(ns._module)
+    try:
+        return int(module.run(ns) or 0)
+    except (CliError, ValueError) as exc:
+        print(f"sglang-ctxprof {ns.command}: error: {exc}", file=sys.stderr)
+        print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
+        return getattr(exc, "code", 2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

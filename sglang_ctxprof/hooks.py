@@ -1,0 +1,181 @@
+"""Thin hook functions.  Each calls SGLang's original exactly once, outside any guard.
+
+Our own work before and after the original runs inside ``try`` blocks that report to the
+profiler's :class:`~sglang_ctxprof.safety.Guard`; a failure disables the ``hooks`` component and
+SGLang continues as if we were not there.  Nothing here synchronizes a device or reads a GPU
+tensor: marks come from the profiler's clock, and results are read in ``process_batch_result``
+after SGLang's own ``copy_done.synchronize()``.
+
+``PROFILER`` is set by the plugin in the scheduler process only; ``None`` means off.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import adapter
+from .names import Phase
+
+PROFILER: Optional[Any] = None  # runtime.Profiler, set by plugin.install_scheduler()
+INSTRUMENTOR: Optional[Any] = None
+
+_VERIFY = Phase.VERIFY.value
+
+
+def _fail(p: Any, exc: BaseException) -> None:
+    p.guard.fail("hooks", exc)
+
+
+def run_batch(original, self, batch, *args, **kwargs):
+    p = PROFILER
+    b = None
+    if p is not None and p.active and p.guard.ok("hooks"):
+        try:
+            b = p.begin_step(self, batch)
+            if b is not None:
+                _ensure_worker_wrapped(p, self)
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+            b = None
+    try:
+        return original(self, batch, *args, **kwargs)
+    finally:
+        if b is not None:
+            try:
+                p.end_step(b, batch)
+            except Exception as exc:  # noqa: BLE001
+                _fail(p, exc)
+
+
+def _ensure_worker_wrapped(p: Any, scheduler: Any) -> None:
+    worker = getattr(scheduler, "model_worker", None)
+    if worker is not None and INSTRUMENTOR is not None:
+        INSTRUMENTOR.wrap_instance(worker, "forward_batch_generation", step_span)
+
+
+def step_span(original, *args, **kwargs):
+    """Instance wrapper of the (speculative) worker's forward_batch_generation: the step span."""
+    p = PROFILER
+    b = p.current() if p is not None else None
+    if b is None or b.span is not None:
+        return original(*args, **kwargs)
+    try:
+        t0 = p.clock.mark()
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        try:
+            b.span = (t0, p.clock.mark())
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+
+
+def process_batch_result(original, self, batch, result, *args, **kwargs):
+    p = PROFILER
+    b = None
+    if p is not None and p.guard.ok("hooks") and p.pending:
+        try:
+            b = p.before_result(batch)
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+            b = None
+    out = original(self, batch, result, *args, **kwargs)
+    if b is not None:
+        try:
+            p.after_result(b, batch, result)
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+    return out
+
+
+def _timed(name: str, original, args, kwargs):
+    """Time ``original`` as phase ``name`` of the current step (outermost occurrence wins)."""
+    p = PROFILER
+    b = p.current() if p is not None else None
+    if b is None or b.in_phase(name):
+        return original(*args, **kwargs)
+    try:
+        t0 = p.clock.mark()
+        b.open.append(name)
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        try:
+            b.open.pop()
+            b.add(name, t0, p.clock.mark())
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+
+
+def draft(original, *args, **kwargs):
+    return _timed(Phase.DRAFT.value, original, args, kwargs)
+
+
+def draft_extend(original, *args, **kwargs):
+    return _timed(Phase.DRAFT_EXTEND.value, original, args, kwargs)
+
+
+def verify(original, *args, **kwargs):
+    if not adapter.is_verify_call(args, kwargs):
+        return original(*args, **kwargs)
+    return _timed(_VERIFY, original, args, kwargs)
+
+
+def _sub(name: str, original, args, kwargs):
+    """Attention / MoE regions inside verify; only the outermost region of a call counts."""
+    p = PROFILER
+    b = p.current() if p is not None else None
+    if b is None or b.sub_depth or not b.in_phase(_VERIFY):
+        return original(*args, **kwargs)
+    try:
+        t0 = p.clock.mark()
+        b.sub_depth += 1
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        try:
+            b.sub_depth -= 1
+            b.add(name, t0, p.clock.mark())
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+
+
+def attn(original, *args, **kwargs):
+    return _sub(Phase.VERIFY_ATTN.value, original, args, kwargs)
+
+
+def moe(original, *args, **kwargs):
+    return _sub(Phase.VERIFY_MOE.value, original, args, kwargs)
+
+
+def control(original, self, recv_req, *args, **kwargs):
+    """Answer our own control requests on SGLang's GetInternalStateReq channel; pass others on."""
+    rid = adapter.control_rid(recv_req)
+    from .names import CONTROL_RID_PREFIX
+
+    if rid is None or not rid.startswith(CONTROL_RID_PREFIX):
+        return original(self, recv_req, *args, **kwargs)
+    from .control import handle
+
+    return adapter.make_control_reply(handle(rid, self))
+
+
+HOOKS = {
+    "control": control,
+    "run_batch": run_batch,
+    "process_batch_result": process_batch_result,
+    "verify": verify,
+    "draft": draft,
+    "draft_extend": draft_extend,
+    "attn": attn,
+    "moe": moe,
+}

@@ -1,0 +1,137 @@
+"""The one vocabulary of sglang-ctxprof.
+
+Every phase, span, attribute, metric, log-event and environment-variable name used anywhere in
+the package lives here, so the HTTP view, the OTel view, the logs and the CLI can never disagree.
+Naming follows the OpenTelemetry rules: lowercase, dot namespaces, snake_case leaves; `gen_ai.*`
+semantic conventions are reused where the meaning matches, otherwise our own `ctxprof.*`.
+
+This module imports nothing from the package, SGLang, torch or OTel.
+"""
+
+from __future__ import annotations
+
+import enum
+
+SCHEMA_VERSION = 1
+
+
+class Phase(str, enum.Enum):
+    """Time buckets of one speculative decode step.
+
+    Leaf phases add up to the step span: draft + verify_attn + verify_moe + verify_rest +
+    draft_extend + overhead + unattributed == step.  ``verify`` is the sum of its three children.
+    """
+
+    DRAFT = "draft"
+    VERIFY = "verify"
+    VERIFY_ATTN = "verify_attn"
+    VERIFY_MOE = "verify_moe"
+    VERIFY_REST = "verify_rest"
+    DRAFT_EXTEND = "draft_extend"
+    OVERHEAD = "overhead"
+    UNATTRIBUTED = "unattributed"
+    STEP = "step"
+    PREFILL = "prefill"
+
+
+# Phases whose sum is the step span (order is the display order).
+LEAF_PHASES: tuple[str, ...] = (
+    Phase.DRAFT.value,
+    Phase.VERIFY_ATTN.value,
+    Phase.VERIFY_MOE.value,
+    Phase.VERIFY_REST.value,
+    Phase.DRAFT_EXTEND.value,
+    Phase.OVERHEAD.value,
+    Phase.UNATTRIBUTED.value,
+)
+# Every phase that gets statistics in a decode bucket (display order).
+REPORTED_PHASES: tuple[str, ...] = (
+    Phase.STEP.value,
+    Phase.DRAFT.value,
+    Phase.VERIFY.value,
+    Phase.VERIFY_ATTN.value,
+    Phase.VERIFY_MOE.value,
+    Phase.VERIFY_REST.value,
+    Phase.DRAFT_EXTEND.value,
+    Phase.OVERHEAD.value,
+    Phase.UNATTRIBUTED.value,
+)
+# Phases a custom worker may declare through ``sglang_ctxprof.phase(name)``.
+DECLARABLE_PHASES: frozenset[str] = frozenset(
+    {Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value}
+)
+
+# Record kinds.
+KIND_DECODE = "decode"
+KIND_PREFILL = "prefill"
+
+# Timing modes reported in /ctx_profile.
+TIMING_CPU = "cpu"
+TIMING_CUDA_EVENTS = "cuda_events"
+TIMING_CUDA_GRAPH_EVENTS = "cuda_graph_events"
+
+# Algorithms whose worker seams we know: they get full phase records, and time outside the named
+# phases is "overhead".  Any other algorithm reports it as "unattributed".
+FULL_PHASE_ALGORITHMS: frozenset[str] = frozenset(
+    {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN"}
+)
+
+# ---- environment variables (read once, by config.CtxProfConfig.from_env) -------------------
+ENV_ENABLE = "SGLANG_CTX_PROFILE"
+ENV_BUCKETS = "SGLANG_CTXPROF_BUCKETS"  # "pow2" | "fixed:<width>" | "edges:64,128,..."
+ENV_MAX_CTX = "SGLANG_CTXPROF_MAX_CTX"
+ENV_QUEUE_SIZE = "SGLANG_CTXPROF_QUEUE_SIZE"
+ENV_REQUEST_RING = "SGLANG_CTXPROF_REQUEST_RING"
+ENV_STEP_RING = "SGLANG_CTXPROF_STEP_RING"
+ENV_TRACE = "SGLANG_CTXPROF_TRACE"
+ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
+
+# ---- CLI flag ---------------------------------------------------------------------------------
+CLI_FLAG = "--enable-ctx-profile"
+CLI_DEST = "enable_ctx_profile"
+SERVER_ARGS_ATTR = "_ctx_profile"
+
+# ---- control channel (GetInternalStateReq.rid markers) -------------------------------------------
+CONTROL_RID_PREFIX = "__ctx_profile__"
+CMD_SNAPSHOT = "snapshot"
+CMD_RESET = "reset"
+CMD_ENABLE = "enable"
+CMD_DISABLE = "disable"
+CMD_STATUS = "status"
+CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
+
+# ---- HTTP routes --------------------------------------------------------------------------------
+ROUTE = "/ctx_profile"
+
+# ---- wrapper marker (instrumentor) ----------------------------------------------------------------
+WRAPPER_MARK = "__ctxprof_wrapper__"
+
+# ---- OTel span / attribute names --------------------------------------------------------------
+TRACER_NAME = "sglang_ctxprof"
+SPAN_REQUEST = "ctxprof.request"
+SPAN_STEP = "ctxprof.step"
+ATTR_RID = "gen_ai.request.id"
+ATTR_PROMPT_TOKENS = "gen_ai.usage.input_tokens"
+ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+ATTR_CTX_LEN = "ctxprof.ctx_len"
+ATTR_CTX_BUCKET = "ctxprof.ctx_bucket"
+ATTR_PHASE = "ctxprof.phase"
+ATTR_STEP_ID = "ctxprof.step_id"
+ATTR_BATCH_SIZE = "ctxprof.batch_size"
+ATTR_DRAFT_TOKENS = "ctxprof.draft_tokens"
+ATTR_ACCEPTED = "ctxprof.accepted_tokens"
+ATTR_ACCEPT_MEAN = "ctxprof.accepted_per_step"
+ATTR_DECODE_TOK_S = "ctxprof.decode_tok_s"
+ATTR_STEP_MS = "ctxprof.step_ms"
+ATTR_ALGORITHM = "ctxprof.spec_algorithm"
+
+# ---- metric names (Prometheus) ----------------------------------------------------------------
+METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"
+METRIC_ACCEPTED = "sglang_ctxprof_accepted_tokens"
+METRIC_STEPS = "sglang_ctxprof_steps"
+
+# ---- log events ----------------------------------------------------------------------------------
+EVENT_SLOW_STEP = "slow_step"
+EVENT_SLOW_REQUEST = "slow_request"
+EVENT_SUMMARY = "ctx_profile_summary"
+EVENT_DEGRADED = "ctx_profile_degraded"

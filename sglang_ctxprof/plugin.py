@@ -1,0 +1,121 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``ctxprof``).
+
+SGLang calls :func:`register` in every process that runs ``load_plugins()``.  With neither
+``--enable-ctx-profile`` on the command line nor ``SGLANG_CTX_PROFILE=1`` in the environment it
+returns at once and installs nothing, so SGLang runs exactly as without the plugin.  Otherwise it
+picks its work by process role:
+
+* main (HTTP) process: accept the flag (an AFTER hook on ``ServerArgs.add_cli_args``), export
+  ``SGLANG_CTX_PROFILE=1`` so spawned schedulers inherit it, and add the ``/ctx_profile`` routes;
+* scheduler processes: build the :class:`~sglang_ctxprof.runtime.Profiler` and instrument;
+* detokenizer, DP controller and anything else: nothing.
+
+It never raises: a failure is logged and SGLang starts without profiling.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+
+from . import adapter, hooks, names
+from .config import CtxProfConfig, env_enabled
+
+logger = logging.getLogger(__name__)
+
+
+def register() -> None:
+    try:
+        _register()
+    except Exception:  # noqa: BLE001 - a profiler must never stop the server from starting
+        logger.exception("sglang-ctxprof: plugin failed to load; SGLang continues without profiling")
+
+
+def flag_requested(argv: list[str] | None = None) -> bool:
+    argv = sys.argv if argv is None else argv
+    return names.CLI_FLAG in argv or env_enabled()
+
+
+def process_role() -> str:
+    if multiprocessing.parent_process() is None:
+        return "main"
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "run_scheduler_process":
+            return "scheduler"
+        f = f.f_back
+    return "other"
+
+
+def _register() -> None:
+    if not flag_requested():
+        return
+    role = process_role()
+    if role == "main":
+        os.environ[names.ENV_ENABLE] = "1"
+        CtxProfConfig.from_env()  # a bad SGLANG_CTXPROF_* value fails here, loudly, before start
+        _register_cli_hooks()
+        from .http_route import install_routes
+
+        install_routes()
+    elif role == "scheduler":
+        install_scheduler()
+
+
+def _register_cli_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _add_flag, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _keep_flag, HookType.AFTER)
+
+
+def _add_flag(result, parser, *args, **kwargs):
+    try:
+        parser.add_argument(names.CLI_FLAG, action="store_true", default=False,
+                            help="sglang-ctxprof: profile speculative decode steps by context length "
+                                 "(GET /ctx_profile). Same as SGLANG_CTX_PROFILE=1.")
+    except Exception:  # noqa: BLE001 - already added (argparse conflict)
+        pass
+    return None
+
+
+def _keep_flag(result, *args, **kwargs):
+    try:
+        ns = args[-1] if args else kwargs.get("args")
+        if getattr(ns, names.CLI_DEST, False):
+            os.environ[names.ENV_ENABLE] = "1"
+            setattr(result, names.SERVER_ARGS_ATTR, True)
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def install_scheduler() -> None:
+    from .instrumentor import CtxProfInstrumentor
+    from .runtime import Profiler
+
+    if hooks.PROFILER is not None:
+        return
+    version = adapter.sglang_version()
+    if version not in adapter.SUPPORTED:
+        logger.warning("sglang-ctxprof: SGLang %s is not a tested release (%s); checking every hook "
+                       "target, profiling what can be hooked", version, ", ".join(adapter.SUPPORTED))
+    cfg = CtxProfConfig.from_env()
+    hooks.PROFILER = Profiler(cfg)
+    hooks.INSTRUMENTOR = CtxProfInstrumentor()
+    hooks.INSTRUMENTOR.instrument(adapter.TARGETS, hooks.HOOKS, adapter.SIGNATURES, groups=["control"])
+    report = instrument_timing()
+    ok = sum(1 for v in report.values() if v == "ok")
+    bad = {k: v for k, v in report.items() if v != "ok"}
+    logger.info("sglang-ctxprof: profiling on in pid %d (sglang %s): %d hooks installed; not hooked: %s",
+                os.getpid(), version, ok, ", ".join(f"{k.rsplit('.', 2)[-2]}.{k.rsplit('.', 1)[-1]}"
+                                                    for k in bad) or "none")
+
+
+def instrument_timing() -> dict[str, str]:
+    report = hooks.INSTRUMENTOR.instrument(adapter.TARGETS, hooks.HOOKS, adapter.SIGNATURES, groups=["timing"])
+    if hooks.PROFILER is not None:
+        hooks.PROFILER.hook_report = {k: v for k, v in report.items()}
+    return report

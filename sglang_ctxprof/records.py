@@ -1,0 +1,131 @@
+"""Typed, immutable records that cross every boundary of the data path.
+
+A :class:`StepRecord` is what the hooks produce for one scheduler step (a speculative decode step
+or a prefill/extend batch) once its timings and acceptance are known.  It serialises to builtins
+(``to_dict``/``from_dict``) so it can travel through SGLang's msgpack control channel, be written
+to disk and be read back by the CLI.
+
+Accounting rule (documented in the README): for a request, ``1 + sum(committed)`` equals SGLang's
+``completion_tokens`` (the first token comes from prefill), the number of decode records equals
+``meta_info.spec_verify_ct``, and ``sum(accepted) - sum(committed)`` is what SGLang dropped at the
+request's last step (``max_new_tokens`` or a stop condition).
+
+Imports nothing from SGLang, torch or OTel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .names import KIND_DECODE, KIND_PREFILL, LEAF_PHASES, Phase
+
+
+@dataclass(frozen=True, slots=True)
+class RankId:
+    tp: int = 0
+    dp: int = 0
+    pp: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "RankId":
+        d = d or {}
+        return cls(int(d.get("tp", 0) or 0), int(d.get("dp", 0) or 0), int(d.get("pp", 0) or 0))
+
+    @property
+    def label(self) -> str:
+        return f"tp{self.tp}-dp{self.dp}-pp{self.pp}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One scheduler step.  Times are milliseconds; ``phases_ms`` holds leaf phases plus ``verify``."""
+
+    step_id: int
+    kind: str
+    algorithm: str
+    rank: RankId
+    rids: tuple[str, ...]
+    ctx_lens: tuple[int, ...]
+    accepted: tuple[int, ...]
+    committed: tuple[int, ...]
+    finished: tuple[bool, ...]
+    draft_tokens: int
+    step_ms: float
+    phases_ms: Mapping[str, float] = field(default_factory=dict)
+    t_start_ns: int = 0
+    timing: str = "cpu"
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rids)
+
+    @property
+    def ctx_sum(self) -> int:
+        return sum(self.ctx_lens)
+
+    @property
+    def ctx_mean(self) -> float:
+        return self.ctx_sum / len(self.ctx_lens) if self.ctx_lens else 0.0
+
+    def phase(self, name: str) -> float:
+        if name == Phase.STEP.value:
+            return self.step_ms
+        return float(self.phases_ms.get(name, 0.0))
+
+    def leaf_sum_ms(self) -> float:
+        return sum(float(self.phases_ms.get(p, 0.0)) for p in LEAF_PHASES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_id": self.step_id,
+            "kind": self.kind,
+            "algorithm": self.algorithm,
+            "rank": self.rank.to_dict(),
+            "batch_size": self.batch_size,
+            "rids": list(self.rids),
+            "ctx_lens": list(self.ctx_lens),
+            "accepted": list(self.accepted),
+            "committed": list(self.committed),
+            "finished": list(self.finished),
+            "draft_tokens": self.draft_tokens,
+            "step_ms": self.step_ms,
+            "phases_ms": dict(self.phases_ms),
+            "t_start_ns": self.t_start_ns,
+            "timing": self.timing,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "StepRecord":
+        n = len(d.get("rids", ()))
+        return cls(
+            step_id=int(d["step_id"]),
+            kind=str(d.get("kind", KIND_DECODE)),
+            algorithm=str(d.get("algorithm", "")),
+            rank=RankId.from_dict(d.get("rank")),
+            rids=tuple(str(r) for r in d.get("rids", ())),
+            ctx_lens=tuple(int(x) for x in d.get("ctx_lens", ())),
+            accepted=tuple(int(x) for x in d.get("accepted", (0,) * n)),
+            committed=tuple(int(x) for x in d.get("committed", (0,) * n)),
+            finished=tuple(bool(x) for x in d.get("finished", (False,) * n)),
+            draft_tokens=int(d.get("draft_tokens", 0)),
+            step_ms=float(d.get("step_ms", 0.0)),
+            phases_ms={str(k): float(v) for k, v in (d.get("phases_ms") or {}).items()},
+            t_start_ns=int(d.get("t_start_ns", 0)),
+            timing=str(d.get("timing", "cpu")),
+        )
+
+
+def validate(rec: StepRecord) -> None:
+    """Raise ValueError if a record is inconsistent (used by tests and the recorder's debug path)."""
+    n = len(rec.rids)
+    if rec.kind not in (KIND_DECODE, KIND_PREFILL):
+        raise ValueError(f"unknown kind {rec.kind!r}")
+    for name in ("ctx_lens", "accepted", "committed", "finished"):
+        if len(getattr(rec, name)) != n:
+            raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
+    if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
+        raise ValueError("negative duration")

@@ -1,0 +1,128 @@
+"""Bounded per-request history: totals for every recent request plus its step-by-step story.
+
+The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
+at most ``max_steps`` step rows (later rows are counted but not kept).  This is what
+``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
+``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
+
+Pure; imports only the package's record types.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterable, Mapping
+
+from .names import KIND_DECODE
+from .records import StepRecord
+
+
+class RequestLog:
+    def __init__(self, capacity: int = 4096, max_steps: int = 4096) -> None:
+        self.capacity = max(1, capacity)
+        self.max_steps = max(0, max_steps)
+        self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def observe(self, rec: StepRecord) -> None:
+        for i, rid in enumerate(rec.rids):
+            r = self._reqs.get(rid)
+            if r is None:
+                r = self._new(rid, rec, i)
+                self._reqs[rid] = r
+                if len(self._reqs) > self.capacity:
+                    self._reqs.popitem(last=False)
+                    self.evicted += 1
+            else:
+                self._reqs.move_to_end(rid)
+            if rec.kind != KIND_DECODE:
+                r["prefill_ms"] += rec.step_ms
+                r["prompt_tokens"] = rec.ctx_lens[i]
+                continue
+            r["steps"] += 1
+            r["accepted"] += rec.accepted[i]
+            r["committed"] += rec.committed[i]
+            r["decode_ms"] += rec.step_ms
+            r["ctx_last"] = rec.ctx_lens[i]
+            if r["ctx_first"] is None:
+                r["ctx_first"] = rec.ctx_lens[i]
+            r["finished"] = r["finished"] or rec.finished[i]
+            if len(r["step_rows"]) < self.max_steps:
+                r["step_rows"].append(_row(rec, i))
+            else:
+                r["steps_truncated"] += 1
+
+    @staticmethod
+    def _new(rid: str, rec: StepRecord, i: int) -> dict[str, Any]:
+        return {
+            "rid": rid,
+            "prompt_tokens": None,
+            "prefill_ms": 0.0,
+            "steps": 0,
+            "accepted": 0,
+            "committed": 0,
+            "decode_ms": 0.0,
+            "ctx_first": None,
+            "ctx_last": None,
+            "finished": False,
+            "steps_truncated": 0,
+            "step_rows": [],
+        }
+
+    def get(self, rid: str) -> dict[str, Any] | None:
+        r = self._reqs.get(rid)
+        return summarize(r, with_steps=True) if r is not None else None
+
+    def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
+        rows = [summarize(r, with_steps=False) for r in self._reqs.values() if r["steps"]]
+        rows.sort(key=lambda r: r["decode_tok_s"])
+        out = rows[: max(0, n)]
+        if with_steps:
+            out = [summarize(self._reqs[r["rid"]], with_steps=True) for r in out]
+        return out
+
+    def totals(self) -> list[dict[str, Any]]:
+        return [summarize(r, with_steps=False) for r in self._reqs.values()]
+
+    def to_state(self, with_steps: bool = False) -> list[dict[str, Any]]:
+        return [summarize(r, with_steps=with_steps) for r in self._reqs.values()]
+
+    def clear(self) -> None:
+        self._reqs.clear()
+        self.evicted = 0
+
+
+def _row(rec: StepRecord, i: int) -> dict[str, Any]:
+    return {
+        "step_id": rec.step_id,
+        "t_start_ns": rec.t_start_ns,
+        "ctx_len": rec.ctx_lens[i],
+        "batch_size": rec.batch_size,
+        "draft_tokens": rec.draft_tokens,
+        "accepted": rec.accepted[i],
+        "committed": rec.committed[i],
+        "step_ms": rec.step_ms,
+        "phases_ms": dict(rec.phases_ms),
+    }
+
+
+def summarize(r: Mapping[str, Any], with_steps: bool) -> dict[str, Any]:
+    steps = r["steps"]
+    decode_s = r["decode_ms"] / 1e3
+    out = {k: v for k, v in r.items() if k != "step_rows"}
+    out["accepted_per_step"] = r["accepted"] / steps if steps else 0.0
+    out["decode_tok_s"] = r["committed"] / decode_s if decode_s > 0 else 0.0
+    if with_steps:
+        out["step_rows"] = list(r["step_rows"])
+    return out
+
+
+def merge_request_lists(lists: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Requests seen by several DP ranks never overlap; TP ranks do not answer.  Concatenate."""
+    out: list[dict[str, Any]] = []
+    for lst in lists:
+        out.extend(lst)
+    return out

@@ -1,0 +1,69 @@
+"""Fault isolation for our own code inside SGLang.
+
+Each component (``hooks``, ``recorder``, ``aggregator``, ``exporter``, ``http``) runs its work under
+:meth:`Guard.run`.  The first failure of a component disables that component, logs one warning
+with the traceback (never one per step) and is reported as ``degraded`` in ``/ctx_profile``.
+SGLang's own calls never run inside a guard, so its exceptions and return values pass untouched.
+
+``SGLANG_CTXPROF_FAULT=<component>`` (test only) makes :meth:`Guard.check_fault` raise inside that
+component, so tests can prove the isolation on a real server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "http")
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by the test-only fault switch."""
+
+
+class Guard:
+    def __init__(self, fault: str = "") -> None:
+        self._lock = threading.Lock()
+        self.disabled: dict[str, str] = {}
+        self.fault = fault
+
+    def ok(self, component: str) -> bool:
+        return component not in self.disabled
+
+    def check_fault(self, component: str) -> None:
+        if self.fault == component:
+            raise InjectedFault(f"injected fault in {component} (SGLANG_CTXPROF_FAULT)")
+
+    def fail(self, component: str, exc: BaseException) -> None:
+        with self._lock:
+            if component in self.disabled:
+                return
+            self.disabled[component] = f"{type(exc).__name__}: {exc}"
+        logger.warning(
+            "sglang-ctxprof: component %r failed and is now disabled; SGLang continues unaffected.\n%s",
+            component, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+    def run(self, component: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run our code ``fn``; on failure disable ``component`` and return None."""
+        if component in self.disabled:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - isolating our code from the host is the point
+            self.fail(component, exc)
+            return None
+
+    def status(self) -> dict[str, Any] | None:
+        with self._lock:
+            if not self.disabled:
+                return None
+            return {"components": dict(self.disabled)}
+
+    def clear(self) -> None:
+        with self._lock:
+            self.disabled.clear()

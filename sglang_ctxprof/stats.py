@@ -1,0 +1,157 @@
+"""Bounded-memory statistics: a log-bucketed duration histogram and a streaming least-squares fit.
+
+* :class:`DurationStats` keeps count, total, min, max and a sparse log histogram (bins grow by 2%),
+  so p50/p90/p99 are within ~1% of the exact value and memory is bounded by the number of distinct
+  bins (at most ~1,200 between 1 us and 1,000 s), whatever the run length.
+* :class:`LinearFit` keeps the five sums of ordinary least squares, so ``y = a*x + b`` over all
+  observed points costs O(1) memory and merges across ranks exactly.
+
+Both export to and import from builtins with string keys (msgpack-safe) and merge.
+Pure Python; imports nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+_GROWTH = 1.02
+_LOG_G = math.log(_GROWTH)
+_MIN_MS = 1e-3  # values below 1 us share bin 0
+
+
+def _bin(ms: float) -> int:
+    if ms <= _MIN_MS:
+        return 0
+    return int(math.log(ms / _MIN_MS) / _LOG_G) + 1
+
+
+def _bin_mid(b: int) -> float:
+    if b == 0:
+        return 0.0
+    lo = _MIN_MS * _GROWTH ** (b - 1)
+    return lo * math.sqrt(_GROWTH)
+
+
+class DurationStats:
+    __slots__ = ("count", "total", "min", "max", "bins")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = 0.0
+        self.bins: dict[int, int] = {}
+
+    def add(self, ms: float) -> None:
+        self.count += 1
+        self.total += ms
+        if ms < self.min:
+            self.min = ms
+        if ms > self.max:
+            self.max = ms
+        b = _bin(ms)
+        self.bins[b] = self.bins.get(b, 0) + 1
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for b in sorted(self.bins):
+            seen += self.bins[b]
+            if seen >= rank:
+                return min(max(_bin_mid(b), self.min), self.max)
+        return self.max
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "mean_ms": self.mean,
+            "p50_ms": self.quantile(0.50),
+            "p90_ms": self.quantile(0.90),
+            "p99_ms": self.quantile(0.99),
+            "total_ms": self.total,
+        }
+
+    def merge(self, other: "DurationStats") -> None:
+        self.count += other.count
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        for b, c in other.bins.items():
+            self.bins[b] = self.bins.get(b, 0) + c
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "n": self.count,
+            "sum": self.total,
+            "min": self.min if self.count else 0.0,
+            "max": self.max,
+            "bins": {str(b): c for b, c in self.bins.items()},
+        }
+
+    @classmethod
+    def from_state(cls, s: Mapping[str, Any]) -> "DurationStats":
+        d = cls()
+        d.count = int(s.get("n", 0))
+        d.total = float(s.get("sum", 0.0))
+        d.min = float(s.get("min", 0.0)) if d.count else math.inf
+        d.max = float(s.get("max", 0.0))
+        d.bins = {int(b): int(c) for b, c in (s.get("bins") or {}).items()}
+        return d
+
+
+class LinearFit:
+    """Streaming ordinary least squares of y against x."""
+
+    __slots__ = ("n", "sx", "sy", "sxx", "sxy", "syy")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        self.sx += x
+        self.sy += y
+        self.sxx += x * x
+        self.sxy += x * y
+        self.syy += y * y
+
+    def merge(self, o: "LinearFit") -> None:
+        self.n += o.n
+        self.sx += o.sx
+        self.sy += o.sy
+        self.sxx += o.sxx
+        self.sxy += o.sxy
+        self.syy += o.syy
+
+    def solve(self) -> dict[str, float] | None:
+        """Return slope, intercept and r2, or None when x does not vary (a fit is meaningless)."""
+        if self.n < 2:
+            return None
+        den = self.n * self.sxx - self.sx * self.sx
+        if den <= 1e-12 * max(1.0, self.sxx * self.n):
+            return None
+        slope = (self.n * self.sxy - self.sx * self.sy) / den
+        intercept = (self.sy - slope * self.sx) / self.n
+        ss_tot = self.syy - self.sy * self.sy / self.n
+        ss_res = self.syy - intercept * self.sy - slope * self.sxy
+        r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
+        return {"slope": slope, "intercept": intercept, "r2": max(0.0, min(1.0, r2)), "n": self.n}
+
+    def to_state(self) -> dict[str, float]:
+        return {"n": self.n, "sx": self.sx, "sy": self.sy, "sxx": self.sxx, "sxy": self.sxy, "syy": self.syy}
+
+    @classmethod
+    def from_state(cls, s: Mapping[str, Any]) -> "LinearFit":
+        f = cls()
+        f.n = int(s.get("n", 0))
+        for k in ("sx", "sy", "sxx", "sxy", "syy"):
+            setattr(f, k, float(s.get(k, 0.0)))
+        return f

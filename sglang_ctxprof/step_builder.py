@@ -1,0 +1,91 @@
+"""Per-step accumulation of timing marks, and their resolution into phase durations.
+
+A :class:`StepBuilder` lives from ``run_batch`` until ``process_batch_result`` of the same batch
+(keyed by ``batch.forward_iter``).  Hooks append ``(phase, start, end)`` marks from whatever clock is
+in use; :func:`resolve` turns them into milliseconds once the device has finished the step.
+
+Phase arithmetic (all in ms):
+
+* ``draft``, ``verify``, ``draft_extend``: sums of their intervals;
+* ``verify_attn`` / ``verify_moe``: attention / MoE intervals recorded while inside ``verify``;
+* ``verify_rest = verify - verify_attn - verify_moe``;
+* the remainder ``step - (draft + verify + draft_extend)`` is ``overhead`` for algorithms whose
+  seams we know, else ``unattributed``.  So the leaf phases add up to the step span exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .names import Phase
+
+_D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
+_VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
+
+
+class StepBuilder:
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth")
+
+    def __init__(self, kind: str, t_start_ns: int) -> None:
+        self.kind = kind
+        self.t_start_ns = t_start_ns
+        self.span: Optional[tuple[Any, Any]] = None
+        self.marks: list[tuple[str, Any, Any]] = []
+        self.open: list[str] = []  # stack of named phases currently open
+        self.pre: Optional[list[tuple[str, int, int, int]]] = None
+        self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
+
+    @property
+    def current(self) -> Optional[str]:
+        return self.open[-1] if self.open else None
+
+    def in_phase(self, name: str) -> bool:
+        return name in self.open
+
+    def add(self, phase: str, a: Any, b: Any) -> None:
+        self.marks.append((phase, a, b))
+
+
+def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[float, dict[str, float]]]:
+    """Return ``(step_ms, phases_ms)`` or None if the device has not finished yet."""
+    if b.span is None:
+        return None
+    step_ms = clock.elapsed_ms(*b.span)
+    if step_ms is None:
+        return None
+    sums: dict[str, float] = {}
+    for phase, x, y in b.marks:
+        ms = clock.elapsed_ms(x, y)
+        if ms is None:
+            return None
+        sums[phase] = sums.get(phase, 0.0) + ms
+    phases: dict[str, float] = {}
+    named = 0.0
+    for p in (_D, _V, _DE):
+        if p in sums:
+            phases[p] = sums[p]
+            named += sums[p]
+    if _V in phases:
+        attn = sums.get(_VA, 0.0)
+        moe = sums.get(_VM, 0.0)
+        phases[_VA] = attn
+        phases[_VM] = moe
+        phases[_VR] = max(0.0, phases[_V] - attn - moe)
+    rest = max(0.0, step_ms - named)
+    if full_phases:
+        phases[Phase.OVERHEAD.value] = rest
+    else:
+        phases[Phase.UNATTRIBUTED.value] = rest
+    # A clock that is not perfectly nested (rounding) must still give leaves that sum to the span.
+    if named > step_ms:
+        step_ms = named
+    return step_ms, phases
+
+
+def release(b: StepBuilder, clock: Any) -> None:
+    if b.span is not None:
+        clock.release(b.span[0])
+        clock.release(b.span[1])
+    for _, x, y in b.marks:
+        clock.release(x)
+        clock.release(y)
