@@ -85,6 +85,7 @@ ENV_REQUEST_RING = "SGLANG_CTXPROF_REQUEST_RING"
 ENV_STEP_RING = "SGLANG_CTXPROF_STEP_RING"
 ENV_TRACE = "SGLANG_CTXPROF_TRACE"
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
+ENV_SELFCHECK = "SGLANG_CTXPROF_SELFCHECK"  # test-only: scheduler writes its hook report to this dir
 
 # ---- CLI flag ---------------------------------------------------------------------------------
 CLI_FLAG = "--enable-ctx-profile"

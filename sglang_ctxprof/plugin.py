@@ -50,6 +50,8 @@ def process_role() -> str:
 
 
 def _register() -> None:
+    if os.environ.get(names.ENV_SELFCHECK):
+        _start_selfcheck(os.environ[names.ENV_SELFCHECK])
     if not flag_requested():
         return
     role = process_role()
@@ -119,3 +121,33 @@ def instrument_timing() -> dict[str, str]:
     if hooks.PROFILER is not None:
         hooks.PROFILER.hook_report = {k: v for k, v in report.items()}
     return report
+
+
+def _start_selfcheck(directory: str) -> None:
+    """Test aid (``SGLANG_CTXPROF_SELFCHECK=<dir>``): a scheduler process periodically writes which
+    hook targets carry our wrapper marker, so a test can prove "flag off installs nothing" from
+    inside the real scheduler.  Does nothing in other processes and nothing without the variable."""
+    if process_role() != "scheduler":
+        return
+    import json
+    import threading
+    import time
+
+    from .instrumentor import is_wrapper, resolve
+
+    def loop() -> None:
+        while True:
+            time.sleep(2.0)
+            report = {}
+            for t in adapter.TARGETS:
+                try:
+                    report[t.path] = bool(is_wrapper(resolve(t.path)[2]))
+                except Exception:  # noqa: BLE001
+                    report[t.path] = None
+            os.makedirs(directory, exist_ok=True)
+            tmp = os.path.join(directory, f".selfcheck-{os.getpid()}.tmp")
+            with open(tmp, "w") as f:
+                json.dump({"pid": os.getpid(), "wrapped": report, "profiler": hooks.PROFILER is not None}, f)
+            os.replace(tmp, os.path.join(directory, f"selfcheck-{os.getpid()}.json"))
+
+    threading.Thread(target=loop, name="ctxprof-selfcheck", daemon=True).start()

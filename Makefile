@@ -1,0 +1,36 @@
+# sglang-ctxprof: two set-up commands, `make demo` and `make test`. Both build .venv first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ctxprof-installed
+# pip prints one warning per package for this machine's optional local mirrors; hide only those.
+QUIET_PIP := grep -v "^WARNING: Location 'file://" || true
+export SGLANG_USE_CPU_ENGINE := 1
+export OMP_NUM_THREADS := 1
+
+.PHONY: install demo test test-unit clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml patches/sglang_cpu/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip wheel setuptools 2>&1 | $(QUIET_PIP)
+	@echo "installing sglang==0.5.23 (torch 2.14.1 from the local file; ~150 s, ~11 GB) ..."
+	$(BIN)/pip install -q sglang==0.5.23 2>&1 | $(QUIET_PIP)
+	$(BIN)/pip install -q -e '.[test]' -e patches/sglang_cpu 2>&1 | $(QUIET_PIP)
+	$(BIN)/python -c "import sglang, sglang_ctxprof, common_ops; print('sglang', sglang.__version__)"
+	touch $@
+
+demo: install
+	$(BIN)/sglang-ctxprof demo
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not server"
+
+clean:
+	rm -rf .cache build *.egg-info

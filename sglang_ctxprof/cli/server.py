@@ -1,0 +1,140 @@
+"""``ServerProcess``: start a real SGLang server, wait until it is ready, stop it without leftovers.
+
+The server runs in its own session (process group); on exit we send SIGTERM to the launcher, wait,
+then SIGKILL the whole group, so no scheduler or detokenizer survives.  Readiness means ``/health``
+answers 200 and ``/v1/models`` lists the model; a process that exits early, or a timeout, raises
+:class:`ServerError` with the tail of the server log.
+
+``cpu_args()`` is the measured CPU recipe (see launch/cpu-demo.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Mapping, Sequence
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def cpu_args(model: str, *, algorithm: str | None = None, draft: str | None = None,
+             num_steps: int = 3, topk: int = 1, num_draft_tokens: int = 4) -> list[str]:
+    """Launch arguments for SGLang on this CPU: the recipe from the reference REPORT, section 2."""
+    args = ["--model-path", model, "--device", "cpu", "--disable-cuda-graph",
+            "--max-total-tokens", "16384", "--mem-fraction-static", "0.3", "--skip-server-warmup"]
+    if algorithm:
+        args += ["--attention-backend", "intel_amx", "--speculative-algorithm", algorithm]
+        if algorithm.upper() == "NGRAM":
+            args += ["--speculative-num-draft-tokens", str(num_draft_tokens)]
+        else:
+            args += ["--speculative-num-steps", str(num_steps), "--speculative-eagle-topk", str(topk),
+                     "--speculative-num-draft-tokens", str(num_draft_tokens)]
+        if draft:
+            args += ["--speculative-draft-model-path", draft]
+    else:
+        args += ["--attention-backend", "torch_native"]
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: Sequence[str], *, port: int | None = None, host: str = "127.0.0.1",
+                 env: Mapping[str, str] | None = None, log_path: str | None = None,
+                 timeout: float = 600.0, python: str | None = None) -> None:
+        self.port = port or free_port()
+        self.host = host
+        self.url = f"http://{host}:{self.port}"
+        self.cmd = [python or sys.executable, "-m", "sglang.launch_server", *args,
+                    "--host", host, "--port", str(self.port)]
+        self.env = {**os.environ, **CPU_ENV, **(env or {})}
+        self.log_path = log_path
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+        self._log = None
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
+        t0 = time.time()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        try:
+            self.wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.time() - t0
+
+    def wait_ready(self, t0: float) -> None:
+        while time.time() - t0 < self.timeout:
+            if self.proc.poll() is not None:
+                raise ServerError(f"SGLang exited with code {self.proc.returncode} during start-up"
+                                  f"{self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
+                    if r.status == 200 and json.loads(r.read()).get("data"):
+                        return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise ServerError(f"SGLang did not become ready within {self.timeout:.0f}s{self._tail()}")
+
+    def _tail(self, n: int = 30) -> str:
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            lines = f.readlines()[-n:]
+        return f"; last lines of {self.log_path}:\n" + "".join(lines)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+        self.proc = None

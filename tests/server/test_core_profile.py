@@ -1,0 +1,92 @@
+"""Issue 2 on a real CPU server: tiny DeepSeek-V3 (MLA + MoE) with the identity EAGLE head.
+
+Checks the per-bucket phase breakdown, that leaf phases add up to the step span, and that the
+profile reconciles exactly with what SGLang reported to the clients (meta_info), also for
+several concurrent requests sharing batches.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import pytest
+
+from conftest import generate, http, make_server_fixture, rand_ids, tiny
+from sglang_ctxprof.cli.server import cpu_args
+
+pytestmark = pytest.mark.server
+
+
+def _args():
+    m = tiny("deepseek-v3", "eagle", high_acceptance=True)
+    return cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"]
+
+
+server = make_server_fixture("core-dsv3-eagle", _args)
+
+CTX = (64, 1024, 3072)
+
+
+@pytest.fixture(scope="module")
+def traffic(server):
+    assert http("POST", server.url + "/ctx_profile/reset")[0] == 200
+    outs = [generate(server.url, rand_ids(n, seed=n), max_new_tokens=30) for n in CTX]
+    with cf.ThreadPoolExecutor(4) as ex:  # concurrent requests of different lengths share batches
+        futs = [ex.submit(generate, server.url, rand_ids(n, seed=100 + i), mt)
+                for i, (n, mt) in enumerate([(100, 21), (700, 37), (1500, 13), (300, 50)])]
+        outs += [f.result() for f in futs]
+    status, body = http("GET", server.url + "/ctx_profile")
+    assert status == 200, body
+    return outs, body
+
+
+def test_buckets_and_phases(traffic):
+    _, body = traffic
+    assert body["schema_version"] == 1 and body["enabled"] is True
+    assert body["timing"] == "cpu" and body["algorithms"] == ["EAGLE"]
+    labels = {b["label"]: b for b in body["buckets"]}
+    for want in ("64-127", "1024-2047", "2048-4095"):
+        assert want in labels, labels.keys()
+    for b in body["buckets"]:
+        for phase in ("draft", "verify", "verify_attn", "verify_moe", "verify_rest", "draft_extend"):
+            assert b["phases"][phase]["mean_ms"] > 0, (b["label"], phase)
+        assert b["accepted_per_step"] > 1.5  # identity head: realistic acceptance
+        assert b["decode_tok_s"] > 0
+
+
+def test_leaf_phases_add_up_to_step(traffic):
+    _, body = traffic
+    for b in body["buckets"]:
+        ph = b["phases"]
+        leaves = sum(ph[p]["total_ms"] for p in body["leaf_phases"] if p in ph)
+        assert leaves == pytest.approx(ph["step"]["total_ms"], rel=1e-6, abs=1e-6)
+        verify_parts = ph["verify_attn"]["total_ms"] + ph["verify_moe"]["total_ms"] + ph["verify_rest"]["total_ms"]
+        assert verify_parts == pytest.approx(ph["verify"]["total_ms"], rel=1e-6)
+
+
+def test_exact_accounting_per_request(server, traffic):
+    outs, body = traffic
+    total_steps = 0
+    for out in outs:
+        mi = out["meta_info"]
+        status, r = http("GET", f"{server.url}/ctx_profile/requests/{mi['id']}")
+        assert status == 200, r
+        assert r["steps"] == mi["spec_verify_ct"]
+        assert 1 + r["committed"] == mi["completion_tokens"]  # first token comes from prefill
+        assert r["accepted"] >= r["committed"]
+        assert r["prompt_tokens"] == mi["prompt_tokens"]
+        assert len(r["step_rows"]) == r["steps"]
+        assert r["step_rows"][0]["ctx_len"] == mi["prompt_tokens"] + 1
+        total_steps += r["steps"]
+    # nothing double counted: request-steps in the buckets equal the per-request sums
+    req_steps = sum(round(b["mean_batch_size"] * b["steps"]) for b in body["buckets"])
+    assert req_steps == total_steps
+    assert body["dropped"] == 0
+
+
+def test_text_format_and_reset(server, traffic):
+    status, text = http("GET", server.url + "/ctx_profile?format=text")
+    assert status == 200 and "2048-4095" in text and "v.attn ms" in text
+    assert http("POST", server.url + "/ctx_profile/reset")[0] == 200
+    status, body = http("GET", server.url + "/ctx_profile")
+    assert status == 200 and body["buckets"] == [] and body["totals"]["decode_steps"] == 0
