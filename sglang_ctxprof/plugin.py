@@ -101,9 +101,9 @@ def install_scheduler() -> None:
     if hooks.PROFILER is not None:
         return
     version = adapter.sglang_version()
-    if version not in adapter.SUPPORTED:
-        logger.warning("sglang-ctxprof: SGLang %s is not a tested release (%s); checking every hook "
-                       "target, profiling what can be hooked", version, ", ".join(adapter.SUPPORTED))
+    why = adapter.support_message(version)
+    if why:
+        logger.warning("sglang-ctxprof: %s", why)
     cfg = CtxProfConfig.from_env()
     hooks.PROFILER = Profiler(cfg)
     hooks.INSTRUMENTOR = CtxProfInstrumentor()

@@ -1,0 +1,135 @@
+"""Fakes with the same shape as the SGLang objects our hooks touch (for pure unit tests only).
+
+Real SGLang is tested on the real CPU server; these exist so the step life cycle, the fault guard
+and the instrumentor can be checked in milliseconds with an injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class Mode:
+    def __init__(self, name):
+        self.name = name
+
+    def is_decode(self):
+        return self.name == "DECODE"
+
+    def is_extend(self):
+        return self.name in ("EXTEND", "TARGET_VERIFY")
+
+    def is_target_verify(self):
+        return self.name == "TARGET_VERIFY"
+
+
+class Req:
+    def __init__(self, rid, prompt):
+        self.rid = rid
+        self.origin_input_ids = list(range(prompt))
+        self.output_ids = [1]
+        self.spec_verify_ct = 0
+        self.finished_len = None
+        self.max_new = 10**9
+
+    def finished(self):
+        return len(self.output_ids) >= self.max_new
+
+
+class Batch:
+    def __init__(self, reqs, mode="DECODE"):
+        self.reqs = reqs
+        self.forward_mode = Mode(mode)
+        self.forward_iter = 0
+
+
+class Tensor:
+    def __init__(self, vals):
+        self.vals = vals
+        self.is_cpu = True
+
+    def tolist(self):
+        return list(self.vals)
+
+
+class Result:
+    def __init__(self, accept):
+        self.accept_lens = Tensor(accept)
+        self.speculative_num_draft_tokens = 4
+
+
+class ServerArgs:
+    speculative_algorithm = "EAGLE"
+    speculative_num_draft_tokens = 4
+    device = "cpu"
+
+
+class Worker:
+    """The speculative worker: draft, verify (attention + MoE inside), draft_extend."""
+
+    def __init__(self, sleep=0.0):
+        self.sleep = sleep
+        self.attn = Attn(sleep)
+        self.moe = MoE(sleep)
+        self.target = TargetWorker(self)
+
+    def forward_batch_generation(self, batch):
+        self.draft(batch)
+        self.target.forward_batch_generation(batch, is_verify=True)
+        self.draft_extend(batch)
+        return Result([3] * len(batch.reqs))
+
+    def draft(self, batch):
+        time.sleep(self.sleep)
+
+    def draft_extend(self, batch):
+        time.sleep(self.sleep)
+
+
+class TargetWorker:
+    def __init__(self, outer):
+        self.outer = outer
+
+    def forward_batch_generation(self, batch, is_verify=False):
+        self.outer.attn.forward()
+        self.outer.moe.forward()
+        time.sleep(self.outer.sleep)
+
+
+class Attn:
+    def __init__(self, sleep):
+        self.sleep = sleep
+
+    def forward(self):
+        time.sleep(self.sleep)
+
+
+class MoE:
+    def __init__(self, sleep):
+        self.sleep = sleep
+
+    def forward(self):
+        time.sleep(self.sleep)
+
+
+class Scheduler:
+    def __init__(self, worker):
+        self.model_worker = worker
+        self.server_args = ServerArgs()
+        self.forward_ct = 0
+
+    def run_batch(self, batch):
+        self.forward_ct += 1
+        batch.forward_iter = self.forward_ct
+        return self.model_worker.forward_batch_generation(batch)
+
+    def process_batch_result(self, batch, result):
+        for i, req in enumerate(batch.reqs):
+            if req.finished():
+                continue  # overshoot row: SGLang does not count it
+            req.spec_verify_ct += 1
+            req.output_ids.extend([7] * result.accept_lens.vals[i])
+        return "processed"
+
+    def get_internal_state(self, recv_req):
+        return {"internal": True}

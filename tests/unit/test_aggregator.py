@@ -1,0 +1,176 @@
+"""Aggregator, bucketing, fit and the /ctx_profile JSON schema (pure, no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sglang_ctxprof.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.buckets import Bucketing
+from sglang_ctxprof.records import RankId, StepRecord, validate
+from sglang_ctxprof.stats import DurationStats, LinearFit
+
+
+def rec(step, ctx, acc=(4,), com=None, step_ms=10.0, phases=None, rids=None, kind="decode", fin=None):
+    n = len(ctx)
+    rids = rids or tuple(f"r{step}-{i}" for i in range(n))
+    return StepRecord(step_id=step, kind=kind, algorithm="EAGLE", rank=RankId(), rids=tuple(rids),
+                      ctx_lens=tuple(ctx), accepted=tuple(acc) * (n if len(acc) == 1 else 1),
+                      committed=tuple(com or acc) * (n if len(com or acc) == 1 else 1),
+                      finished=tuple(fin or (False,) * n), draft_tokens=4, step_ms=step_ms,
+                      phases_ms=phases if phases is not None else
+                      {"draft": 2.0, "verify": 6.0, "verify_attn": 3.0, "verify_moe": 2.0, "verify_rest": 1.0,
+                       "draft_extend": 1.5, "overhead": 0.5})
+
+
+def test_pow2_buckets():
+    b = Bucketing.parse("pow2", max_ctx=8192)
+    assert b.edges[:5] == (0, 64, 128, 256, 512)
+    assert b.label(b.index(64)) == "64-127"
+    assert b.label(b.index(63)) == "0-63"
+    assert b.label(b.index(3072)) == "2048-4095"
+    assert b.bounds(len(b.edges) - 1)[1] is None  # open-ended last bucket
+    assert b.label(b.index(10**9)).endswith("+")
+
+
+@pytest.mark.parametrize("spec,ctx,label", [("fixed:1000", 2500, "2000-2999"), ("edges:100,1000", 99, "0-99"),
+                                            ("edges:100,1000", 5000, "1000+")])
+def test_other_bucket_layouts(spec, ctx, label):
+    b = Bucketing.parse(spec, max_ctx=10000)
+    assert b.label(b.index(ctx)) == label
+
+
+@pytest.mark.parametrize("spec", ["fixed:0", "fixed:x", "edges:", "edges:a", "linear", "edges:-5"])
+def test_bad_bucket_spec_is_a_clear_error(spec):
+    with pytest.raises(ValueError, match="bucket spec"):
+        Bucketing.parse(spec)
+
+
+def test_duration_stats_quantiles_within_2pct():
+    s = DurationStats()
+    vals = [0.1 * i for i in range(1, 10001)]
+    for v in vals:
+        s.add(v)
+    assert s.count == 10000 and s.total == pytest.approx(sum(vals))
+    for q in (0.5, 0.9, 0.99):
+        exact = vals[int(q * len(vals)) - 1]
+        assert s.quantile(q) == pytest.approx(exact, rel=0.02)
+    assert len(s.bins) < 600  # bounded, not one entry per value
+
+
+def test_linear_fit_exact_and_degenerate():
+    f = LinearFit()
+    for x in range(10):
+        f.add(x, 2.5 * x + 7)
+    sol = f.solve()
+    assert sol["slope"] == pytest.approx(2.5) and sol["intercept"] == pytest.approx(7) and sol["r2"] == pytest.approx(1)
+    g = LinearFit()
+    g.add(3, 1)
+    g.add(3, 2)
+    assert g.solve() is None  # x does not vary: no fit rather than a wrong one
+
+
+def test_observe_buckets_phases_and_fit():
+    agg = Aggregator(Bucketing.parse("pow2", 1 << 16))
+    for i in range(20):
+        ctx = 100 if i % 2 else 3000
+        attn = 1.0 + ctx / 1000.0  # 1 ms per 1k ctx
+        agg.observe(rec(i, [ctx], step_ms=5 + attn, phases={"draft": 1.0, "verify": 3 + attn, "verify_attn": attn,
+                                                              "verify_moe": 2.0, "verify_rest": 1.0, "draft_extend": 1.0,
+                                                              "overhead": 0.0}))
+    body = summarize(agg.state())
+    labels = [b["label"] for b in body["buckets"]]
+    assert labels == ["64-127", "2048-4095"]
+    lo, hi = body["buckets"]
+    assert lo["steps"] == hi["steps"] == 10
+    assert hi["phases"]["verify_attn"]["mean_ms"] == pytest.approx(4.0)
+    assert lo["accepted_per_step"] == 4 and lo["decode_tok_s"] == pytest.approx(4 / (6.1 / 1000))
+    fit = body["fits"]["verify_attn"]
+    assert fit["ms_per_1k_ctx"] == pytest.approx(1.0) and fit["intercept_ms"] == pytest.approx(1.0)
+    assert fit["r2"] == pytest.approx(1.0)
+    assert body["fits"]["verify_moe"]["ms_per_1k_ctx"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_prefill_never_mixed_into_decode():
+    agg = Aggregator()
+    agg.observe(rec(1, [1000], acc=(0,), step_ms=50, phases={}, kind="prefill"))
+    agg.observe(rec(2, [1001], step_ms=10))
+    body = summarize(agg.state())
+    assert body["buckets"][0]["steps"] == 1
+    assert body["prefill"][0]["batches"] == 1 and body["prefill"][0]["mean_ms"] == pytest.approx(50)
+    assert body["totals"] == {**body["totals"], "decode_steps": 1, "prefill_batches": 1}
+
+
+def test_batch_mean_context_bucket_and_per_request_accounting():
+    agg = Aggregator()
+    agg.observe(rec(1, [100, 3000], acc=(3, 4), com=(3, 2), rids=("a", "b"), fin=(False, True)))
+    agg.observe(rec(2, [103], acc=(4,), rids=("a",)))
+    body = summarize(agg.state())
+    assert [b["label"] for b in body["buckets"]] == ["64-127", "1024-2047"]  # mean ctx 1550
+    a = agg.requests.get("a")
+    assert a["steps"] == 2 and a["accepted"] == 7 and a["committed"] == 7 and [r["ctx_len"] for r in a["step_rows"]] == [100, 103]
+    b = agg.requests.get("b")
+    assert b["steps"] == 1 and b["accepted"] == 4 and b["committed"] == 2 and b["finished"] is True
+
+
+def test_merge_ranks_equals_single_aggregator():
+    recs = [rec(i, [64 * (i % 50 + 1)], step_ms=5 + i % 7) for i in range(300)]
+    one = Aggregator()
+    parts = [Aggregator(), Aggregator(), Aggregator()]
+    for i, r in enumerate(recs):
+        one.observe(r)
+        parts[i % 3].observe(r)
+    merged = summarize(merge_states([p.state() for p in parts]))
+    single = summarize(one.state())
+    assert merged["buckets"] == single["buckets"]
+    for p in single["fits"]:
+        assert merged["fits"][p]["ms_per_1k_ctx"] == pytest.approx(single["fits"][p]["ms_per_1k_ctx"])
+
+
+def test_state_is_msgpack_safe_and_schema_stable():
+    agg = Aggregator()
+    for i in range(5):
+        agg.observe(rec(i, [200 + i]))
+    state = agg.state(with_request_steps=True)
+
+    def keys_are_str(o):
+        if isinstance(o, dict):
+            return all(isinstance(k, str) and keys_are_str(v) for k, v in o.items())
+        if isinstance(o, list):
+            return all(keys_are_str(v) for v in o)
+        return isinstance(o, (str, int, float, bool)) or o is None
+
+    assert keys_are_str(state)
+    body = summarize(json.loads(json.dumps(state)))
+    assert set(body) >= {"schema_version", "timing", "phases", "leaf_phases", "bucketing", "buckets", "fits",
+                         "prefill", "totals", "algorithms"}
+    b = body["buckets"][0]
+    assert set(b) >= {"label", "lo", "hi", "steps", "accepted_per_step", "decode_tok_s", "phases"}
+    assert set(b["phases"]["step"]) == {"count", "mean_ms", "p50_ms", "p90_ms", "p99_ms", "total_ms"}
+    assert all(math.isfinite(v) for v in b["phases"]["step"].values())
+
+
+def test_record_roundtrip_and_validation():
+    r = rec(7, [10, 20], acc=(2, 3), rids=("x", "y"))
+    assert StepRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    validate(r)
+    bad = StepRecord(**{**{f: getattr(r, f) for f in r.__dataclass_fields__}, "accepted": (1,)})
+    with pytest.raises(ValueError, match="accepted"):
+        validate(bad)
+
+
+def test_memory_bounded_request_ring_and_reset():
+    agg = Aggregator(request_capacity=10, step_ring=5, max_steps_per_request=3)
+    for i in range(20):
+        agg.observe(rec(i, [100], rids=(f"r{i}",)))
+    for i in range(5):
+        agg.observe(rec(20 + i, [101 + i], rids=("r19",)))
+    assert len(agg.requests) == 10 and agg.requests.evicted == 10
+    assert agg.requests.get("r0") is None
+    assert len(agg.recent) == 5
+    row = agg.requests.get("r19")
+    assert row["steps"] == 6 and len(row["step_rows"]) == 3 and row["steps_truncated"] == 3
+    agg.reset()
+    assert summarize(agg.state())["buckets"] == []

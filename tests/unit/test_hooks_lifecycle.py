@@ -1,0 +1,154 @@
+"""Instrumentor and hook life cycle against fake SGLang-shaped classes (injected sleeps)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import fakes
+from sglang_ctxprof import api, hooks
+from sglang_ctxprof.adapter import Target
+from sglang_ctxprof.aggregator import summarize
+from sglang_ctxprof.config import CtxProfConfig
+from sglang_ctxprof.instrumentor import CtxProfInstrumentor, is_wrapper
+from sglang_ctxprof.runtime import Profiler
+
+M = "fakes"
+TARGETS = (
+    Target(f"{M}.Scheduler.get_internal_state", "control", group="control"),
+    Target(f"{M}.Scheduler.run_batch", "run_batch"),
+    Target(f"{M}.Scheduler.process_batch_result", "process_batch_result"),
+    Target(f"{M}.TargetWorker.forward_batch_generation", "verify"),
+    Target(f"{M}.Worker.draft", "draft"),
+    Target(f"{M}.Worker.draft_extend", "draft_extend"),
+    Target(f"{M}.Attn.forward", "attn"),
+    Target(f"{M}.MoE.forward", "moe"),
+)
+ORIGINALS = {t.path: fakes.__dict__[t.path.split(".")[1]].__dict__[t.path.split(".")[2]] for t in TARGETS}
+
+
+@pytest.fixture
+def prof(monkeypatch):
+    p = Profiler(CtxProfConfig())
+    inst = CtxProfInstrumentor()
+    monkeypatch.setattr(hooks, "PROFILER", p)
+    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
+    report = inst.instrument(TARGETS, hooks.HOOKS)
+    assert set(report.values()) == {"ok"}
+    yield p
+    inst.uninstrument()
+    p.recorder.stop()
+
+
+def run_steps(n=3, sleep=0.002, reqs=None):
+    sched = fakes.Scheduler(fakes.Worker(sleep))
+    reqs = reqs or [fakes.Req("a", 100)]
+    for _ in range(n):
+        batch = fakes.Batch(reqs)
+        res = sched.run_batch(batch)
+        assert sched.process_batch_result(batch, res) == "processed"
+    return sched, reqs
+
+
+def test_instrument_marks_and_uninstrument_restores():
+    inst = CtxProfInstrumentor()
+    inst.instrument(TARGETS, hooks.HOOKS)
+    assert is_wrapper(fakes.Scheduler.run_batch) and fakes.Scheduler.run_batch.__wrapped__ is ORIGINALS[f"{M}.Scheduler.run_batch"]
+    again = inst.instrument(TARGETS, hooks.HOOKS)  # idempotent: a second call changes nothing
+    assert again[f"{M}.Scheduler.run_batch"] == "ok"
+    assert not is_wrapper(fakes.Scheduler.run_batch.__wrapped__)
+    inst.uninstrument()
+    for t in TARGETS:
+        owner = getattr(fakes, t.path.split(".")[1])
+        assert owner.__dict__[t.path.split(".")[2]] is ORIGINALS[t.path]
+
+
+def test_missing_and_incompatible_targets_are_reported_not_fatal(caplog):
+    inst = CtxProfInstrumentor()
+    with caplog.at_level(logging.WARNING):
+        rep = inst.instrument([Target(f"{M}.Scheduler.no_such_method", "draft"),
+                               Target(f"{M}.Scheduler.run_batch", "run_batch")], hooks.HOOKS,
+                              signatures={f"{M}.Scheduler.run_batch": ("self", "wrong_name")})
+    assert rep[f"{M}.Scheduler.no_such_method"].startswith("missing")
+    assert rep[f"{M}.Scheduler.run_batch"].startswith("incompatible")
+    assert "not found" in caplog.text and "unexpected signature" in caplog.text
+    assert not is_wrapper(fakes.Scheduler.run_batch)
+    inst.uninstrument()
+
+
+def test_step_record_phases_add_up_and_timing_is_exact(prof):
+    run_steps(3, sleep=0.01)
+    body = summarize(prof.state()["state"])
+    (b,) = body["buckets"]
+    ph = b["phases"]
+    assert b["steps"] == 3 and b["accepted_per_step"] == 3
+    # injected sleeps: draft, draft_extend 10 ms; verify = attn 10 + moe 10 + 10 rest
+    for name, want in (("draft", 10), ("draft_extend", 10), ("verify_attn", 10), ("verify_moe", 10),
+                       ("verify_rest", 10), ("verify", 30)):
+        assert want <= ph[name]["mean_ms"] < want + 8, (name, ph[name])
+    leaves = sum(ph[p]["total_ms"] for p in body["leaf_phases"] if p in ph)
+    assert leaves == pytest.approx(ph["step"]["total_ms"])
+    assert 0 <= ph["overhead"]["mean_ms"] < 5
+
+
+def test_accounting_and_overshoot_rows(prof):
+    a, b = fakes.Req("a", 100), fakes.Req("b", 3000)
+    b.max_new = 4  # b finishes after one step (1 + 3 tokens); later rows are overshoot
+    run_steps(3, reqs=[a, b])
+    ra = prof.recorder.with_aggregator(lambda ag: ag.requests.get("a"))
+    rb = prof.recorder.with_aggregator(lambda ag: ag.requests.get("b"))
+    assert ra["steps"] == a.spec_verify_ct == 3 and 1 + ra["committed"] == len(a.output_ids)
+    assert rb["steps"] == b.spec_verify_ct == 1 and rb["finished"] is True
+    assert [r["ctx_len"] for r in ra["step_rows"]] == [101, 104, 107]
+
+
+def test_our_failure_never_reaches_the_host(prof, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("bug in ctxprof")
+
+    monkeypatch.setattr(prof, "begin_step", boom)
+    sched, reqs = run_steps(2)
+    assert reqs[0].spec_verify_ct == 2  # SGLang's work happened exactly as without us
+    assert prof.guard.status() == {"components": {"hooks": "RuntimeError: bug in ctxprof"}}
+
+
+def test_host_exception_passes_through_unchanged(prof):
+    class HostError(Exception):
+        pass
+
+    sched = fakes.Scheduler(fakes.Worker())
+
+    def broken(batch):
+        raise HostError("sglang failed")
+
+    sched.model_worker.forward_batch_generation = broken
+    with pytest.raises(HostError, match="sglang failed"):
+        sched.run_batch(fakes.Batch([fakes.Req("x", 5)]))
+    assert prof.guard.status() is None  # not our failure
+
+
+def test_control_passthrough_and_runtime_disable(prof, monkeypatch):
+    sched = fakes.Scheduler(fakes.Worker())
+    assert sched.get_internal_state(object()) == {"internal": True}
+    monkeypatch.setattr("sglang_ctxprof.adapter.make_control_reply", lambda payload: payload)
+    from sglang_ctxprof import control
+
+    class Req:
+        rid = control.encode("status")
+
+    out = sched.get_internal_state(Req())
+    assert out["ctx_profile"]["status"]["enabled"] is True
+    Req.rid = control.encode("disable")
+    sched.get_internal_state(Req())
+    assert not is_wrapper(fakes.Scheduler.run_batch) and is_wrapper(fakes.Scheduler.get_internal_state)
+    Req.rid = "__ctx_profile__:{not json"
+    assert "error" in sched.get_internal_state(Req())["ctx_profile"]
+
+
+def test_public_phase_api_is_noop_when_off(monkeypatch):
+    monkeypatch.setattr(hooks, "PROFILER", None)
+    with api.phase("draft"):
+        pass
+    with pytest.raises(ValueError, match="unknown phase"):
+        api.phase("nonsense")
