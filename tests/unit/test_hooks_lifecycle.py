@@ -152,3 +152,25 @@ def test_public_phase_api_is_noop_when_off(monkeypatch):
         pass
     with pytest.raises(ValueError, match="unknown phase"):
         api.phase("nonsense")
+
+
+def test_overlap_order_keys_results_by_forward_iter(prof):
+    """Overlap scheduler: run_batch(N+1) runs before process_batch_result(N); records never mix.
+
+    (SGLang 0.5.23 runs speculative decoding without overlap on the CPU, so the real-server tests
+    cannot exercise this order; this test reproduces it.)"""
+    sched = fakes.Scheduler(fakes.Worker(0.001))
+    a = fakes.Req("a", 100)
+    prev = None
+    for _ in range(4):
+        batch = fakes.Batch([a])
+        res = sched.run_batch(batch)
+        if prev is not None:
+            sched.process_batch_result(*prev)
+        prev = (batch, res)
+    sched.process_batch_result(*prev)
+    r = prof.recorder.with_aggregator(lambda ag: ag.requests.get("a"))
+    assert r["steps"] == a.spec_verify_ct == 4
+    assert [row["step_id"] for row in r["step_rows"]] == [1, 2, 3, 4]
+    assert [row["ctx_len"] for row in r["step_rows"]] == [101, 104, 107, 110]
+    assert not prof.pending
