@@ -10,7 +10,7 @@ QUIET_PIP := grep -v "^WARNING: Location 'file://" || true
 export SGLANG_USE_CPU_ENGINE := 1
 export OMP_NUM_THREADS := 1
 
-.PHONY: install demo test test-unit clean
+.PHONY: install demo test test-unit clean fetch-compat check-compat
 
 install: $(STAMP)
 
@@ -34,3 +34,15 @@ test-unit: install
 
 clean:
 	rm -rf .cache build *.egg-info
+
+# SGLang releases the offline compatibility check reads (AST only; the wheels are never installed).
+COMPAT_VERSIONS ?= 0.5.12 0.5.20 0.5.21 0.5.22 0.5.23
+WHEEL_CACHE := .cache/wheels
+
+fetch-compat: install
+	mkdir -p $(WHEEL_CACHE)
+	for v in $(COMPAT_VERSIONS); do ls $(WHEEL_CACHE)/sglang-$$v-*.whl >/dev/null 2>&1 || \
+	  $(BIN)/pip download -q --no-deps -d $(WHEEL_CACHE) sglang==$$v 2>&1 | $(QUIET_PIP); done
+
+check-compat: install
+	$(BIN)/python -m sglang_ctxprof.compat_check --wheels $(WHEEL_CACHE)

@@ -70,6 +70,46 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
 }
 
 
+# The plugin framework itself: without it SGLang never calls our entry point (releases <= 0.5.1).
+FRAMEWORK: tuple[str, ...] = (
+    "sglang.srt.plugins.load_plugins",
+    "sglang.srt.plugins.hook_registry.HookRegistry.register",
+    "sglang.srt.server_args.ServerArgs.add_cli_args",
+    "sglang.srt.server_args.ServerArgs.from_cli_args",
+)
+SIGNATURES.update({
+    "sglang.srt.plugins.hook_registry.HookRegistry.register": ("cls", "target", "hook"),
+    "sglang.srt.server_args.ServerArgs.add_cli_args": ("parser",),
+    "sglang.srt.server_args.ServerArgs.from_cli_args": ("cls", "args"),
+})
+
+# Releases we know and do not support, with the exact reason (shown at start-up and by compat_check).
+UNSUPPORTED: dict[str, str] = {
+    "0.5.12": ("TpModelWorker.forward_batch_generation takes (self, model_worker_batch, ...) "
+               "instead of (self, batch), so verify is not hooked; with --disable-overlap-schedule "
+               "0.5.12 runs the V1 workers (eagle_worker.EAGLEWorker, ...) whose draft/draft-extend "
+               "seams are not in our target table; FrozenKVMTPDraftWorker does not exist; ranks come "
+               "from Scheduler attributes (no runtime_context). Found by the offline AST check "
+               "(make check-compat); run-time support was not attempted"),
+}
+NO_PLUGIN_FRAMEWORK = ("SGLang {version} has no plugin framework (sglang.srt.plugins, added in 0.5.12); "
+                       "sglang-ctxprof cannot load. Use SGLang {supported}")
+
+
+def support_message(version: Optional[str], has_framework: bool = True) -> Optional[str]:
+    """None for a supported release, else the one-line reason shown at start-up."""
+    sup = ", ".join(SUPPORTED)
+    if not has_framework:
+        return NO_PLUGIN_FRAMEWORK.format(version=version, supported=sup)
+    if version in SUPPORTED:
+        return None
+    if version in UNSUPPORTED:
+        return (f"SGLang {version} is not supported: {UNSUPPORTED[version]}; profiling what can be "
+                f"hooked (supported: {sup})")
+    return (f"SGLang {version} is not a tested release ({sup}); checking every hook target, "
+            f"profiling what can be hooked")
+
+
 def sglang_version() -> Optional[str]:
     try:
         from importlib.metadata import version

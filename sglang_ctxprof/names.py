@@ -136,3 +136,7 @@ EVENT_SLOW_STEP = "slow_step"
 EVENT_SLOW_REQUEST = "slow_request"
 EVENT_SUMMARY = "ctx_profile_summary"
 EVENT_DEGRADED = "ctx_profile_degraded"
+
+# ---- multi-tokenizer HTTP workers (SGLang imports the app by this path; see http_app.py) ---------
+ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
+HTTP_APP_PATH = "sglang_ctxprof.http_app:app"

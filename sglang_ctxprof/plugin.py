@@ -38,6 +38,11 @@ def flag_requested(argv: list[str] | None = None) -> bool:
     return names.CLI_FLAG in argv or env_enabled()
 
 
+def help_requested(argv: list[str] | None = None) -> bool:
+    argv = sys.argv if argv is None else argv
+    return "-h" in argv or "--help" in argv
+
+
 def process_role() -> str:
     if multiprocessing.parent_process() is None:
         return "main"
@@ -53,10 +58,14 @@ def _register() -> None:
     if os.environ.get(names.ENV_SELFCHECK):
         _start_selfcheck(os.environ[names.ENV_SELFCHECK])
     if not flag_requested():
+        if help_requested() and process_role() == "main":
+            _register_cli_hooks()  # only so that `--help` lists --enable-ctx-profile
         return
     role = process_role()
     if role == "main":
         os.environ[names.ENV_ENABLE] = "1"
+        # multi-tokenizer HTTP workers import the app by path (0.5.23, or patches/multi-tokenizer-app-path)
+        os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
         CtxProfConfig.from_env()  # a bad SGLANG_CTXPROF_* value fails here, loudly, before start
         _register_cli_hooks()
         from .http_route import install_routes

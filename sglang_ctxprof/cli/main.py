@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("sglang_ctxprof.cli.tiny_model", "write a tiny random-weight model (+ draft), no download"),
     "demo": ("sglang_ctxprof.cli.demo", "start SGLang on CPU with a tiny DeepSeek-V3 + draft and print the profile"),
     "show": ("sglang_ctxprof.cli.show", "print a server's /ctx_profile as a table"),
+    "patch": ("sglang_ctxprof.cli.patch", "apply/revert/show the source patches in patches/ on an SGLang tree"),
 }
 
 

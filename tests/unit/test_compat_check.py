@@ -1,0 +1,93 @@
+"""Offline AST compatibility check (sglang_ctxprof.compat_check).
+
+Always runs against the installed SGLang source tree (0.5.23) and against small synthetic trees that
+exercise each failure mode; runs against every wheel in .cache/wheels when `make fetch-compat` has
+cached them (no network at test time).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from sglang_ctxprof import adapter, compat_check as cc
+
+WHEELS = cc.cached_wheels(str(ROOT / ".cache" / "wheels"))
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> cc.Source:
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return cc.Source(str(tmp_path), "synthetic")
+
+
+def test_installed_tree_resolves_every_target():
+    loc, version = cc.installed_source()
+    src = cc.Source(loc, version)
+    res = cc.check(src)
+    assert len(res) == len(adapter.TARGETS) + len(adapter.FRAMEWORK)
+    assert cc.failures(res) == [], cc.format_results(cc.failures(res))
+    # the optional MoE-block targets of the families we know exist in 0.5.23 too
+    assert all(r.ok for r in res), cc.format_results([r for r in res if not r.ok])
+
+
+def test_main_on_installed_tree_exits_zero(capsys):
+    assert cc.main(["--installed"]) == 0
+    out = capsys.readouterr().out
+    assert "compatible" in out and "FAIL" not in out
+
+
+def test_missing_renamed_and_inherited(tmp_path):
+    src = _tree(tmp_path, {
+        "sglang/__init__.py": "",
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/base.py": """
+            class Base:
+                def run_batch(self, batch, pp_proxy_tensors=None):
+                    pass
+        """,
+        "sglang/srt/sched.py": """
+            from .base import Base as _B
+
+            class Scheduler(_B):
+                def process_batch_result(self, model_batch, result):
+                    pass
+        """,
+    })
+    ok = cc.check_target(src, "sglang.srt.sched.Scheduler.run_batch", ("self", "batch"))
+    assert ok.ok, ok  # found on the base class through a relative, aliased import
+    bad = cc.check_target(src, "sglang.srt.sched.Scheduler.process_batch_result", ("self", "batch", "result"))
+    assert bad.status == "incompatible" and "model_batch" in bad.detail
+    gone = cc.check_target(src, "sglang.srt.sched.Scheduler.get_internal_state", ("self", "recv_req"))
+    assert gone.status == "missing" and "get_internal_state" in gone.detail
+    nomod = cc.check_target(src, "sglang.srt.nothere.X.f", ())
+    assert nomod.status == "missing"
+    nocls = cc.check_target(src, "sglang.srt.sched.Nope.f", ())
+    assert nocls.status == "missing" and "Nope" in nocls.detail
+
+
+def test_main_reports_no_wheels(tmp_path, capsys):
+    assert cc.main(["--wheels", str(tmp_path)]) == 2
+    assert "make fetch-compat" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not WHEELS, reason="no wheels cached: run `make fetch-compat` (network)")
+@pytest.mark.parametrize("version", sorted(WHEELS))
+def test_cached_wheel(version):
+    src = cc.Source(WHEELS[version], version)
+    try:
+        fails = cc.failures(cc.check(src))
+    finally:
+        src.close()
+    if version in adapter.SUPPORTED:
+        assert fails == [], cc.format_results(fails)
+    elif version in adapter.UNSUPPORTED:
+        # the declared reason names every required target that fails
+        assert fails, f"{version} is declared unsupported but every target resolves"
+        for f in fails:
+            assert f.path.rsplit(".", 2)[-2] in adapter.UNSUPPORTED[version], f
