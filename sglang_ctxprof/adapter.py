@@ -26,6 +26,7 @@ _EAGLE_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 _NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 _MLE_DRAFT = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
 _FROZEN_DRAFT = "sglang.srt.speculative.frozen_kv_mtp_worker_v2.FrozenKVMTPDraftWorker"
+_RB = "sglang.srt.model_executor.runner_backend"
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,17 @@ TARGETS: tuple[Target, ...] = (
     Target("sglang.srt.models.deepseek_v2.DeepseekV2MoE.forward", "moe", required=False),
     Target("sglang.srt.models.qwen3_moe.Qwen3MoeSparseMoeBlock.forward", "moe", required=False),
     Target("sglang.srt.models.qwen2_moe.Qwen2MoeSparseMoeBlock.forward", "moe", required=False),
+    # CUDA graphs (graph_timing): capture records external events around the blocks above; each
+    # replay attaches them to a sampled verify step or marks its split unavailable; the overlap
+    # gate makes the scheduler read a sampled step before the next replay; the optional eager
+    # fallback runs sampled verify steps without their graph.  No-ops on CPU.
+    Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "graph_capture", required=False),
+    Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay", "graph_replay", required=False),
+    Target(f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay", "graph_replay",
+           required=False),
+    Target(f"{_S}.is_disable_overlap_for_batch", "overlap_gate", required=False),
+    Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph",
+           "graph_eager_fallback", required=False),
 )
 
 # What each target needs from the hooked function's signature (checked at start-up and by the
@@ -190,6 +202,69 @@ def rank_of(scheduler: Any) -> RankId:
 
 def device_of(scheduler: Any) -> str:
     return str(getattr(getattr(scheduler, "server_args", None), "device", "cpu") or "cpu")
+
+
+SIGNATURES.update({
+    f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": ("self", "shape_key", "forward_fn"),
+    f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": ("self", "shape_key"),
+    f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": ("self", "shape_key"),
+    f"{_S}.is_disable_overlap_for_batch": ("self", "batch", "last_batch"),
+})
+
+
+def graph_key(backend: Any, shape_key: Any) -> Any:
+    """Key of one captured graph: the backend instance (one per runner) and its shape key."""
+    return (id(backend), shape_key)
+
+
+def batch_step_id(batch: Any) -> Optional[int]:
+    """``forward_iter`` of a batch already launched (None for no batch)."""
+    if batch is None:
+        return None
+    it = getattr(batch, "forward_iter", None)
+    return int(it) if it is not None else None
+
+
+def next_step_id(scheduler: Any) -> int:
+    """The ``forward_iter`` the batch being launched will get (run_batch increments forward_ct)."""
+    return int(getattr(scheduler, "forward_ct", 0) or 0) + 1
+
+
+def device_name(scheduler: Any) -> Optional[str]:
+    """The GPU's marketing name (for the bandwidth table), None on a CPU run."""
+    if not device_of(scheduler).startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
+    """KV-cache layout facts of the target model for the roofline (builtins only), or None."""
+    mc = getattr(scheduler, "model_config", None)
+    if mc is None:
+        return None
+    sa = getattr(scheduler, "server_args", None)
+    kv_dtype = str(getattr(sa, "kv_cache_dtype", "auto") or "auto")
+    if kv_dtype == "auto":
+        kv_dtype = str(getattr(mc, "dtype", "bfloat16")).replace("torch.", "")
+    from .roofline import dtype_bytes
+
+    facts: dict[str, Any] = {
+        "layers": int(getattr(mc, "num_attention_layers", 0) or getattr(mc, "num_hidden_layers", 0)),
+        "kv_dtype": kv_dtype, "kv_dtype_bytes": dtype_bytes(kv_dtype),
+        "tp_size": int(getattr(scheduler, "tp_size", 1) or 1),
+    }
+    if "MLA" in str(getattr(mc, "attention_arch", "")):
+        facts.update(attention="mla", kv_lora_rank=int(mc.kv_lora_rank), qk_rope_head_dim=int(mc.qk_rope_head_dim))
+    else:
+        hf = getattr(mc, "hf_text_config", None)
+        kv = getattr(hf, "num_key_value_heads", None) or getattr(hf, "num_attention_heads", 0)
+        facts.update(attention="gqa", num_kv_heads=int(kv), head_dim=int(getattr(mc, "head_dim", 0)))
+    return facts
 
 
 # ---- control channel ------------------------------------------------------------------------------

@@ -11,7 +11,8 @@
 * a bounded request log and a bounded ring of recent raw steps.
 
 ``state()`` exports mergeable builtins (str keys, msgpack-safe) and ``summarize(state)`` turns one
-state, or ``merge_states`` of several ranks, into the public ``/ctx_profile`` JSON.  Memory is
+state, or ``merge_states`` of several ranks, into the public ``/ctx_profile`` JSON, with verify
+attention's % of the HBM roofline per bucket when the state's ``meta["hw"]`` allows (``roofline``).  Memory is
 bounded whatever the run length.  Imports nothing of SGLang, torch or OTel.
 """
 
@@ -24,6 +25,7 @@ from .buckets import Bucketing
 from .names import KIND_DECODE, LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
 from .records import StepRecord
 from .request_log import RequestLog, merge_request_lists
+from .roofline import bucket_roofline
 from .stats import DurationStats, LinearFit
 
 
@@ -111,7 +113,9 @@ class Aggregator:
             s = b.phases[name] = DurationStats()
         return s
 
-    def state(self, with_request_steps: bool = False) -> dict[str, Any]:
+    def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
+        """Mergeable state.  ``with_requests=False`` leaves out the per-request list (the snapshot
+        behind ``GET /ctx_profile`` only needs its length; requests are served by their own route)."""
         return {
             "schema_version": SCHEMA_VERSION,
             "bucketing": self.bucketing.to_dict(),
@@ -120,7 +124,8 @@ class Aggregator:
             "decode": {str(i): b.to_state() for i, b in self.decode.items()},
             "prefill": {str(i): b.to_state() for i, b in self.prefill.items()},
             "fits": {p: f.to_state() for p, f in self.fits.items()},
-            "requests": self.requests.to_state(with_steps=with_request_steps),
+            "requests": self.requests.to_state(with_steps=with_request_steps) if with_requests else [],
+            "requests_tracked": len(self.requests),
             "requests_evicted": self.requests.evicted,
         }
 
@@ -136,10 +141,12 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     fits: dict[str, LinearFit] = {}
     algs: dict[str, int] = {}
     timing = None
+    hw = None
     records = 0
     for s in states:
         records += int(s.get("records", 0))
         timing = timing or (s.get("meta") or {}).get("timing")
+        hw = hw or (s.get("meta") or {}).get("hw")
         for a, n in ((s.get("meta") or {}).get("algorithms") or {}).items():
             algs[a] = algs.get(a, 0) + n
         for dst, src in ((out_decode, s.get("decode") or {}), (out_prefill, s.get("prefill") or {})):
@@ -151,12 +158,13 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "bucketing": states[0]["bucketing"],
         "records": records,
-        "meta": {"algorithms": algs, "timing": timing},
+        "meta": {"algorithms": algs, "timing": timing, "hw": hw},
         "decode": out_decode,
         "prefill": out_prefill,
         "fits": {p: f.to_state() for p, f in fits.items()},
         "requests": merge_request_lists(s.get("requests") or [] for s in states),
         "requests_evicted": sum(int(s.get("requests_evicted", 0)) for s in states),
+        "requests_tracked": sum(int(s.get("requests_tracked", len(s.get("requests") or []))) for s in states),
     }
 
 
@@ -178,6 +186,7 @@ def _merge_bucket(dst: dict[str, Any], src: Mapping[str, Any]) -> None:
 def summarize(state: Mapping[str, Any]) -> dict[str, Any]:
     """Public view of a (merged) state: the documented ``/ctx_profile`` JSON body (without envelope)."""
     bk = Bucketing.from_dict(state["bucketing"])
+    hw = (state.get("meta") or {}).get("hw")
     buckets = []
     for key in sorted(state.get("decode") or {}, key=int):
         b = state["decode"][key]
@@ -200,6 +209,8 @@ def summarize(state: Mapping[str, Any]) -> dict[str, Any]:
             "decode_tok_s": acc_per_req_step / step_mean_s if step_mean_s > 0 else 0.0,
             "batch_tok_s": (b["accepted"] / steps) / step_mean_s if steps and step_mean_s > 0 else 0.0,
             "phases": phases,
+            "roofline": bucket_roofline(hw, b["ctx_sum"] / steps if steps else 0.0,
+                                        phases.get(Phase.VERIFY_ATTN.value, {}).get("mean_ms")),
         })
     prefill = []
     for key in sorted(state.get("prefill") or {}, key=int):
@@ -223,13 +234,14 @@ def summarize(state: Mapping[str, Any]) -> dict[str, Any]:
         "prefill_batches": sum(b["steps"] for b in (state.get("prefill") or {}).values()),
         "accepted": sum(b["accepted"] for b in (state.get("decode") or {}).values()),
         "committed": sum(b["committed"] for b in (state.get("decode") or {}).values()),
-        "requests_tracked": len(reqs),
+        "requests_tracked": int(state.get("requests_tracked", len(reqs))),
         "requests_evicted": state.get("requests_evicted", 0),
     }
     meta = state.get("meta") or {}
     return {
         "schema_version": SCHEMA_VERSION,
         "timing": meta.get("timing"),
+        "hw": hw,
         "algorithms": sorted((meta.get("algorithms") or {}).keys()),
         "phases": list(REPORTED_PHASES),
         "leaf_phases": list(LEAF_PHASES),

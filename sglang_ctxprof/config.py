@@ -14,6 +14,14 @@ Environment variables (all optional):
     How many recent requests keep totals and step-by-step rows.
 ``SGLANG_CTXPROF_STEP_RING`` (default 256)
     How many recent raw decode steps are kept.
+``SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY`` (default 64)
+    Under CUDA graphs, read the in-graph attention/MoE events on every K-th step (the scheduler
+    processes that step's result before launching the next batch; see ``graph_timing``).
+``SGLANG_CTXPROF_GRAPH_FALLBACK`` (default ``off``)
+    Without ``Event(external=True)``: ``off`` reports the split unavailable under graphs,
+    ``eager`` runs sampled verify steps without their graph and times the blocks with plain events.
+``SGLANG_CTXPROF_HBM_GBPS``
+    Memory bandwidth (GB/s) for the verify-attention roofline, overriding the GPU table.
 ``SGLANG_CTXPROF_FAULT`` (test only)
     Name of one component (``hooks``, ``recorder``, ``aggregator``, ``http``) that raises on purpose,
     to prove fault isolation.  Never set it in production.
@@ -55,6 +63,8 @@ class CtxProfConfig:
     request_ring: int = 4096
     step_ring: int = 256
     fault: str = ""
+    graph_sample_every: int = 64
+    graph_fallback: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "CtxProfConfig":
@@ -66,7 +76,11 @@ class CtxProfConfig:
             request_ring=_int(env, names.ENV_REQUEST_RING, 4096),
             step_ring=_int(env, names.ENV_STEP_RING, 256, lo=0),
             fault=env.get(names.ENV_FAULT, ""),
+            graph_sample_every=_int(env, names.ENV_GRAPH_SAMPLE_EVERY, 64),
+            graph_fallback=env.get(names.ENV_GRAPH_FALLBACK, "off") or "off",
         )
+        if cfg.graph_fallback not in ("off", "eager"):
+            raise ValueError(f"{names.ENV_GRAPH_FALLBACK}={cfg.graph_fallback!r} must be 'off' or 'eager'")
         cfg = replace(cfg, **overrides) if overrides else cfg
         cfg.bucketing()  # validate early: a bad spec is a clear error at start-up
         return cfg

@@ -128,8 +128,13 @@ def verify(original, *args, **kwargs):
 
 
 def _sub(name: str, original, args, kwargs):
-    """Attention / MoE regions inside verify; only the outermost region of a call counts."""
+    """Attention / MoE regions inside verify; only the outermost region of a call counts.
+
+    During CUDA-graph capture the region gets an external event pair instead (graph_timing)."""
     p = PROFILER
+    g = p.graph if p is not None else None
+    if g is not None and g._capture_key is not None and g.capturing():
+        return g.region(name, original, args, kwargs)
     b = p.current() if p is not None else None
     if b is None or b.sub_depth or not b.in_phase(_VERIFY):
         return original(*args, **kwargs)
@@ -157,6 +162,77 @@ def moe(original, *args, **kwargs):
     return _sub(Phase.VERIFY_MOE.value, original, args, kwargs)
 
 
+def _graph(p: Any) -> Any:
+    return p.graph if p is not None and p.guard.ok("hooks") else None
+
+
+def graph_capture(original, self, shape_key, *args, **kwargs):
+    """AROUND a graph backend's capture_one: key the external events of this graph."""
+    p = PROFILER
+    g = p.ensure_graph() if p is not None and p.guard.ok("hooks") else None
+    key = None
+    if g is not None:
+        try:
+            key = adapter.graph_key(self, shape_key)
+            g.capture_begin(key)
+        except Exception as exc:  # noqa: BLE001
+            _fail(PROFILER, exc)
+            key = None
+    try:
+        return original(self, shape_key, *args, **kwargs)
+    finally:
+        if key is not None:
+            try:
+                g.capture_end(key)
+            except Exception as exc:  # noqa: BLE001
+                _fail(PROFILER, exc)
+
+
+def graph_replay(original, self, shape_key, *args, **kwargs):
+    """BEFORE a graph replay: attach its events to a sampled verify step, else mark the split unknown."""
+    p = PROFILER
+    g = _graph(p)
+    if g is not None:
+        try:
+            g.on_replay(adapter.graph_key(self, shape_key), p.current())
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+    return original(self, shape_key, *args, **kwargs)
+
+
+def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
+    """AFTER Scheduler.is_disable_overlap_for_batch: process a sampled step before the next launch,
+    so the next replay cannot overwrite its in-graph events before they are read."""
+    out = original(self, batch, last_batch, *args, **kwargs)
+    if out:
+        return out
+    g = _graph(PROFILER)
+    if g is not None:
+        try:
+            if g.hold_overlap(adapter.batch_step_id(last_batch)):
+                return True
+        except Exception as exc:  # noqa: BLE001
+            _fail(PROFILER, exc)
+    return out
+
+
+def graph_eager_fallback(original, self, *args, **kwargs):
+    """AFTER DecodeCudaGraphRunner.can_run_graph: with fallback=eager and no external events, run
+    a sampled verify step eagerly so plain block events time it (same decision on every rank)."""
+    out = original(self, *args, **kwargs)
+    if not out:
+        return out
+    p = PROFILER
+    g = _graph(p)
+    if g is not None:
+        try:
+            if g.force_eager(p.current()):
+                return False
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+    return out
+
+
 def control(original, self, recv_req, *args, **kwargs):
     """Answer our own control requests on SGLang's GetInternalStateReq channel; pass others on."""
     rid = adapter.control_rid(recv_req)
@@ -178,4 +254,8 @@ HOOKS = {
     "draft_extend": draft_extend,
     "attn": attn,
     "moe": moe,
+    "graph_capture": graph_capture,
+    "graph_replay": graph_replay,
+    "overlap_gate": overlap_gate,
+    "graph_eager_fallback": graph_eager_fallback,
 }

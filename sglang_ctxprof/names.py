@@ -140,3 +140,8 @@ EVENT_DEGRADED = "ctx_profile_degraded"
 # ---- multi-tokenizer HTTP workers (SGLang imports the app by this path; see http_app.py) ---------
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
+
+# ---- issue 5: GPU timing (CUDA-graph block split, roofline) -----------------------------------
+ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
+ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
+ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s

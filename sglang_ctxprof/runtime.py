@@ -7,6 +7,13 @@ after SGLang's own synchronization) -> one :class:`StepRecord` -> :class:`Record
 Under the overlap scheduler ``run_batch(N+1)`` runs before ``process_batch_result(N)``; the pending
 map is keyed by ``forward_iter`` so the two never mix.  The map is bounded: a builder whose result
 never arrives (an aborted batch) is evicted and counted.
+
+GPU: marks are CUDA events on the current stream (``timing.CudaEventClock``), read here after
+SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
+taken at ``after_result``; if the device times are not ready the step is parked and retried at the
+next result (``timing.Parked``).  Under CUDA graphs ``graph_timing.GraphTimer`` supplies the
+verify attention/MoE split on sampled steps; ``meta["hw"]`` carries model/device facts for the
+roofline (``roofline``).
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ from typing import Any, Optional
 from . import adapter
 from .aggregator import Aggregator, summarize
 from .config import CtxProfConfig
-from .names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION
+from .names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
 from .records import StepRecord
 from .recorder import Recorder
 from .safety import Guard
 from .step_builder import StepBuilder, release, resolve
-from .timing import CpuClock, make_clock
+from .timing import CpuClock, Parked, make_clock, make_graph_timer
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +60,9 @@ class Profiler:
         self.started_ns = time.time_ns()
         self.wrapped_workers: list[tuple[Any, str, Any]] = []
         self.hook_report: dict[str, Any] = {}
+        self.graph: Any = None  # graph_timing.GraphTimer on CUDA
+        self.parked = Parked()
+        self.hw: Optional[dict[str, Any]] = None
 
     # ---- binding to the scheduler (first call) -----------------------------------------------------
     def bind(self, scheduler: Any) -> None:
@@ -64,7 +74,22 @@ class Profiler:
         self.full_phases = self.algorithm in FULL_PHASE_ALGORITHMS
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
+        if self.graph is None:
+            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph_sample_every,
+                                          self.config.graph_fallback)
+        try:
+            from .roofline import hw_meta
+
+            self.hw = hw_meta(adapter.model_facts(scheduler), adapter.device_name(scheduler), os.environ)
+        except Exception as exc:  # noqa: BLE001 - the roofline is then reported unavailable
+            self.hw = {"device": None, "hbm_gbps": None, "source": f"facts unavailable: {exc!r}"}
         self.recorder.start()
+
+    def ensure_graph(self) -> Any:
+        """The graph timer; built on the first CUDA-graph capture (model init runs before bind)."""
+        if self.graph is None:
+            self.graph = make_graph_timer("cuda", self.config.graph_sample_every, self.config.graph_fallback)
+        return self.graph
 
     # ---- step life cycle ------------------------------------------------------------------------------
     def current(self) -> Optional[StepBuilder]:
@@ -77,6 +102,8 @@ class Profiler:
         if kind is None:
             return None
         b = StepBuilder(kind, time.time_ns())
+        if self.graph is not None:
+            self.graph.begin_step(adapter.next_step_id(scheduler))
         self.tls.step = b
         return b
 
@@ -98,24 +125,51 @@ class Profiler:
 
     def after_result(self, b: StepBuilder, batch: Any, result: Any) -> None:
         self.pending.pop(adapter.step_id(batch), None)
+        if len(self.parked):
+            self.parked.retry(self._finish)
+        host = None
         try:
-            rec = self._record(b, batch, result)
+            host = self._host(b, batch, result)
+            if host is not None and self.graph is not None:
+                self.graph.read(b)  # graph events: now or never (the next replay overwrites them)
         finally:
-            release(b, self.clock)
-        if rec is not None:
-            self.recorder.submit(rec)
+            if host is None:
+                release(b, self.clock)
+        if host is not None and not self._finish((b, host)):
+            self.parked.push((b, host), self._evict)
 
-    def _record(self, b: StepBuilder, batch: Any, result: Any) -> Optional[StepRecord]:
+    def _evict(self, item: tuple[StepBuilder, dict]) -> None:
+        release(item[0], self.clock)
+        self.unresolved += 1
+
+    def timing_mode(self) -> str:
+        if self.graph is not None and self.graph.in_use:
+            return TIMING_CUDA_GRAPH_EVENTS
+        return self.clock.mode
+
+    def _finish(self, item: tuple[StepBuilder, dict]) -> bool:
+        """Resolve device times (never waits); submit the record.  False: not ready, retry later."""
+        b, host = item
         res = resolve(b, self.clock, self.full_phases)
         if res is None:
+            return False
+        release(b, self.clock)
+        step_ms, phases = res
+        self.recorder.submit(StepRecord(step_ms=step_ms, phases_ms=phases, t_start_ns=b.t_start_ns,
+                                        timing=self.timing_mode(), **host))
+        return True
+
+    def _host(self, b: StepBuilder, batch: Any, result: Any) -> Optional[dict[str, Any]]:
+        """Host-side facts of the step, read now (they change with the next step)."""
+        if b.span is None:
             self.unresolved += 1
             return None
-        step_ms, phases = res
         reqs = batch.reqs
         pre = b.pre or []
         if len(pre) != len(reqs):
             return None
         rids, ctx, acc, com, fin = [], [], [], [], []
+        extra: dict[str, Any] = {}
         if b.kind == KIND_DECODE:
             accepts = adapter.accept_lens(result, len(reqs))
             spec = self.algorithm != "NONE"
@@ -137,15 +191,17 @@ class Profiler:
                 acc.append(0)
                 com.append(0)
                 fin.append(adapter.req_finished(req))
+            tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # issue 4: client trace context
+            if any(tps):
+                extra["trace_parents"] = tps
         if not rids:
             return None
-        return StepRecord(
+        return dict(**extra,
             step_id=adapter.step_id(batch), kind=b.kind, algorithm=self.algorithm,
             rank=self.rank, rids=tuple(rids), ctx_lens=tuple(ctx), accepted=tuple(acc),
             committed=tuple(com), finished=tuple(fin),
             draft_tokens=adapter.draft_tokens(result, getattr(self.scheduler, "server_args", None))
             if b.kind == KIND_DECODE else 0,
-            step_ms=step_ms, phases_ms=phases, t_start_ns=b.t_start_ns, timing=self.clock.mode,
         )
 
     # ---- control commands ----------------------------------------------------------------------------
@@ -155,7 +211,9 @@ class Profiler:
             "pid": os.getpid(),
             "rank": self.rank.to_dict() if self.rank else None,
             "algorithm": self.algorithm,
-            "timing": self.clock.mode,
+            "timing": self.timing_mode(),
+            "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
+            "parked": len(self.parked),
             "submitted": self.recorder.submitted,
             "dropped": self.recorder.dropped,
             "pending": len(self.pending),
@@ -163,10 +221,13 @@ class Profiler:
             "unresolved": self.unresolved,
             "degraded": self.guard.status(),
             "hooks": self.hook_report,
+            "exporters": self.sinks.status() if getattr(self, "sinks", None) is not None else None,
         }
 
-    def state(self, with_request_steps: bool = False) -> dict[str, Any]:
-        st = self.recorder.with_aggregator(lambda a: a.state(with_request_steps=with_request_steps))
+    def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
+        st = self.recorder.with_aggregator(lambda a: a.state(with_request_steps=with_request_steps,
+                                                             with_requests=with_requests))
+        st.setdefault("meta", {})["hw"] = self.hw
         return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st}
 
     def reset(self) -> None:

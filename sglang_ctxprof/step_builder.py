@@ -9,6 +9,8 @@ Phase arithmetic (all in ms):
 * ``draft``, ``verify``, ``draft_extend``: sums of their intervals;
 * ``verify_attn`` / ``verify_moe``: attention / MoE intervals recorded while inside ``verify``;
 * ``verify_rest = verify - verify_attn - verify_moe``;
+* under CUDA graphs the split comes from :mod:`graph_timing` (``b.split``) on sampled steps and
+  is left out (not zero) on the others;
 * the remainder ``step - (draft + verify + draft_extend)`` is ``overhead`` for algorithms whose
   seams we know, else ``unattributed``.  So the leaf phases add up to the step span exactly.
 """
@@ -24,7 +26,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -34,6 +36,9 @@ class StepBuilder:
         self.open: list[str] = []  # stack of named phases currently open
         self.pre: Optional[list[tuple[str, int, int, int]]] = None
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
+        # verify attention/MoE split from CUDA-graph events (graph_timing): None = use the block
+        # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
+        self.split: Any = None
 
     @property
     def current(self) -> Optional[str]:
@@ -65,9 +70,12 @@ def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[flo
         if p in sums:
             phases[p] = sums[p]
             named += sums[p]
-    if _V in phases:
-        attn = sums.get(_VA, 0.0)
-        moe = sums.get(_VM, 0.0)
+    if _V in phases and b.split is not None and not isinstance(b.split, dict):
+        pass  # split unavailable (verify ran in a CUDA graph on an unsampled step): never guess
+    elif _V in phases:
+        pre = b.split or {}
+        attn = sums.get(_VA, 0.0) + pre.get(_VA, 0.0)
+        moe = sums.get(_VM, 0.0) + pre.get(_VM, 0.0)
         phases[_VA] = attn
         phases[_VM] = moe
         phases[_VR] = max(0.0, phases[_V] - attn - moe)

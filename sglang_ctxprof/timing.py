@@ -7,12 +7,19 @@ retries later.  SGLang reads step results only after its own ``copy_done.synchro
 waited for every kernel of the step, so in practice the first read succeeds.
 
 ``release(token)`` returns CUDA events to a bounded pool, so steady state allocates nothing.
-The event class is injectable so the CUDA logic is unit-tested on machines without a GPU.
+The event class is injectable so the CUDA logic is unit-tested on machines without a GPU
+(``fake_cuda.FakeDevice``).
+
+If a step's events are not complete when its result is processed (``query()`` is False), the
+step is *parked* in a bounded :class:`Parked` queue and retried at the next result, not dropped;
+only an overflow of that queue loses a step (counted).  :func:`make_graph_timer` builds the
+CUDA-graph block timer (``graph_timing.GraphTimer``) with the real ``torch.cuda`` pieces.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable, Optional
 
 from .names import TIMING_CPU, TIMING_CUDA_EVENTS
@@ -81,3 +88,53 @@ def make_clock(device: str | None) -> Any:
         except Exception:  # noqa: BLE001 - fall back to CPU timing, never break start-up
             pass
     return CpuClock()
+
+
+def make_graph_timer(device: str | None, sample_every: int = 64, fallback: str = "off") -> Any:
+    """A GraphTimer on CUDA (``external=`` feature-detected), None elsewhere."""
+    if not (device and str(device).startswith("cuda")):
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from .graph_timing import GraphTimer, external_event_factory
+
+        factory, reason = external_event_factory(torch.cuda.Event)
+        return GraphTimer(factory, torch.cuda.is_current_stream_capturing, sample_every=sample_every,
+                          fallback=fallback, reason=reason)
+    except Exception:  # noqa: BLE001 - the split becomes unavailable, start-up goes on
+        return None
+
+
+class Parked:
+    """Bounded FIFO of steps whose device times are not ready yet; retried, never waited on."""
+
+    def __init__(self, maxlen: int = 256) -> None:
+        self._q: deque = deque()
+        self.maxlen = maxlen
+        self.parked = 0
+        self.lost = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def push(self, item: Any, on_evict: Callable[[Any], None]) -> None:
+        self._q.append(item)
+        self.parked += 1
+        while len(self._q) > self.maxlen:
+            self.lost += 1
+            on_evict(self._q.popleft())
+
+    def retry(self, try_finish: Callable[[Any], bool]) -> int:
+        """Call ``try_finish(item)`` oldest first; stop at the first not ready (stream order)."""
+        done = 0
+        while self._q and try_finish(self._q[0]):
+            self._q.popleft()
+            done += 1
+        return done
+
+    def clear(self, on_evict: Callable[[Any], None]) -> None:
+        while self._q:
+            on_evict(self._q.popleft())

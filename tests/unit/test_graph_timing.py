@@ -1,0 +1,194 @@
+"""The CUDA-graph attention/MoE split on a simulated device, through the real hooks and Profiler.
+
+Covers: feature detection of ``external=``; capture skips the warm-ups; exact split on sampled
+steps; "left out, not zero" on the others; the overlap gate (sampled step read before the next
+replay) and, without it, a discarded read instead of another step's numbers; events not complete
+yet -> split unavailable, step parked and retried; the eager fallback; no synchronize anywhere;
+the sampling decision identical on every rank; the real SGLang targets resolve with our signatures.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import gpu_fakes as gf
+from fakes import Batch, Req
+from sglang_ctxprof import adapter, hooks
+from sglang_ctxprof.adapter import Target
+from sglang_ctxprof.config import CtxProfConfig
+from sglang_ctxprof.graph_timing import GraphTimer, external_event_factory
+from sglang_ctxprof.instrumentor import CtxProfInstrumentor, check_signature, resolve
+from sglang_ctxprof.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
+from sglang_ctxprof.runtime import Profiler
+from sglang_ctxprof.timing import CudaEventClock
+
+K = 4
+
+
+def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True):
+    dev = gf.reset(supports_external=external)
+    p = Profiler(CtxProfConfig())
+    inst = CtxProfInstrumentor()
+    monkeypatch.setattr(hooks, "PROFILER", p)
+    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
+    targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC if gate or hook != "overlap_gate"]
+    assert set(inst.instrument(targets, hooks.HOOKS).values()) == {"ok"}
+    sched = gf.Scheduler(None, device_sync=device_sync)
+    p.bind(sched)
+    p.clock = CudaEventClock(event_factory=lambda: gf.DEV.Event(enable_timing=True))
+    factory, reason = external_event_factory(dev.Event)
+    p.graph = GraphTimer(factory, lambda: gf.DEV.is_current_stream_capturing(), sample_every=K,
+                         fallback=fallback, reason=reason)
+    sched.model_worker = gf.Worker(use_graph=use_graph)  # model init: CUDA-graph capture happens here
+    return p, inst, sched
+
+
+def records(p):
+    p.recorder.flush()
+    return list(p.aggregator.recent)
+
+
+@pytest.fixture
+def cleanup():
+    made = []
+    yield made
+    for p, inst in made:
+        inst.uninstrument()
+        p.recorder.stop()
+
+
+def traffic(sched, n=13):
+    reqs = [Req("a", 100), Req("b", 700)]
+    sched.loop_overlap([Batch(reqs) for _ in range(n)])
+
+
+def test_feature_detection():
+    f, reason = external_event_factory(gf.reset(supports_external=False).Event)
+    assert f is None and "external" in reason
+    f, reason = external_event_factory(gf.reset().Event)
+    assert f is not None and f().external and reason == ""
+
+
+def test_sampled_steps_get_the_exact_split_others_leave_it_out(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch)
+    cleanup.append((p, inst))
+    # capture skipped the two warm-ups: one event pair per block of the captured graph only
+    assert p.graph.events == 2 * 2 * gf.LAYERS and len(p.graph._sets) == 1
+    traffic(sched, 13)
+    recs = records(p)
+    assert [r.step_id for r in recs] == list(range(1, 14))
+    assert all(r.timing == TIMING_CUDA_GRAPH_EVENTS for r in recs)
+    for r in recs:
+        want = gf.expected(r.step_id)
+        assert r.phases_ms["verify"] == pytest.approx(want["verify"])
+        assert r.phases_ms["draft"] == pytest.approx(want["draft"])
+        if r.step_id % K == 0:
+            assert r.phases_ms["verify_attn"] == pytest.approx(want["verify_attn"])
+            assert r.phases_ms["verify_moe"] == pytest.approx(want["verify_moe"])
+            assert r.leaf_sum_ms() == pytest.approx(r.step_ms)
+        else:  # inside a graph on an unsampled step: unknown, so absent (never 0)
+            assert "verify_attn" not in r.phases_ms and "verify_moe" not in r.phases_ms
+    d = p.status()["split"]
+    assert d["mode"] == "cuda_graph_events" and d["sampled_reads"] == 3 and d["overwritten"] == 0
+    assert p.status()["timing"] == TIMING_CUDA_GRAPH_EVENTS
+    assert gf.DEV.syncs == 0  # we never synchronize; reads only query()
+    assert p.guard.status() is None
+
+
+def test_without_overlap_gate_reads_are_discarded_not_wrong(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, gate=False)
+    cleanup.append((p, inst))
+    traffic(sched, 13)
+    recs = records(p)
+    assert len(recs) == 13
+    assert not any("verify_attn" in r.phases_ms for r in recs)  # next replay ran first: no number
+    assert p.graph.overwritten == 3 and p.graph.sampled_reads == 0
+
+
+def test_overlap_gate_decision_comes_from_the_step_counter(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch)
+    cleanup.append((p, inst))
+    assert hooks.overlap_gate(lambda *a: False, sched, None, None) is False  # no last batch: no hold
+    assert hooks.overlap_gate(lambda *a: True, sched, None, None) is True  # SGLang's own True stays
+    b = Batch([])
+    got = []
+    for sid in range(1, 20):
+        b.forward_iter = sid
+        got.append(hooks.overlap_gate(lambda *a: False, sched, None, b))
+    assert [i + 1 for i, v in enumerate(got) if v] == [4, 8, 12, 16]
+    # two ranks (same forward_ct sequence) always agree
+    other = GraphTimer(lambda: None, lambda: False, sample_every=K)
+    assert all(other.is_sampled(s) == p.graph.is_sampled(s) for s in range(1000))
+
+
+def test_device_behind_host_parks_and_retries_never_reads_early(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, device_sync=False)
+    cleanup.append((p, inst))
+    traffic(sched, 6)
+    assert records(p) == [] and len(p.parked) == 6  # nothing read before the device got there
+    assert p.graph.unready >= 1  # the sampled step's graph read is dropped, not retried
+    gf.DEV.run()  # the device catches up
+    sched.device_sync = True
+    sched.loop_overlap([Batch([Req("c", 50)])])
+    recs = records(p)
+    assert [r.step_id for r in recs] == list(range(1, 8)) and p.unresolved == 0
+    assert not any("verify_attn" in r.phases_ms for r in recs[:6])
+    assert gf.DEV.syncs == 0 and p.guard.status() is None
+
+
+def test_no_external_events_split_unavailable(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, external=False)
+    cleanup.append((p, inst))
+    assert p.graph.events == 0
+    traffic(sched, 9)
+    recs = records(p)
+    assert len(recs) == 9 and not any("verify_attn" in r.phases_ms for r in recs)
+    d = p.status()["split"]
+    assert d["mode"] == "unavailable_under_graphs" and "external" in d["reason"]
+    assert p.status()["timing"] == TIMING_CUDA_EVENTS
+
+
+def test_eager_fallback_times_sampled_steps_with_plain_events(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, external=False, fallback="eager")
+    cleanup.append((p, inst))
+    traffic(sched, 9)
+    recs = records(p)
+    for r in recs:
+        if r.step_id % K == 0:
+            want = gf.expected(r.step_id)
+            assert r.phases_ms["verify_attn"] == pytest.approx(want["verify_attn"])
+            assert r.phases_ms["verify_moe"] == pytest.approx(want["verify_moe"])
+        else:
+            assert "verify_attn" not in r.phases_ms
+    assert p.graph.eager_forced == 2 and p.status()["split"]["mode"] == "eager_sampled"
+
+
+def test_eager_cuda_plain_block_events_every_step(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, use_graph=False)
+    cleanup.append((p, inst))
+    traffic(sched, 5)
+    recs = records(p)
+    assert len(recs) == 5
+    for r in recs:
+        want = gf.expected(r.step_id)
+        assert r.phases_ms["verify_attn"] == pytest.approx(want["verify_attn"])
+        assert r.phases_ms["verify_moe"] == pytest.approx(want["verify_moe"])
+        assert r.timing == TIMING_CUDA_EVENTS
+    assert p.clock.created <= 40  # events come back to the pool
+
+
+def test_bad_sampling_config():
+    with pytest.raises(ValueError):
+        GraphTimer(None, lambda: False, sample_every=0)
+    with pytest.raises(ValueError):
+        CtxProfConfig.from_env({"SGLANG_CTXPROF_GRAPH_FALLBACK": "sometimes"})
+    with pytest.raises(ValueError):
+        CtxProfConfig.from_env({"SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY": "zero"})
+
+
+def test_real_sglang_graph_targets_resolve():
+    for t in adapter.TARGETS:
+        if t.hook not in ("graph_capture", "graph_replay", "overlap_gate", "graph_eager_fallback"):
+            continue
+        _, _, fn = resolve(t.path)
+        assert check_signature(fn, adapter.SIGNATURES.get(t.path, ())) is None, t.path
