@@ -8,7 +8,7 @@ Environment variables (all optional):
     Context buckets: ``pow2``, ``fixed:<width>`` or ``edges:<a>,<b>,...``.
 ``SGLANG_CTXPROF_MAX_CTX`` (default 1048576)
     Largest context the bucket layout covers (later contexts share an open-ended bucket).
-``SGLANG_CTXPROF_QUEUE_SIZE`` (default 65536)
+``SGLANG_CTXPROF_QUEUE_SIZE`` (default 8192, ~16 MB of records at batch 32)
     Bound of the hand-off queue between hooks and aggregator; overflow is counted as drops.
 ``SGLANG_CTXPROF_REQUEST_RING`` (default 4096)
     How many recent requests keep totals and step-by-step rows.
@@ -59,7 +59,7 @@ def env_enabled(env: Mapping[str, str] | None = None) -> bool:
 class CtxProfConfig:
     buckets: str = "pow2"
     max_ctx: int = DEFAULT_MAX_CTX
-    queue_size: int = 65536
+    queue_size: int = 8192
     request_ring: int = 4096
     step_ring: int = 256
     fault: str = ""
@@ -72,7 +72,7 @@ class CtxProfConfig:
         cfg = cls(
             buckets=env.get(names.ENV_BUCKETS, "pow2") or "pow2",
             max_ctx=_int(env, names.ENV_MAX_CTX, DEFAULT_MAX_CTX),
-            queue_size=_int(env, names.ENV_QUEUE_SIZE, 65536),
+            queue_size=_int(env, names.ENV_QUEUE_SIZE, 8192),
             request_ring=_int(env, names.ENV_REQUEST_RING, 4096),
             step_ring=_int(env, names.ENV_STEP_RING, 256, lo=0),
             fault=env.get(names.ENV_FAULT, ""),

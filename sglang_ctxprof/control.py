@@ -7,7 +7,7 @@ raises into SGLang: the tokenizer manager is waiting for exactly one reply per r
 answer, with ``{"error": ...}`` if need be.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N or one ``rid``).
+``requests`` (``slowest`` N or one ``rid``), and the test-only ``fault`` switch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from .names import (CMD_DISABLE, CMD_ENABLE, CMD_RESET, CMD_SNAPSHOT, CMD_STATUS
 logger = logging.getLogger(__name__)
 
 CMD_REQUESTS = "requests"
+CMD_TRACE_POLICY = "trace_policy"  # issue 4: names.CMD_TRACE_POLICY
+CMD_FAULT = "fault"  # test only: see safety.Guard.set_fault
 
 
 def encode(cmd: str, **args: Any) -> str:
@@ -40,11 +42,34 @@ def decode(rid: str) -> dict[str, Any]:
 
 
 def handle(rid: str, scheduler: Any) -> dict[str, Any]:
+    """Answer one control request.  A failure of ours marks the ``control`` component degraded
+    (one warning with traceback, via the guard) and is answered as ``{"error", "degraded"}``."""
+    p = hooks.PROFILER
     try:
-        return {CONTROL_KEY: _handle(decode(rid), scheduler)}
+        req = decode(rid)
+        if req.get("cmd") == CMD_FAULT:
+            return {CONTROL_KEY: _fault(p, req)}
+        if p is not None and not p.guard.ok("control"):
+            return {CONTROL_KEY: {"error": "ctx profiler control disabled after a failure",
+                                  "degraded": p.guard.status()}}
+        return {CONTROL_KEY: _handle(req, scheduler)}
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
-        logger.warning("sglang-ctxprof: control request failed: %r", exc)
-        return {CONTROL_KEY: {"error": f"{type(exc).__name__}: {exc}"}}
+        if p is None:
+            logger.warning("sglang-ctxprof: control request failed: %r", exc)
+            return {CONTROL_KEY: {"error": f"{type(exc).__name__}: {exc}"}}
+        p.guard.fail("control", exc)
+        return {CONTROL_KEY: {"error": f"{type(exc).__name__}: {exc}", "degraded": p.guard.status()}}
+
+
+def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+    """Test-only fault switch (needs ``SGLANG_CTXPROF_FAULT=runtime`` at start)."""
+    if p is None:
+        return {"error": "ctx profiler is not installed in this scheduler"}
+    try:
+        p.guard.set_fault(str(req.get("component", "")))
+    except (PermissionError, ValueError) as exc:
+        return {"error": str(exc)}
+    return {"status": p.status()}
 
 
 def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
@@ -52,10 +77,10 @@ def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
     if p is None:
         return {"error": "ctx profiler is not installed in this scheduler"}
     p.bind(scheduler)
-    p.guard.check_fault("control") if p.guard.fault == "control" else None
+    p.guard.check_fault("control")
     cmd = req["cmd"]
     if cmd == CMD_SNAPSHOT:
-        return p.state(with_request_steps=False)
+        return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
     if cmd == CMD_STATUS:
         return {"status": p.status()}
     if cmd == CMD_RESET:
@@ -69,7 +94,22 @@ def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:
         return _requests(p, req)
+    if cmd == CMD_TRACE_POLICY:
+        return _trace_policy(p, req)
     raise ValueError(f"unknown command {cmd!r}")
+
+
+def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+    """Read (no ``set``) or change the tail-sampling policy (issue 4); bad values answer an error."""
+    sinks = getattr(p, "sinks", None)
+    if sinks is None:
+        return {"error": "tracing sinks are not installed in this scheduler"}
+    if req.get("set"):
+        try:
+            sinks.set_policy(req["set"])
+        except (ValueError, TypeError) as exc:
+            return {"error": str(exc), "bad_request": True}
+    return {"trace_policy": sinks.policy.to_dict(), "exporters": sinks.status()}
 
 
 def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:

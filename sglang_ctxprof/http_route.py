@@ -10,15 +10,23 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket;
 * ``POST /ctx_profile/reset``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N`` and ``GET /ctx_profile/requests/{rid}``;
-* ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped).
+* ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
+* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks (issue 4).
 
-Bad input gets a 4xx with ``{"error": ...}``; a failure of ours gets a 500 JSON error and leaves the
-server untouched.  Responses hold ids, lengths and timings only, never prompt or output text.
+Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard: a
+failure of ours gets a 500 JSON error with ``degraded``, logs one warning with the traceback and
+disables the routes (503 from then on); SGLang's own routes are untouched.  Responses hold ids,
+lengths and timings only, never prompt or output text.
+
+Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/fault`` with
+``{"component": "<name>"}`` breaks one component (``""`` heals all); see ``safety``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 from typing import Any
 
@@ -26,6 +34,7 @@ from starlette.requests import Request
 
 from . import control, names
 from .aggregator import merge_states, summarize
+from .safety import COMPONENTS, Guard
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +43,39 @@ MAX_SLOWEST = 1000
 _RID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
 
 
-def _error(status: int, message: str):
+_GUARD: Guard | None = None
+
+
+def guard() -> Guard:
+    """The HTTP process's own fault guard (component ``http``)."""
+    global _GUARD
+    if _GUARD is None:
+        _GUARD = Guard(os.environ.get(names.ENV_FAULT, ""))
+    return _GUARD
+
+
+def _error(status: int, message: str, **extra: Any):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(status_code=status, content={"error": message})
+    return JSONResponse(status_code=status, content={"error": message, **extra})
+
+
+def _guarded(handler):
+    """Run one of our handlers under the ``http`` guard: never a bare 500, never a traceback out."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request):
+        g = guard()
+        if not g.ok("http"):
+            return _error(503, "ctx profile endpoint disabled after a failure", degraded=[g.status()])
+        try:
+            g.check_fault("http")
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
+            g.fail("http", exc)
+            return _error(500, f"ctx profile failed: {type(exc).__name__}", degraded=[g.status()])
+
+    return endpoint
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
@@ -68,11 +106,13 @@ def build_profile(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     merged = summarize(merge_states([p["state"] for p in good])) if good else None
     statuses = [p["status"] for p in good]
     degraded = [s["degraded"] for s in statuses if s.get("degraded")]
+    degraded += [p["degraded"] for p in payloads if "state" not in p and p.get("degraded")]
     out: dict[str, Any] = {
         "schema_version": names.SCHEMA_VERSION,
         "enabled": bool(statuses) and all(s.get("enabled") for s in statuses),
         "degraded": degraded or None,
         "dropped": sum(int(s.get("dropped", 0)) for s in statuses),
+        "spans_dropped": sum(int((s.get("exporters") or {}).get("spans_dropped", 0)) for s in statuses),
         "ranks": ranks,
     }
     if merged is not None:
@@ -92,6 +132,9 @@ async def get_profile(request: Request):
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
+    if not any("error" not in r for r in body["ranks"]):
+        return _error(503, "; ".join(r["error"] for r in body["ranks"]) or "no scheduler answered",
+                      degraded=body["degraded"])
     if fmt == "json":
         return body
     from fastapi.responses import PlainTextResponse
@@ -162,8 +205,52 @@ async def get_request(request: Request):
     payloads = await _ask(control.CMD_REQUESTS, rid=rid)
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:
+        errors = [p["error"] for p in payloads if "error" in p]
+        if errors and len(errors) == len(payloads):
+            return _error(503, "; ".join(errors))
         return _error(404, f"request {rid!r} not found in the recent-request ring")
     return rows[0]
+
+
+async def post_fault(request: Request):
+    """Test-only runtime fault switch (installed only with ``SGLANG_CTXPROF_FAULT=runtime``)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    comp = body.get("component") if isinstance(body, dict) else None
+    if not isinstance(comp, str) or (comp and comp not in COMPONENTS):
+        return _error(400, f'body must be {{"component": one of {", ".join(COMPONENTS)} or ""}}')
+    g = guard()
+    g.set_fault("http" if comp == "http" else "")
+    ranks = await _ask(control.CMD_FAULT, component="" if comp == "http" else comp)
+    errors = [p["error"] for p in ranks if "error" in p]
+    if errors:
+        return _error(503, "; ".join(errors))
+    return {"ok": True, "component": comp, "http": g.status(), "ranks": [p.get("status") for p in ranks]}
+
+
+async def trace_policy(request: Request):
+    """``GET`` shows, ``POST`` (JSON body: mode, slow_tok_s, slow_step_ms) changes the trace policy."""
+    if request.query_params:
+        return _error(400, "this route takes no query parameters")
+    changes = None
+    if request.method == "POST":
+        try:
+            changes = await request.json()
+        except ValueError:
+            return _error(400, "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
+        if not isinstance(changes, dict) or not changes:
+            return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
+    payloads = await _ask(control.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
+    bad = [p["error"] for p in payloads if p.get("bad_request")]
+    if bad:
+        return _error(400, bad[0])
+    errors = [p["error"] for p in payloads if "error" in p]
+    if errors:
+        return _error(503, "; ".join(errors))
+    return {"schema_version": names.SCHEMA_VERSION, "trace_policy": payloads[0]["trace_policy"],
+            "ranks": [p.get("exporters") for p in payloads]}
 
 
 def install_routes(app: Any = None) -> None:
@@ -175,10 +262,14 @@ def install_routes(app: Any = None) -> None:
         return
     admin = auth_level(AuthLevel.ADMIN_OPTIONAL)
     r = names.ROUTE
-    app.add_api_route(r, get_profile, methods=["GET"])
-    app.add_api_route(f"{r}/reset", admin(post_reset), methods=["POST"])
-    app.add_api_route(f"{r}/enable", admin(post_enable), methods=["POST"])
-    app.add_api_route(f"{r}/disable", admin(post_disable), methods=["POST"])
-    app.add_api_route(f"{r}/status", get_status, methods=["GET"])
-    app.add_api_route(f"{r}/requests", get_requests, methods=["GET"])
-    app.add_api_route(f"{r}/requests/{{rid}}", get_request, methods=["GET"])
+    app.add_api_route(r, _guarded(get_profile), methods=["GET"])
+    app.add_api_route(f"{r}/reset", admin(_guarded(post_reset)), methods=["POST"])
+    app.add_api_route(f"{r}/enable", admin(_guarded(post_enable)), methods=["POST"])
+    app.add_api_route(f"{r}/disable", admin(_guarded(post_disable)), methods=["POST"])
+    app.add_api_route(f"{r}/status", _guarded(get_status), methods=["GET"])
+    app.add_api_route(f"{r}/requests", _guarded(get_requests), methods=["GET"])
+    app.add_api_route(f"{r}/requests/{{rid}}", _guarded(get_request), methods=["GET"])
+    app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
+    app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
+    if guard().switchable:  # test only, never in production (see module docstring)
+        app.add_api_route(f"{r}/fault", admin(post_fault), methods=["POST"])

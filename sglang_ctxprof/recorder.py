@@ -66,7 +66,11 @@ class Recorder:
             self.guard.run("aggregator", self._observe, rec)
         for name, sink in self.sinks:
             if self.guard.ok(name):
-                self.guard.run(name, sink, rec)
+                self.guard.run(name, self._sink, name, sink, rec)
+
+    def _sink(self, name: str, sink: Sink, rec: StepRecord) -> None:
+        self.guard.check_fault(name)
+        sink(rec)
 
     def _observe(self, rec: StepRecord) -> None:
         self.guard.check_fault("aggregator")

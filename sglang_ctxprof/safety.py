@@ -6,7 +6,9 @@ with the traceback (never one per step) and is reported as ``degraded`` in ``/ct
 SGLang's own calls never run inside a guard, so its exceptions and return values pass untouched.
 
 ``SGLANG_CTXPROF_FAULT=<component>`` (test only) makes :meth:`Guard.check_fault` raise inside that
-component, so tests can prove the isolation on a real server.
+component, so tests can prove the isolation on a real server.  ``SGLANG_CTXPROF_FAULT=runtime``
+breaks nothing at start but lets a test pick the component later (:meth:`Guard.set_fault`, reached
+through the test-only ``POST /ctx_profile/fault`` route), so one server can prove every component.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "http")
+COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "http", "control")
+FAULT_RUNTIME = "runtime"  # SGLANG_CTXPROF_FAULT value that enables the runtime fault switch
 
 
 class InjectedFault(RuntimeError):
@@ -30,6 +33,7 @@ class Guard:
         self._lock = threading.Lock()
         self.disabled: dict[str, str] = {}
         self.fault = fault
+        self.switchable = fault == FAULT_RUNTIME
 
     def ok(self, component: str) -> bool:
         return component not in self.disabled
@@ -37,6 +41,16 @@ class Guard:
     def check_fault(self, component: str) -> None:
         if self.fault == component:
             raise InjectedFault(f"injected fault in {component} (SGLANG_CTXPROF_FAULT)")
+
+    def set_fault(self, component: str) -> None:
+        """Test-only runtime switch: break ``component`` from now on ("" heals and re-enables all)."""
+        if not self.switchable:
+            raise PermissionError("fault switch is off (start with SGLANG_CTXPROF_FAULT=runtime)")
+        if component and component not in COMPONENTS:
+            raise ValueError(f"unknown component {component!r}; use one of {', '.join(COMPONENTS)}")
+        self.fault = component or FAULT_RUNTIME
+        if not component:
+            self.clear()
 
     def fail(self, component: str, exc: BaseException) -> None:
         with self._lock:
