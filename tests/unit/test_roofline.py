@@ -1,0 +1,101 @@
+"""Roofline arithmetic against hand-computed values (DeepSeek-V3, Llama-3 8B/70B) and its rendering."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ctxprof import roofline as rl
+from sglang_ctxprof.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.records import RankId, StepRecord
+
+# DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers, bf16 KV.
+DSV3 = {"attention": "mla", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "layers": 61,
+        "kv_dtype": "bfloat16", "kv_dtype_bytes": 2, "tp_size": 8}
+# Llama-3-8B: 32 layers, 8 KV heads, head_dim 128.  Llama-3-70B: 80 layers, 8 KV heads, head_dim 128.
+LLAMA8B = {"attention": "gqa", "num_kv_heads": 8, "head_dim": 128, "layers": 32, "kv_dtype_bytes": 2, "tp_size": 1}
+LLAMA70B_TP8 = {"attention": "gqa", "num_kv_heads": 8, "head_dim": 128, "layers": 80, "kv_dtype_bytes": 2,
+                "tp_size": 8}
+
+
+def test_kv_bytes_per_token_by_hand():
+    assert rl.kv_bytes_per_token(DSV3) == 576 * 2 * 61 == 70272  # latent replicated on each TP rank
+    assert rl.kv_bytes_per_token(LLAMA8B) == 2 * 8 * 128 * 2 * 32 == 131072
+    assert rl.kv_bytes_per_token(LLAMA70B_TP8) == 2 * 1 * 128 * 2 * 80 == 40960  # 1 KV head per rank
+    fp8 = dict(LLAMA8B, kv_dtype_bytes=rl.dtype_bytes("fp8_e4m3"))
+    assert rl.kv_bytes_per_token(fp8) == 65536
+    # more TP ranks than KV heads: each rank still holds one head
+    assert rl.kv_bytes_per_token(dict(LLAMA8B, tp_size=16)) == 2 * 1 * 128 * 2 * 32
+
+
+def test_percent_by_hand():
+    # DeepSeek-V3, batch of 8 x 4096 context = 32768 tokens: 70272 * 32768 = 2_302_672_896 bytes.
+    nbytes = rl.kv_bytes_per_step(DSV3, 8 * 4096)
+    assert nbytes == 2_302_672_896
+    # read in 1.0 ms on an H200 (4800 GB/s): 2302.672896 GB/s achieved = 47.972352 %
+    assert rl.percent_of_roofline(nbytes, 1.0, 4800.0) == pytest.approx(47.972352, rel=1e-9)
+    # Llama-3-8B, 16 x 2048 = 32768 tokens: 131072 * 32768 = 4_294_967_296 bytes (4 GiB) in 2 ms
+    # on an H100 SXM (3350 GB/s): 2147.483648 GB/s = 64.1040 %
+    nb = rl.kv_bytes_per_step(LLAMA8B, 16 * 2048)
+    assert nb == 4_294_967_296
+    assert rl.percent_of_roofline(nb, 2.0, 3350.0) == pytest.approx(2147.483648 / 3350.0 * 100, rel=1e-12)
+
+
+@pytest.mark.parametrize("name,gbps", [
+    ("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0), ("NVIDIA H100 NVL", 3900.0),
+    ("NVIDIA H200", 4800.0), ("NVIDIA B200", 8000.0),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 1792.0),
+])
+def test_bandwidth_table(name, gbps):
+    assert rl.bandwidth_gbps(name, {})[0] == gbps
+
+
+def test_bandwidth_override_cpu_and_errors():
+    assert rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "4000"}) == (4000.0, "override SGLANG_CTXPROF_HBM_GBPS")
+    gbps, why = rl.bandwidth_gbps(None, {})
+    assert gbps is None and "CPU" in why
+    gbps, why = rl.bandwidth_gbps("NVIDIA A10G", {})
+    assert gbps is None and "SGLANG_CTXPROF_HBM_GBPS" in why
+    with pytest.raises(ValueError, match="not a number"):
+        rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "fast"})
+    with pytest.raises(ValueError, match="> 0"):
+        rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "-1"})
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        rl.dtype_bytes("int3")
+    bad = rl.hw_meta({"attention": "gqa"}, "NVIDIA H200")
+    assert bad["model"] is None and "incomplete" in bad["source"]
+
+
+def _state(hw, attn_ms=1.0, ctx=(4096,) * 8):
+    agg = Aggregator()
+    for i in range(3):
+        agg.observe(StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(),
+                               rids=tuple(f"r{j}" for j in range(len(ctx))), ctx_lens=ctx,
+                               accepted=(2,) * len(ctx), committed=(2,) * len(ctx),
+                               finished=(False,) * len(ctx), draft_tokens=4, step_ms=5.0,
+                               phases_ms={"verify": 3.0, "verify_attn": attn_ms, "verify_moe": 1.0,
+                                          "verify_rest": 1.0, "draft": 1.0, "draft_extend": 0.5,
+                                          "overhead": 0.5}, timing="cuda_events"))
+    st = agg.state()
+    st["meta"]["hw"] = hw
+    return st
+
+
+def test_summarize_renders_roofline_per_bucket():
+    hw = rl.hw_meta(DSV3, "NVIDIA H200", {})
+    body = summarize(merge_states([_state(hw), _state(None)]))  # the rank with facts wins the merge
+    (b,) = body["buckets"]
+    assert b["roofline"]["available"] is True
+    # two ranks of 3 steps: per-step summed context stays 8 x 4096, attention mean 1 ms
+    assert b["roofline"]["pct"] == pytest.approx(47.972352, rel=1e-9)
+    assert b["roofline"]["kv_bytes_per_step"] == 2_302_672_896
+    assert body["hw"]["hbm_gbps"] == 4800.0
+
+
+def test_summarize_cpu_is_unavailable_with_reason():
+    body = summarize(_state(rl.hw_meta(DSV3, None, {})))
+    r = body["buckets"][0]["roofline"]
+    assert r == {"available": False, "reason": "no GPU (CPU run): HBM roofline unavailable"}
+    body = summarize(_state(None))
+    assert body["buckets"][0]["roofline"]["available"] is False
+    body = summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200", {}), attn_ms=0.0))
+    assert "no verify attention" in body["buckets"][0]["roofline"]["reason"]

@@ -1,0 +1,181 @@
+"""The timing abstraction: CPU path exact against an injected monotonic clock, CUDA path on fake events.
+
+* CPU: a fake model "sleeps" by advancing a fake ``perf_counter_ns``; every phase of the record
+  equals the injected durations exactly (no tolerance), and the leaves add up to the step.
+* CUDA (``CudaEventClock`` on ``fake_cuda``): no read before the device reached the end event
+  (``elapsed_ms`` is None, never an exception or a guess), pooled events, no synchronize.
+* ``Parked``: bounded FIFO of unresolved steps, retried oldest first, overflow counted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fakes import Batch, Req, Result, ServerArgs
+from sglang_ctxprof import hooks
+from sglang_ctxprof.adapter import Target
+from sglang_ctxprof.config import CtxProfConfig
+from sglang_ctxprof.fake_cuda import FakeDevice
+from sglang_ctxprof.instrumentor import CtxProfInstrumentor
+from sglang_ctxprof.runtime import Profiler
+from sglang_ctxprof.timing import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
+
+NOW = [10**12]
+SLEEP_MS = {"draft": 3.0, "attn": 2.0, "moe": 1.25, "rest": 0.5, "draft_extend": 4.0, "overhead": 0.75}
+
+
+def fake_sleep(key):
+    NOW[0] += int(SLEEP_MS[key] * 1e6)
+
+
+class Attn:
+    def forward(self):
+        fake_sleep("attn")
+
+
+class MoE:
+    def forward(self):
+        fake_sleep("moe")
+
+
+class Target_:
+    def __init__(self):
+        self.attn, self.moe = Attn(), MoE()
+
+    def forward_batch_generation(self, batch, is_verify=False):
+        for _ in range(2):  # two layers
+            self.attn.forward()
+            self.moe.forward()
+        fake_sleep("rest")
+
+
+class Worker:
+    def __init__(self):
+        self.target = Target_()
+
+    def forward_batch_generation(self, batch):
+        self.draft(batch)
+        self.target.forward_batch_generation(batch, is_verify=True)
+        self.draft_extend(batch)
+        fake_sleep("overhead")
+        return Result([2] * len(batch.reqs))
+
+    def draft(self, batch):
+        fake_sleep("draft")
+
+    def draft_extend(self, batch):
+        fake_sleep("draft_extend")
+
+
+class Sched:
+    def __init__(self):
+        self.model_worker = Worker()
+        self.server_args = ServerArgs()
+        self.forward_ct = 0
+
+    def run_batch(self, batch):
+        self.forward_ct += 1
+        batch.forward_iter = self.forward_ct
+        return self.model_worker.forward_batch_generation(batch)
+
+    def process_batch_result(self, batch, result):
+        for req in batch.reqs:
+            req.spec_verify_ct += 1
+            req.output_ids.extend([7, 7])
+
+
+M = __name__
+TARGETS = [Target(f"{M}.{p}", h) for p, h in (
+    ("Sched.run_batch", "run_batch"), ("Sched.process_batch_result", "process_batch_result"),
+    ("Target_.forward_batch_generation", "verify"), ("Worker.draft", "draft"),
+    ("Worker.draft_extend", "draft_extend"), ("Attn.forward", "attn"), ("MoE.forward", "moe"))]
+
+
+def test_cpu_clock_is_exact_against_injected_monotonic_clock(monkeypatch):
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
+    p = Profiler(CtxProfConfig())
+    inst = CtxProfInstrumentor()
+    monkeypatch.setattr(hooks, "PROFILER", p)
+    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
+    assert set(inst.instrument(TARGETS, hooks.HOOKS).values()) == {"ok"}
+    try:
+        s = Sched()
+        for _ in range(3):
+            b = Batch([Req("a", 50)])
+            s.process_batch_result(b, s.run_batch(b))
+        p.recorder.flush()
+        recs = list(p.aggregator.recent)
+    finally:
+        inst.uninstrument()
+        p.recorder.stop()
+    assert len(recs) == 3 and all(r.timing == "cpu" for r in recs)
+    for r in recs:
+        ph = r.phases_ms
+        assert ph["draft"] == 3.0 and ph["draft_extend"] == 4.0
+        assert ph["verify_attn"] == 4.0 and ph["verify_moe"] == 2.5 and ph["verify_rest"] == 0.5
+        assert ph["verify"] == 7.0 and ph["overhead"] == 0.75
+        assert r.step_ms == 14.75 and r.leaf_sum_ms() == 14.75
+
+
+def test_cpu_clock_real_sleep_lower_bound():
+    c = CpuClock()
+    a = c.mark()
+    time.sleep(0.002)
+    assert c.elapsed_ms(a, c.mark()) >= 2.0
+
+
+def test_cuda_clock_no_read_before_device_done_and_pooling():
+    dev = FakeDevice()
+    clock = CudaEventClock(event_factory=lambda: dev.Event(enable_timing=True), pool_size=8)
+    a = clock.mark()
+    dev.kernel(1.5)
+    b = clock.mark()
+    assert clock.elapsed_ms(a, b) is None  # launched, not executed: no number, no exception
+    dev.run(max_ops=2)  # the device ran the first record and the kernel, not the end record
+    assert clock.elapsed_ms(a, b) is None
+    dev.run()
+    assert clock.elapsed_ms(a, b) == 1.5
+    clock.release(a)
+    clock.release(b)
+    for _ in range(50):  # steady state reuses the pool
+        x, y = clock.mark(), clock.mark()
+        dev.run()
+        assert clock.elapsed_ms(x, y) == 0.0
+        clock.release(x)
+        clock.release(y)
+    assert clock.created == 2 and dev.syncs == 0
+
+
+def test_plain_event_recorded_in_capture_is_not_a_timer():
+    """Why graph timing needs external=True: the fake follows CUDA and refuses to time it."""
+    dev = FakeDevice()
+    with dev.graph() as g:
+        a = dev.Event(enable_timing=True)
+        a.record()
+        b = dev.Event(enable_timing=True)
+        b.record()
+    g.replay()
+    dev.run()
+    with pytest.raises(RuntimeError):
+        a.elapsed_time(b)
+
+
+def test_make_clock_on_cpu():
+    assert isinstance(make_clock("cpu"), CpuClock)
+    assert make_graph_timer("cpu") is None
+
+
+def test_parked_fifo_retry_and_overflow():
+    ready = set()
+    evicted = []
+    q = Parked(maxlen=3)
+    for i in range(5):
+        q.push(i, evicted.append)
+    assert evicted == [0, 1] and q.lost == 2 and len(q) == 3
+    assert q.retry(lambda i: i in ready) == 0
+    ready.update({2, 4})
+    assert q.retry(lambda i: i in ready) == 1 and len(q) == 2  # 3 not ready: stop (stream order)
+    ready.add(3)
+    assert q.retry(lambda i: i in ready) == 2 and len(q) == 0
