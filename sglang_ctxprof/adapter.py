@@ -163,6 +163,36 @@ def req_finished(req: Any) -> bool:
         return False
 
 
+def req_trace_parent(req: Any) -> str:
+    """W3C ``traceparent`` of SGLang's own request span, or "" when SGLang is not tracing.
+
+    SGLang 0.5.23 carries the client's ``traceparent`` header to the scheduler only inside
+    ``req.time_stats.trace_ctx`` (a ``TraceReqContext`` rebuilt from the tokenizer's pickled state),
+    and only with ``--enable-trace``: without it the HTTP process never extracts the header and
+    ``trace_ctx`` is a ``TraceNullContext``.  Its ``root_span_context`` holds SGLang's "Req <rid>"
+    span, itself a child of the client's trace, so our request span parented here joins both.
+    """
+    tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
+    if getattr(tc, "tracing_enable", False) is not True:
+        return ""
+    ctx = getattr(tc, "root_span_context", None)
+    if ctx is None:
+        return ""
+    try:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier, context=ctx)
+        return carrier.get("traceparent", "")
+    except Exception:  # noqa: BLE001 - no OTel, or a context of another shape: no parent
+        return ""
+
+
+def metrics_enabled(server_args: Any) -> bool:
+    """SGLang's ``--enable-metrics`` (its multiprocess Prometheus registry serves /metrics)."""
+    return bool(getattr(server_args, "enable_metrics", False))
+
+
 def accept_lens(result: Any, n: int) -> list[int]:
     """Tokens accepted per request including the bonus token (CPU values, already synchronized)."""
     al = getattr(result, "accept_lens", None)

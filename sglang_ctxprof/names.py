@@ -141,6 +141,34 @@ EVENT_DEGRADED = "ctx_profile_degraded"
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
 
+# ---- issue 4: tracing slow requests (OTel spans, structlog events, Prometheus metrics) ------------
+SPAN_PREFILL = "ctxprof.prefill"
+SPAN_PHASE_PREFIX = "ctxprof."  # phase spans are "ctxprof.draft", "ctxprof.verify", "ctxprof.verify_attn", ...
+ATTR_STEPS = "ctxprof.steps"
+ATTR_STEPS_TRUNCATED = "ctxprof.steps_truncated"
+ATTR_COMMITTED = "ctxprof.committed_tokens"
+ATTR_SLOW_REASON = "ctxprof.slow_reason"
+ATTR_TIMING = "ctxprof.timing"
+ATTR_LAYOUT = "ctxprof.phase_layout"  # "sequential": phase spans laid back to back (see views/otel.py)
+ATTR_DECODE_MS = "ctxprof.decode_ms"
+ATTR_FINISHED = "ctxprof.finished"
+# Sampling policy and thresholds (tracing_policy.py documents the defaults).
+ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"
+ENV_TRACE_SLOW_STEP_MS = "SGLANG_CTXPROF_SLOW_STEP_MS"
+ENV_TRACE_MAX_OPEN = "SGLANG_CTXPROF_TRACE_MAX_OPEN"
+# OTel export queue (standard OTEL_BSP_* variables are honoured too).
+ENV_OTEL_QUEUE = "SGLANG_CTXPROF_OTEL_QUEUE"
+# structlog events.
+ENV_LOG = "SGLANG_CTXPROF_LOG"  # off | text | json
+ENV_LOG_FILE = "SGLANG_CTXPROF_LOG_FILE"  # path, "stderr" or "stdout"
+ENV_LOG_LEVEL = "SGLANG_CTXPROF_LOG_LEVEL"  # debug | info | warning
+ENV_LOG_SUMMARY_S = "SGLANG_CTXPROF_LOG_SUMMARY_S"
+ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
+LOGGER_NAME = "sglang_ctxprof.events"
+# control command + route to read / change the trace policy at run time.
+CMD_TRACE_POLICY = "trace_policy"
+ROUTE_TRACE_POLICY = "/ctx_profile/trace_policy"
+
 # ---- issue 5: GPU timing (CUDA-graph block split, roofline) -----------------------------------
 ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
 ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))

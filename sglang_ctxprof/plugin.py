@@ -67,6 +67,9 @@ def _register() -> None:
         # multi-tokenizer HTTP workers import the app by path (0.5.23, or patches/multi-tokenizer-app-path)
         os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
         CtxProfConfig.from_env()  # a bad SGLANG_CTXPROF_* value fails here, loudly, before start
+        from .sinks import validate_env
+
+        validate_env()  # tracing/log settings too (issue 4)
         _register_cli_hooks()
         from .http_route import install_routes
 
@@ -115,6 +118,9 @@ def install_scheduler() -> None:
         logger.warning("sglang-ctxprof: %s", why)
     cfg = CtxProfConfig.from_env()
     hooks.PROFILER = Profiler(cfg)
+    from .sinks import install as install_sinks  # issue 4: OTel spans, structlog events, metrics
+
+    install_sinks(hooks.PROFILER)
     hooks.INSTRUMENTOR = CtxProfInstrumentor()
     hooks.INSTRUMENTOR.instrument(adapter.TARGETS, hooks.HOOKS, adapter.SIGNATURES, groups=["control"])
     report = instrument_timing()

@@ -58,6 +58,9 @@ class StepRecord:
     phases_ms: Mapping[str, float] = field(default_factory=dict)
     t_start_ns: int = 0
     timing: str = "cpu"
+    # W3C traceparent per request (aligned with rids) or () when none is known.  Filled on prefill
+    # records only, from SGLang's own trace context (``--enable-trace``); see adapter.req_trace_parent.
+    trace_parents: tuple[str, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -96,6 +99,7 @@ class StepRecord:
             "phases_ms": dict(self.phases_ms),
             "t_start_ns": self.t_start_ns,
             "timing": self.timing,
+            "trace_parents": list(self.trace_parents),
         }
 
     @classmethod
@@ -116,6 +120,7 @@ class StepRecord:
             phases_ms={str(k): float(v) for k, v in (d.get("phases_ms") or {}).items()},
             t_start_ns=int(d.get("t_start_ns", 0)),
             timing=str(d.get("timing", "cpu")),
+            trace_parents=tuple(str(x) for x in d.get("trace_parents", ()) or ()),
         )
 
 
@@ -127,5 +132,7 @@ def validate(rec: StepRecord) -> None:
     for name in ("ctx_lens", "accepted", "committed", "finished"):
         if len(getattr(rec, name)) != n:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
+    if rec.trace_parents and len(rec.trace_parents) != n:
+        raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
         raise ValueError("negative duration")

@@ -49,7 +49,11 @@ class RequestLog:
                     self.evicted += 1
             else:
                 self._reqs.move_to_end(rid)
+            if rec.trace_parents and rec.trace_parents[i] and not r["trace_parent"]:
+                r["trace_parent"] = rec.trace_parents[i]
+            r["t_end_ns"] = rec.t_start_ns + int(rec.step_ms * 1e6)
             if rec.kind != KIND_DECODE:
+                r["finished"] = r["finished"] or rec.finished[i]
                 r["prefill_ms"] += rec.step_ms
                 r["prompt_tokens"] = rec.ctx_lens[i]
                 continue
@@ -103,12 +107,24 @@ class RequestLog:
             "finished": False,
             "steps_truncated": 0,
             "step_rows_dropped": 0,
+            "t_first_ns": rec.t_start_ns,
+            "t_end_ns": rec.t_start_ns,
+            "trace_parent": "",
             "step_rows": [],
         }
 
     def get(self, rid: str) -> dict[str, Any] | None:
         r = self._reqs.get(rid)
         return summarize(r, with_steps=True) if r is not None else None
+
+    def pop(self, rid: str) -> dict[str, Any] | None:
+        """Remove one request and return its summary with steps (tail-based trace sinks)."""
+        r = self._reqs.pop(rid, None)
+        if r is not None:
+            out = summarize(r, with_steps=True)
+            self._forget_rows(rid, r)
+            return out
+        return None
 
     def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
         rows = [summarize(r, with_steps=False) for r in self._reqs.values() if r["steps"]]

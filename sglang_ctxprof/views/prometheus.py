@@ -1,7 +1,16 @@
 """Prometheus text exposition of a ``/ctx_profile`` body (``?format=prometheus``).
 
+It uses the same family names and labels as the live metrics of ``views/metrics.py`` (which SGLang's
+``/metrics`` exports with ``--enable-metrics``), so a dashboard works on either:
+
+* ``sglang_ctxprof_phase_seconds{phase, ctx_bucket}``: here a ``summary`` (``_count``, ``_sum`` and
+  the 0.5/0.9/0.99 quantiles that ``/ctx_profile`` keeps) instead of the live histogram's ``le``
+  buckets: the aggregate keeps log-scale quantile bins, not Prometheus bucket counts.  ``_count`` and
+  ``_sum`` mean the same in both;
+* ``sglang_ctxprof_accepted_tokens_total{ctx_bucket}`` and ``sglang_ctxprof_steps_total{ctx_bucket}``.
+
 Labels are bounded: ``phase`` comes from the closed phase vocabulary and ``ctx_bucket`` from the
-configured bucket ranges, never raw lengths.
+configured bucket ranges, never raw lengths.  Values are totals since the last reset.
 """
 
 from __future__ import annotations
@@ -11,21 +20,28 @@ from typing import Any, Mapping
 from ..names import METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS
 
 
+def _esc(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def render(body: Mapping[str, Any]) -> str:
-    out = [
-        f"# HELP {METRIC_PHASE_SECONDS}_total Seconds spent per phase of speculative decode steps.",
-        f"# TYPE {METRIC_PHASE_SECONDS}_total counter",
-    ]
-    for b in body.get("buckets") or []:
+    buckets = body.get("buckets") or []
+    m = METRIC_PHASE_SECONDS
+    out = [f"# HELP {m} Seconds per speculative decode step phase.", f"# TYPE {m} summary"]
+    for b in buckets:
+        lb = _esc(b["label"])
         for phase, st in b["phases"].items():
-            out.append(f'{METRIC_PHASE_SECONDS}_total{{phase="{phase}",ctx_bucket="{b["label"]}"}} '
-                       f"{st['total_ms'] / 1e3:.9f}")
-    out += [f"# HELP {METRIC_STEPS}_total Speculative decode steps.", f"# TYPE {METRIC_STEPS}_total counter"]
-    for b in body.get("buckets") or []:
-        out.append(f'{METRIC_STEPS}_total{{ctx_bucket="{b["label"]}"}} {b["steps"]}')
-    out += [f"# HELP {METRIC_ACCEPTED}_total Accepted tokens (incl. bonus).",
+            lab = f'phase="{_esc(phase)}",ctx_bucket="{lb}"'
+            for q, key in (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms")):
+                out.append(f'{m}{{{lab},quantile="{q}"}} {st.get(key, 0.0) / 1e3:.9f}')
+            out.append(f"{m}_count{{{lab}}} {int(st.get('count', 0))}")
+            out.append(f"{m}_sum{{{lab}}} {st.get('total_ms', 0.0) / 1e3:.9f}")
+    out += [f"# HELP {METRIC_ACCEPTED}_total Accepted tokens (incl. the bonus token) of decode steps.",
             f"# TYPE {METRIC_ACCEPTED}_total counter"]
-    for b in body.get("buckets") or []:
-        acc = b["accepted_per_step"] * b["steps"] * b["mean_batch_size"]
-        out.append(f'{METRIC_ACCEPTED}_total{{ctx_bucket="{b["label"]}"}} {round(acc)}')
+    for b in buckets:
+        acc = b["accepted_per_step"] * b["steps"] * b["mean_batch_size"]  # == accepted tokens
+        out.append(f'{METRIC_ACCEPTED}_total{{ctx_bucket="{_esc(b["label"])}"}} {round(acc)}')
+    out += [f"# HELP {METRIC_STEPS}_total Speculative decode steps.", f"# TYPE {METRIC_STEPS}_total counter"]
+    for b in buckets:
+        out.append(f'{METRIC_STEPS}_total{{ctx_bucket="{_esc(b["label"])}"}} {b["steps"]}')
     return "\n".join(out) + "\n"

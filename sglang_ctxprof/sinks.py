@@ -1,0 +1,205 @@
+"""Builds the tracing sinks from the environment and registers them on the Profiler's Recorder.
+
+Three sinks run on the recorder's drain thread (never on the scheduler's hot path), each under its
+own fault-guard component:
+
+* ``exporter``: follows every request through a bounded open-request log (``request_log``), and when
+  a request finishes takes the tail-based decision (``tracing_policy``) -> OTel spans
+  (``views/otel``) and the ``slow_request`` log event (``views/logs``);
+* ``logs``: ``slow_step`` events and the window counters of ``ctx_profile_summary``;
+* ``metrics``: the live Prometheus histogram and counters (``views/metrics``), only when SGLang runs
+  with ``--enable-metrics``.
+
+Only the tp-rank-0 scheduler of each DP group emits (other TP ranks see the same steps).
+The policy can be changed at run time (``set_policy``, reached through the control channel); the
+OTel provider is then built on first need.  ``status()`` feeds ``/ctx_profile`` (drop counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Mapping, Optional
+
+from . import adapter, names
+from .records import StepRecord
+from .request_log import RequestLog
+from .tracing_policy import TracePolicy
+
+logger = logging.getLogger(__name__)
+
+
+def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if not raw:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not an integer") from None
+    if v < 1:
+        raise ValueError(f"{key}={raw!r} must be >= 1")
+    return v
+
+
+class Sinks:
+    def __init__(self, bucketing: Any, policy: TracePolicy, *, env: Optional[Mapping[str, str]] = None,
+                 logs: Any = None, otel: Any = None, max_open: int = 4096, max_steps: int = 4096,
+                 primary: Callable[[], bool] = lambda: True,
+                 metrics_enabled: Callable[[], bool] = lambda: False) -> None:
+        self.bucketing = bucketing
+        self.policy = policy
+        self.env = dict(os.environ if env is None else env)
+        self.logs = logs
+        self.otel = otel
+        self.otel_error: Optional[str] = None
+        self.open = RequestLog(max_open, max_steps)
+        self.primary = primary
+        self._metrics_enabled = metrics_enabled
+        self.metrics: Any = None
+        self._metrics_checked = False
+        self.finished = 0
+        self.traced = 0
+        if policy.mode != "off" and otel is None:
+            self._ensure_otel()
+
+    # ---- OTel provider (lazy: also when the policy is switched on at run time) ---------------------
+    def _ensure_otel(self) -> None:
+        if self.otel is not None or self.otel_error is not None:
+            return
+        try:
+            from .views.otel import OtelView, build_provider
+
+            provider, stats = build_provider(self.env)
+            bk = self.bucketing
+            self.otel = OtelView(provider, stats, bucket_label=lambda c: bk.label(bk.index(c)))
+        except Exception as exc:  # noqa: BLE001 - no OTel: tracing off, profiling goes on
+            self.otel_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("sglang-ctxprof: OpenTelemetry export unavailable (%s); spans are off",
+                           self.otel_error)
+
+    def set_policy(self, changes: Mapping[str, Any]) -> TracePolicy:
+        pol = self.policy.updated(changes)
+        self.policy = pol
+        if pol.mode != "off":
+            self._ensure_otel()
+        return pol
+
+    def entries(self) -> list[tuple[str, Callable[[StepRecord], None]]]:
+        return [("exporter", self.on_record), ("logs", self.on_step_log), ("metrics", self.on_metrics)]
+
+    # ---- sinks -----------------------------------------------------------------------------------------
+    def _tracking(self) -> bool:
+        return self.logs is not None or (self.otel is not None and self.policy.mode != "off")
+
+    def on_record(self, rec: StepRecord) -> None:
+        if not self._tracking() or not self.primary():
+            return
+        self.open.observe(rec)
+        for i, rid in enumerate(rec.rids):
+            if rec.finished[i]:
+                req = self.open.pop(rid)
+                if req is not None:
+                    self.finish(req)
+
+    def finish(self, req: Mapping[str, Any]) -> None:
+        pol = self.policy
+        self.finished += 1
+        export, reason = pol.should_export(req)
+        traced = False
+        if export and self.otel is not None:
+            self.otel.export_request(req, reason)
+            self.traced += 1
+            traced = True
+        if self.logs is not None:
+            self.logs.on_request(req, reason, traced)
+
+    def on_step_log(self, rec: StepRecord) -> None:
+        if self.logs is not None and self.primary():
+            self.logs.on_step(rec)
+
+    def on_metrics(self, rec: StepRecord) -> None:
+        if not self._metrics_checked:
+            self._metrics_checked = True
+            if self._metrics_enabled() and self.primary():
+                from .views.metrics import maybe_create
+
+                self.metrics = maybe_create(self.bucketing, True)
+        if self.metrics is not None:
+            self.metrics.observe(rec)
+
+    # ---- reporting ---------------------------------------------------------------------------------------
+    def dropped(self) -> int:
+        return int(self.otel.stats.dropped) if self.otel is not None else 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.to_dict(),
+            "requests_finished": self.finished,
+            "requests_traced": self.traced,
+            "open_requests": len(self.open),
+            "open_evicted": self.open.evicted,
+            "otel": self.otel.stats.to_dict() if self.otel is not None else None,
+            "otel_error": self.otel_error,
+            "spans_dropped": self.dropped(),
+            "logs": self.logs.status() if self.logs is not None else None,
+            "metrics": {"observed": self.metrics.observed} if self.metrics is not None else None,
+        }
+
+    def stop(self) -> None:
+        if self.logs is not None:
+            self.logs.stop()
+        if self.otel is not None:
+            self.otel.shutdown()
+
+
+def build(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Sinks:
+    """Sinks for one scheduler's Profiler, from the environment (bad values raise ValueError)."""
+    env = os.environ if env is None else env
+    policy = TracePolicy.from_env(env)
+    logs = None
+    from .views.logs import LogConfig, LogView
+
+    lcfg = LogConfig.from_env(env)
+    sinks_ref: list[Sinks] = []
+    if lcfg.fmt != "off":
+        try:
+            logs = LogView(lcfg, lambda: sinks_ref[0].policy)
+        except ImportError:
+            logger.warning("sglang-ctxprof: structlog is not installed; %s is ignored", names.ENV_LOG)
+
+    def primary() -> bool:
+        r = getattr(profiler, "rank", None)
+        return r is None or r.tp == 0
+
+    def metrics_on() -> bool:
+        return adapter.metrics_enabled(getattr(getattr(profiler, "scheduler", None), "server_args", None))
+
+    s = Sinks(profiler.config.bucketing(), policy, env=env, logs=logs, primary=primary,
+              metrics_enabled=metrics_on, max_open=_int_env(env, names.ENV_TRACE_MAX_OPEN, 4096))
+    sinks_ref.append(s)
+    if logs is not None:
+        logs.start()
+    return s
+
+
+def install(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Optional[Sinks]:
+    """Build the sinks and register them on ``profiler.recorder``; never raises into SGLang."""
+    try:
+        s = build(profiler, env)
+    except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the profiler
+        logger.warning("sglang-ctxprof: tracing sinks not installed: %s", exc)
+        return None
+    profiler.sinks = s
+    profiler.recorder.sinks.extend(s.entries())
+    return s
+
+
+def validate_env(env: Optional[Mapping[str, str]] = None) -> None:
+    """Check every tracing/log setting (main process, before start): a bad value raises ValueError."""
+    env = os.environ if env is None else env
+    from .views.logs import LogConfig
+
+    TracePolicy.from_env(env)
+    LogConfig.from_env(env)
+    _int_env(env, names.ENV_TRACE_MAX_OPEN, 4096)

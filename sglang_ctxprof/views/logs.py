@@ -1,0 +1,213 @@
+"""Structured log events from the scheduler side, with structlog, without touching anyone's logging.
+
+Events (names in ``names.py``):
+
+* ``slow_step``: every field of a decode step record whose step span exceeded the policy's
+  ``slow_step_ms``; rate-limited (``SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN``, default 6), the next
+  emitted event says how many were ``suppressed``;
+* ``slow_request``: when a request the policy calls slow finishes, with its summary and the reason;
+* ``ctx_profile_summary``: every ``SGLANG_CTXPROF_LOG_SUMMARY_S`` seconds (default 60, 0 = off) the
+  window's steps, requests, slow counts, step times and tok/s; at ``debug`` level when idle.
+
+Output: ``SGLANG_CTXPROF_LOG=json`` (one JSON object a line) or ``text`` (key=value, the default) or
+``off``; to ``SGLANG_CTXPROF_LOG_FILE`` (a path, ``stderr`` (default) or ``stdout``); minimum level
+``SGLANG_CTXPROF_LOG_LEVEL`` (default ``info``).
+
+The logger is built with ``structlog.wrap_logger`` and our own processor chain.  We never call
+``structlog.configure`` and never touch the ``logging`` module's root or SGLang's loggers, so
+SGLang's log format stays exactly as it was.  Imports structlog lazily (optional dependency).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from .. import names
+from ..names import KIND_DECODE
+from ..records import StepRecord
+
+LEVELS = ("debug", "info", "warning")
+FORMATS = ("off", "text", "json")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    fmt: str = "text"
+    dest: str = "stderr"
+    level: str = "info"
+    summary_s: float = 60.0
+    slow_steps_per_min: int = 6
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "LogConfig":
+        env = os.environ if env is None else env
+        fmt = (env.get(names.ENV_LOG) or "text").strip().lower()
+        if fmt not in FORMATS:
+            raise ValueError(f"{names.ENV_LOG}={fmt!r}: use one of {', '.join(FORMATS)}")
+        level = (env.get(names.ENV_LOG_LEVEL) or "info").strip().lower()
+        if level not in LEVELS:
+            raise ValueError(f"{names.ENV_LOG_LEVEL}={level!r}: use one of {', '.join(LEVELS)}")
+        try:
+            summary_s = float(env.get(names.ENV_LOG_SUMMARY_S) or 60.0)
+            per_min = int(env.get(names.ENV_LOG_SLOW_STEP_PER_MIN) or 6)
+        except ValueError as exc:
+            raise ValueError(f"bad {names.ENV_LOG_SUMMARY_S} or {names.ENV_LOG_SLOW_STEP_PER_MIN}: {exc}") from None
+        if summary_s < 0 or per_min < 0:
+            raise ValueError(f"{names.ENV_LOG_SUMMARY_S} and {names.ENV_LOG_SLOW_STEP_PER_MIN} must be >= 0")
+        return cls(fmt, (env.get(names.ENV_LOG_FILE) or "stderr").strip(), level, summary_s, per_min)
+
+
+def _open(dest: str) -> Any:
+    if dest == "stderr":
+        return sys.stderr
+    if dest == "stdout":
+        return sys.stdout
+    return open(dest, "a", buffering=1)  # line-buffered: one event per line, readable at once
+
+
+def make_logger(cfg: LogConfig, renderer: Any = None, file: Any = None) -> Any:
+    """A structlog logger with our own processors only (no global configuration)."""
+    import structlog
+
+    if renderer is None:
+        renderer = (structlog.processors.JSONRenderer(sort_keys=False) if cfg.fmt == "json"
+                    else structlog.processors.KeyValueRenderer(key_order=["event", "level", "timestamp"]))
+    processors = [structlog.processors.add_log_level,
+                  structlog.processors.TimeStamper(fmt="iso", utc=True),
+                  renderer]
+    return structlog.wrap_logger(structlog.PrintLogger(file if file is not None else _open(cfg.dest)),
+                                 processors=processors,
+                                 wrapper_class=structlog.make_filtering_bound_logger(cfg.level),
+                                 context_class=dict, cache_logger_on_first_use=True,
+                                 logger_name=names.LOGGER_NAME)
+
+
+class _Window:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.step_ms = 0.0
+        self.step_ms_max = 0.0
+        self.committed = 0
+        self.accepted = 0
+        self.requests = 0
+        self.slow_requests = 0
+        self.slow_steps = 0
+
+
+class LogView:
+    def __init__(self, cfg: LogConfig, policy: Callable[[], Any], logger: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.log = logger if logger is not None else make_logger(cfg)
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._win = _Window()
+        self._win_t0 = clock()
+        self._allow = float(cfg.slow_steps_per_min)  # token bucket, refilled per minute
+        self._allow_t = clock()
+        self.suppressed = 0
+        self.emitted = {names.EVENT_SLOW_STEP: 0, names.EVENT_SLOW_REQUEST: 0, names.EVENT_SUMMARY: 0}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- per step (recorder drain thread) ----------------------------------------------------------
+    def on_step(self, rec: StepRecord) -> None:
+        if rec.kind != KIND_DECODE:
+            return
+        slow = self.policy().step_is_slow(rec.step_ms)
+        with self._lock:
+            w = self._win
+            w.steps += 1
+            w.step_ms += rec.step_ms
+            w.step_ms_max = max(w.step_ms_max, rec.step_ms)
+            w.committed += sum(rec.committed)
+            w.accepted += sum(rec.accepted)
+            w.slow_steps += int(slow)
+            if not slow or not self._take():
+                if slow:
+                    self.suppressed += 1
+                return
+            suppressed, self.suppressed = self.suppressed, 0
+        d = rec.to_dict()
+        d.pop("trace_parents", None)
+        self.log.warning(names.EVENT_SLOW_STEP, suppressed=suppressed, **d)
+        self.emitted[names.EVENT_SLOW_STEP] += 1
+
+    def _take(self) -> bool:
+        per_min = self.cfg.slow_steps_per_min
+        now = self.clock()
+        self._allow = min(float(per_min), self._allow + (now - self._allow_t) * per_min / 60.0)
+        self._allow_t = now
+        if self._allow >= 1.0:
+            self._allow -= 1.0
+            return True
+        return False
+
+    # ---- per finished request -----------------------------------------------------------------------
+    def on_request(self, req: Mapping[str, Any], slow_reason: str, traced: bool) -> None:
+        with self._lock:
+            self._win.requests += 1
+            self._win.slow_requests += int(bool(slow_reason))
+        if not slow_reason:
+            return
+        self.log.warning(
+            names.EVENT_SLOW_REQUEST, rid=req["rid"], reason=slow_reason, traced=traced,
+            prompt_tokens=req.get("prompt_tokens"), steps=req.get("steps"),
+            committed=req.get("committed"), accepted=req.get("accepted"),
+            accepted_per_step=round(float(req.get("accepted_per_step") or 0.0), 4),
+            decode_tok_s=round(float(req.get("decode_tok_s") or 0.0), 3),
+            decode_ms=round(float(req.get("decode_ms") or 0.0), 3),
+            prefill_ms=round(float(req.get("prefill_ms") or 0.0), 3),
+            ctx_first=req.get("ctx_first"), ctx_last=req.get("ctx_last"),
+            max_step_ms=round(max((float(r["step_ms"]) for r in req.get("step_rows") or ()), default=0.0), 3),
+            trace_parent=req.get("trace_parent") or None)
+        self.emitted[names.EVENT_SLOW_REQUEST] += 1
+
+    # ---- periodic summary -----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Close the current window and return its fields (also used by the timer)."""
+        now = self.clock()
+        with self._lock:
+            w, self._win = self._win, _Window()
+            t0, self._win_t0 = self._win_t0, now
+        span = max(1e-9, now - t0)
+        return {"window_s": round(span, 3), "steps": w.steps, "requests_finished": w.requests,
+                "slow_requests": w.slow_requests, "slow_steps": w.slow_steps,
+                "step_ms_mean": round(w.step_ms / w.steps, 3) if w.steps else 0.0,
+                "step_ms_max": round(w.step_ms_max, 3),
+                "accepted_per_step": round(w.accepted / w.steps, 4) if w.steps else 0.0,
+                "committed_tok_s": round(w.committed / span, 3)}
+
+    def emit_summary(self) -> dict[str, Any]:
+        s = self.summary()
+        (self.log.info if s["steps"] or s["requests_finished"] else self.log.debug)(names.EVENT_SUMMARY, **s)
+        self.emitted[names.EVENT_SUMMARY] += 1
+        return s
+
+    def start(self) -> None:
+        if self.cfg.summary_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="ctxprof-log-summary", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.summary_s):
+            try:
+                self.emit_summary()
+            except Exception:  # noqa: BLE001 - a broken log destination must not kill the thread
+                pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+            self._thread = None
+
+    def status(self) -> dict[str, Any]:
+        return {"format": self.cfg.fmt, "dest": self.cfg.dest, "emitted": dict(self.emitted),
+                "suppressed_slow_steps": self.suppressed}

@@ -1,0 +1,281 @@
+"""Finished requests -> OpenTelemetry spans with explicit start and end times.
+
+:class:`OtelView` takes a ``TracerProvider`` and turns one finished request (a ``request_log``
+summary with its ``step_rows``) into this tree, all ended at once (tail-based: see tracing_policy)::
+
+    ctxprof.request            rid, prompt/output tokens, accepted per step, decode tok/s
+    ├── ctxprof.prefill        summed prefill batch time, from the request's first record
+    └── ctxprof.step           one per decode step: ctx_len, batch size, draft/accepted tokens, step ms
+        ├── ctxprof.draft
+        ├── ctxprof.verify
+        │   ├── ctxprof.verify_attn
+        │   ├── ctxprof.verify_moe
+        │   └── ctxprof.verify_rest
+        ├── ctxprof.draft_extend
+        └── ctxprof.overhead   (or ctxprof.unattributed): the rest of the step span
+
+Time layout, honestly: a step span starts at the record's ``t_start_ns`` (wall clock taken on the
+CPU when ``run_batch`` began) and lasts ``step_ms``.  Phases are *measured durations* (CPU monotonic
+intervals, or CUDA-event intervals on GPU), not timestamps; they are laid back to back inside the
+step in execution order (draft, verify, draft_extend, then the remainder), and verify's children
+likewise, although real attention and MoE calls interleave layer by layer.  On GPU this anchors the
+event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
+carries ``ctxprof.phase_layout = "sequential"`` to say so.
+
+The request span's parent is the record's W3C ``traceparent`` when SGLang passed one (see
+``adapter.req_trace_parent``), else it starts a new trace.
+
+:func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
+environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
+path) bounded by our own counter (newest spans past the bound are dropped and counted), and
+counters of exported and dropped spans (:class:`ExportStats`) for ``/ctx_profile``.
+It never calls ``trace.set_tracer_provider``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .. import names
+from ..names import Phase
+
+_VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
+_TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)
+_REST = (Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
+DEFAULT_QUEUE = 8192
+
+
+class ExportStats:
+    """Span counters, updated from the exporter thread and our drain thread."""
+
+    def __init__(self, max_queue: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.max_queue = max_queue
+        self.enqueued = 0
+        self.handed = 0  # given to the exporter
+        self.exported = 0
+        self.dropped = 0  # queue overflow + failed exports
+        self.failed_batches = 0
+        self.requests_exported = 0
+
+    def add(self, **kw: int) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def to_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {"requests_exported": self.requests_exported, "spans_enqueued": self.enqueued,
+                    "spans_exported": self.exported, "spans_dropped": self.dropped,
+                    "failed_batches": self.failed_batches, "queue_size": self.max_queue}
+
+
+def _counting_exporter(inner: Any, stats: ExportStats) -> Any:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class CountingExporter(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> Any:
+            n = len(spans)
+            stats.add(handed=n)
+            try:
+                res = inner.export(spans)
+            except Exception:  # noqa: BLE001 - a broken collector is a drop, never an error
+                stats.add(dropped=n, failed_batches=1)
+                return SpanExportResult.FAILURE
+            if res == SpanExportResult.SUCCESS:
+                stats.add(exported=n)
+            else:
+                stats.add(dropped=n, failed_batches=1)
+            return res
+
+        def shutdown(self) -> None:
+            inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(inner.force_flush(timeout_millis))
+
+    return CountingExporter()
+
+
+def _counting_processor(bsp: Any, stats: ExportStats) -> Any:
+    """Counts the spans the batch processor's full queue pushes out (it drops the oldest)."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class CountingProcessor(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            bsp.on_start(span, parent_context)
+
+        def on_end(self, span: Any) -> None:
+            # Our own bound: spans not yet handed to the exporter never exceed max_queue (the SDK's
+            # queue is larger, so it never drops silently); a span past the bound is dropped here
+            # and counted.  At rest, exported + dropped == spans ended.
+            if stats.max_queue and stats.enqueued - stats.handed >= stats.max_queue:
+                stats.add(dropped=1)
+                return
+            stats.add(enqueued=1)
+            bsp.on_end(span)
+
+        def shutdown(self) -> None:
+            bsp.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(bsp.force_flush(timeout_millis))
+
+    return CountingProcessor()
+
+
+def make_exporter(env: Mapping[str, str]) -> Any:
+    """OTLP exporter from the standard environment (endpoint, headers, timeout are read by it)."""
+    proto = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+             or "http/protobuf").strip()
+    if proto == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if proto == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as G
+        except ImportError:
+            raise ValueError("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc needs the package "
+                             "opentelemetry-exporter-otlp-proto-grpc") from None
+        return G()
+    raise ValueError(f"OTLP protocol {proto!r} is not supported: use grpc or http/protobuf")
+
+
+def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None) -> tuple[Any, ExportStats]:
+    """Our own TracerProvider (never installed globally) and its export counters."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    env = os.environ if env is None else env
+    raw = env.get(names.ENV_OTEL_QUEUE) or env.get("OTEL_BSP_MAX_QUEUE_SIZE") or str(DEFAULT_QUEUE)
+    try:
+        queue = int(raw)
+    except ValueError:
+        raise ValueError(f"{names.ENV_OTEL_QUEUE}={raw!r} is not an integer") from None
+    if queue < 1:
+        raise ValueError(f"{names.ENV_OTEL_QUEUE}={raw!r} must be >= 1")
+    stats = ExportStats(max_queue=queue)
+    attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "sglang"}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    inner = exporter if exporter is not None else make_exporter(env)
+    bsp = BatchSpanProcessor(_counting_exporter(inner, stats), max_queue_size=2 * queue,
+                             max_export_batch_size=min(512, queue))
+    provider.add_span_processor(_counting_processor(bsp, stats))
+    return provider, stats
+
+
+class OtelView:
+    def __init__(self, tracer_provider: Any, stats: Optional[ExportStats] = None,
+                 bucket_label: Optional[Callable[[float], str]] = None) -> None:
+        from opentelemetry import trace
+
+        self._trace = trace
+        self.provider = tracer_provider
+        self.tracer = tracer_provider.get_tracer(names.TRACER_NAME)
+        self.stats = stats or ExportStats()
+        self.bucket_label = bucket_label
+
+    def _parent(self, traceparent: str) -> Any:
+        from opentelemetry.context import Context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        if traceparent:
+            return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+        return Context()  # a new root: never the drain thread's ambient context
+
+    def export_request(self, req: Mapping[str, Any], slow_reason: str = "") -> None:
+        rows = list(req.get("step_rows") or ())
+        t0 = int(req.get("t_first_ns") or (rows[0]["t_start_ns"] if rows else 0))
+        t_end = int(req.get("t_end_ns") or 0)
+        for r in rows:
+            t_end = max(t_end, int(r["t_start_ns"] + r["step_ms"] * 1e6))
+        t_end = max(t_end, t0)
+        attrs: dict[str, Any] = {
+            names.ATTR_RID: str(req["rid"]),
+            names.ATTR_STEPS: int(req.get("steps") or 0),
+            names.ATTR_ACCEPTED: int(req.get("accepted") or 0),
+            names.ATTR_COMMITTED: int(req.get("committed") or 0),
+            names.ATTR_ACCEPT_MEAN: float(req.get("accepted_per_step") or 0.0),
+            names.ATTR_DECODE_TOK_S: float(req.get("decode_tok_s") or 0.0),
+            names.ATTR_DECODE_MS: float(req.get("decode_ms") or 0.0),
+            names.ATTR_FINISHED: bool(req.get("finished")),
+            names.ATTR_LAYOUT: "sequential",
+        }
+        if req.get("prompt_tokens") is not None:
+            attrs[names.ATTR_PROMPT_TOKENS] = int(req["prompt_tokens"])
+            attrs[names.ATTR_OUTPUT_TOKENS] = 1 + int(req.get("committed") or 0)  # first token: prefill
+        if req.get("steps_truncated"):
+            attrs[names.ATTR_STEPS_TRUNCATED] = int(req["steps_truncated"])
+        if slow_reason:
+            attrs[names.ATTR_SLOW_REASON] = slow_reason
+        if req.get("ctx_last") is not None:
+            attrs[names.ATTR_CTX_LEN] = int(req["ctx_last"])
+        root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
+                                      start_time=t0, attributes=attrs)
+        ctx = self._trace.set_span_in_context(root)
+        n = 1
+        pre_ms = float(req.get("prefill_ms") or 0.0)
+        if pre_ms > 0:
+            self._span(names.SPAN_PREFILL, ctx, t0, t0 + int(pre_ms * 1e6),
+                       {names.ATTR_PHASE: Phase.PREFILL.value})
+            n += 1
+        for r in rows:
+            n += self._step(ctx, r)
+        root.end(end_time=t_end)
+        self.stats.add(requests_exported=1)
+
+    def _span(self, name: str, ctx: Any, start: int, end: int, attrs: Mapping[str, Any]) -> Any:
+        s = self.tracer.start_span(name, context=ctx, start_time=start, attributes=dict(attrs))
+        s.end(end_time=max(start, end))
+        return s
+
+    def _step(self, ctx: Any, r: Mapping[str, Any]) -> int:
+        s0 = int(r["t_start_ns"])
+        s1 = s0 + int(float(r["step_ms"]) * 1e6)
+        attrs = {
+            names.ATTR_STEP_ID: int(r["step_id"]),
+            names.ATTR_CTX_LEN: int(r["ctx_len"]),
+            names.ATTR_BATCH_SIZE: int(r["batch_size"]),
+            names.ATTR_DRAFT_TOKENS: int(r["draft_tokens"]),
+            names.ATTR_ACCEPTED: int(r["accepted"]),
+            names.ATTR_COMMITTED: int(r["committed"]),
+            names.ATTR_STEP_MS: float(r["step_ms"]),
+            names.ATTR_LAYOUT: "sequential",
+        }
+        if self.bucket_label is not None:
+            attrs[names.ATTR_CTX_BUCKET] = self.bucket_label(r["ctx_len"])
+        step = self.tracer.start_span(names.SPAN_STEP, context=ctx, start_time=s0, attributes=attrs)
+        sctx = self._trace.set_span_in_context(step)
+        phases = r.get("phases_ms") or {}
+        cur, n = s0, 1
+        for p in _TOP + _REST:
+            if p not in phases:
+                continue
+            d = int(float(phases[p]) * 1e6)
+            if p in _REST and d <= 0:
+                continue
+            span = self.tracer.start_span(names.SPAN_PHASE_PREFIX + p, context=sctx, start_time=cur,
+                                          attributes={names.ATTR_PHASE: p})
+            n += 1
+            if p == Phase.VERIFY.value:
+                vctx, vcur = self._trace.set_span_in_context(span), cur
+                for c in _VERIFY_CHILDREN:
+                    if c in phases:
+                        dc = int(float(phases[c]) * 1e6)
+                        self._span(names.SPAN_PHASE_PREFIX + c, vctx, vcur, vcur + dc, {names.ATTR_PHASE: c})
+                        vcur += dc
+                        n += 1
+            span.end(end_time=cur + d)
+            cur += d
+        step.end(end_time=max(s1, cur))
+        return n
+
+    def flush(self, timeout_ms: int = 30000) -> bool:
+        return bool(self.provider.force_flush(timeout_ms))
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()

@@ -1,0 +1,148 @@
+"""views/otel.py: span tree, sequential phase layout, trace-context parenting and counted drops."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sglang_ctxprof import names
+from sglang_ctxprof.records import RankId, StepRecord
+from sglang_ctxprof.request_log import RequestLog
+from sglang_ctxprof.views.otel import OtelView, build_provider
+
+T0 = 1_700_000_000_000_000_000
+PH = {"draft": 1.0, "verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verify_rest": 0.5,
+      "draft_extend": 0.5, "overhead": 0.5}
+
+
+def _rec(step_id, kind, ctx, fin=False, t=T0, tp=()):
+    return StepRecord(step_id=step_id, kind=kind, algorithm="EAGLE", rank=RankId(), rids=("r1",),
+                      ctx_lens=(ctx,), accepted=(3,) if kind == "decode" else (0,),
+                      committed=(3,) if kind == "decode" else (0,), finished=(fin,), draft_tokens=4,
+                      step_ms=5.0 if kind == "decode" else 20.0, phases_ms=PH if kind == "decode" else {},
+                      t_start_ns=t, trace_parents=tp)
+
+
+def _request(n_steps=3, tp=()):
+    log = RequestLog()
+    log.observe(_rec(0, "prefill", 100, t=T0, tp=tp))
+    for i in range(n_steps):
+        log.observe(_rec(i + 1, "decode", 101 + 3 * i, fin=i == n_steps - 1, t=T0 + (30 + 10 * i) * 10**6))
+    return log.pop("r1")
+
+
+def _view():
+    exp = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(exp))
+    return OtelView(prov, bucket_label=lambda c: "64-127"), exp
+
+
+def test_span_tree_and_attributes():
+    view, exp = _view()
+    view.export_request(_request(), slow_reason="decode_tok_s 1 < 20")
+    spans = exp.get_finished_spans()
+    by_name = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    (root,) = by_name[names.SPAN_REQUEST]
+    assert root.parent is None
+    a = root.attributes
+    assert a[names.ATTR_RID] == "r1" and a[names.ATTR_PROMPT_TOKENS] == 100
+    assert a[names.ATTR_OUTPUT_TOKENS] == 1 + 9 and a[names.ATTR_ACCEPT_MEAN] == 3.0
+    assert a[names.ATTR_DECODE_TOK_S] == pytest.approx(9 / 0.015)
+    assert a[names.ATTR_SLOW_REASON].startswith("decode_tok_s")
+    assert root.start_time == T0 and root.end_time == T0 + 50 * 10**6 + 5 * 10**6
+    steps = by_name[names.SPAN_STEP]
+    assert len(steps) == 3 and all(s.parent.span_id == root.context.span_id for s in steps)
+    assert [s.attributes[names.ATTR_CTX_LEN] for s in steps] == [101, 104, 107]
+    for s in steps:
+        assert s.attributes[names.ATTR_BATCH_SIZE] == 1 and s.attributes[names.ATTR_DRAFT_TOKENS] == 4
+        assert s.attributes[names.ATTR_ACCEPTED] == 3 and s.attributes[names.ATTR_CTX_BUCKET] == "64-127"
+        assert s.end_time - s.start_time == 5 * 10**6
+        kids = sorted((k for k in spans if k.parent and k.parent.span_id == s.context.span_id),
+                      key=lambda k: k.start_time)
+        assert [k.name for k in kids] == ["ctxprof.draft", "ctxprof.verify", "ctxprof.draft_extend",
+                                          "ctxprof.overhead"]
+        # sequential layout: back to back from the step start, ending exactly at the step end
+        assert kids[0].start_time == s.start_time and kids[-1].end_time == s.end_time
+        for x, y in zip(kids, kids[1:]):
+            assert x.end_time == y.start_time
+        verify = kids[1]
+        vk = sorted((k for k in spans if k.parent and k.parent.span_id == verify.context.span_id),
+                    key=lambda k: k.start_time)
+        assert [k.name for k in vk] == ["ctxprof.verify_attn", "ctxprof.verify_moe", "ctxprof.verify_rest"]
+        assert vk[0].start_time == verify.start_time and vk[-1].end_time == verify.end_time
+        assert [k.attributes[names.ATTR_PHASE] for k in vk] == ["verify_attn", "verify_moe", "verify_rest"]
+    (pre,) = by_name[names.SPAN_PREFILL]
+    assert pre.end_time - pre.start_time == 20 * 10**6
+    assert len({s.context.trace_id for s in spans}) == 1
+
+
+def test_traceparent_joins_the_callers_trace():
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    view, exp = _view()
+    view.export_request(_request(2, tp=(tp,)))
+    spans = exp.get_finished_spans()
+    root = next(s for s in spans if s.name == names.SPAN_REQUEST)
+    assert root.parent.span_id == 0x00F067AA0BA902B7
+    assert {s.context.trace_id for s in spans} == {0x4BF92F3577B34DA6A3CE929D0E0E4736}
+
+
+class _Blocking(SpanExporter):
+    def __init__(self):
+        self.release = threading.Event()
+        self.got = 0
+
+    def export(self, spans):
+        self.release.wait(10)
+        self.got += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.release.set()
+
+
+class _Down(SpanExporter):
+    def export(self, spans):
+        raise ConnectionRefusedError("collector down")
+
+    def shutdown(self):
+        pass
+
+
+def test_bounded_queue_counts_drops_and_never_blocks():
+    exp = _Blocking()
+    prov, stats = build_provider({"SGLANG_CTXPROF_OTEL_QUEUE": "4", "OTEL_SERVICE_NAME": "t"}, exporter=exp)
+    view = OtelView(prov, stats)
+    view.export_request(_request(3))  # 1 + 1 + 3 * 8 = 26 spans into a queue of 4, exporter stuck
+    d = stats.to_dict()
+    assert d["spans_dropped"] >= 26 - 8  # at most one batch in export plus a full queue
+    exp.release.set()
+    view.flush()
+    d = stats.to_dict()
+    assert d["spans_exported"] == exp.got
+    assert d["spans_exported"] + d["spans_dropped"] == 26
+    view.shutdown()
+
+
+def test_collector_down_counts_every_span_as_dropped():
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=_Down())
+    view = OtelView(prov, stats)
+    view.export_request(_request(2))
+    view.flush()
+    d = stats.to_dict()
+    assert d["spans_exported"] == 0 and d["spans_dropped"] == 1 + 1 + 2 * 8 and d["failed_batches"] >= 1
+    assert d["requests_exported"] == 1
+    view.shutdown()
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="SGLANG_CTXPROF_OTEL_QUEUE"):
+        build_provider({"SGLANG_CTXPROF_OTEL_QUEUE": "many"}, exporter=_Down())
+    with pytest.raises(ValueError, match="not supported"):
+        build_provider({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "carrier-pigeon"})
