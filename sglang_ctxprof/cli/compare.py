@@ -1,0 +1,146 @@
+"""``sglang-ctxprof compare A B``: did run B get slower than baseline A, and is it a regression?
+
+Per context length and per quantity (each leaf phase's ms per decode step, the step, accepted tokens
+per step, two-point decode tok/s), B is compared with what A predicts:
+
+* at a context A measured too: A's median;
+* at a context only B measured: A's per-phase least-squares fit over context (ms per 1k ctx), so a
+  longer-context run is judged against the baseline's own context scaling.
+
+Noise-aware: a change counts only beyond ``k * max(spread_A, spread_B) + rel * |A| + abs`` (spread =
+half the min-max range over the repeats; ``k``=2, ``rel``=5 %, ``abs``=0.05 ms by default).
+
+Verdict: **regression** when any quantity got worse beyond noise (exit code 1, for CI); otherwise
+**inherent context scaling** when B's tok/s falls with context and the per-phase fit explains it
+(the phases that grow per 1k ctx are listed); otherwise **no significant change**.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import sweep_results as res
+
+PHASES = res.TABLE_PHASES
+
+
+def add_cli_args(ap) -> None:
+    ap.add_argument("baseline", help="sweep directory A (the baseline)")
+    ap.add_argument("candidate", help="sweep directory B (the run to judge)")
+    ap.add_argument("--k", type=float, default=2.0, help="noise multiplier on the repeats' spread")
+    ap.add_argument("--rel", type=float, default=0.05, help="relative noise floor (fraction of A)")
+    ap.add_argument("--abs-ms", type=float, default=0.05, help="absolute noise floor for ms values")
+    ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares y = slope * x + intercept; None with fewer than 2 distinct x."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return slope, my - slope * mx
+
+
+def _series(rows: list[dict], q: str) -> dict[int, dict]:
+    out = {}
+    for r in rows:
+        st = r["phases_ms"].get(q) if q in PHASES else r.get(q)
+        if st:
+            out[r["ctx"]] = st
+    return out
+
+
+def _quantities(rows_a: list[dict], rows_b: list[dict]) -> list[tuple[str, bool, bool]]:
+    """(name, higher_is_worse, is_ms) for every quantity both runs have."""
+    qs = []
+    for p in PHASES:
+        if _series(rows_a, p) and _series(rows_b, p):
+            qs.append((p, True, True))
+    for q in ("accept_per_step", "decode_tok_s"):
+        if _series(rows_a, q) and _series(rows_b, q):
+            qs.append((q, False, False))
+    return qs
+
+
+def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float = 0.05,
+            abs_ms: float = 0.05) -> dict[str, Any]:
+    checks = []
+    for q, higher_worse, is_ms in _quantities(rows_a, rows_b):
+        sa, sb = _series(rows_a, q), _series(rows_b, q)
+        f = fit([(c / 1000, s["median"]) for c, s in sa.items()])
+        spread_a = max(s["spread"] for s in sa.values())
+        for ctx, b in sorted(sb.items()):
+            if ctx in sa:
+                a_val, a_spread, source = sa[ctx]["median"], sa[ctx]["spread"], "measured"
+            elif f is not None:
+                a_val, a_spread, source = f[0] * ctx / 1000 + f[1], spread_a, "A fit"
+            else:
+                continue
+            noise = k * max(a_spread, b["spread"]) + rel * abs(a_val) + (abs_ms if is_ms else 0.0)
+            delta = b["median"] - a_val
+            worse = delta > noise if higher_worse else -delta > noise
+            better = -delta > noise if higher_worse else delta > noise
+            checks.append({"ctx": ctx, "quantity": q, "a": a_val, "b": b["median"], "delta": delta,
+                           "delta_pct": 100 * delta / a_val if a_val else None, "noise": noise,
+                           "source": source, "status": "worse" if worse else "better" if better else "same"})
+    regressions = [c for c in checks if c["status"] == "worse"]
+    scaling = _scaling(rows_b)
+    if regressions:
+        top = sorted(regressions, key=lambda c: -abs(c["delta_pct"] or 0))[:3]
+        verdict = "regression"
+        why = "; ".join(f"{c['quantity']} at ctx {c['ctx']}: {c['a']:.3g} -> {c['b']:.3g} "
+                        f"({c['delta_pct']:+.0f}%, noise ±{c['noise']:.2g})" for c in top)
+    elif scaling and scaling["drop_pct"] > 100 * rel:
+        verdict = "inherent context scaling"
+        grow = ", ".join(f"{p} {s:+.3f} ms/1k ctx" for p, s in scaling["slopes"].items() if s > 0) or "-"
+        why = (f"tok/s falls {scaling['drop_pct']:.0f}% from ctx {scaling['ctx_lo']} to {scaling['ctx_hi']}, "
+               f"every phase within the baseline's noise; growing phases: {grow}")
+    else:
+        verdict = "no significant change"
+        why = "every phase, acceptance and tok/s within noise of the baseline"
+    return {"verdict": verdict, "why": why, "checks": checks, "scaling": scaling,
+            "exit_code": 1 if regressions else 0}
+
+
+def _scaling(rows: list[dict]) -> dict[str, Any] | None:
+    tp = [(r["ctx"], r["decode_tok_s"]["median"]) for r in rows if r["decode_tok_s"]]
+    if len(tp) < 2:
+        return None
+    (c0, v0), (c1, v1) = tp[0], tp[-1]
+    slopes = {}
+    for p in PHASES:
+        f = fit([(c / 1000, s["median"]) for c, s in _series(rows, p).items()])
+        if f is not None and p != "step":
+            slopes[p] = f[0]
+    return {"ctx_lo": c0, "ctx_hi": c1, "tok_s_lo": v0, "tok_s_hi": v1,
+            "drop_pct": 100 * (v0 - v1) / v0 if v0 else 0.0, "slopes": slopes}
+
+
+def run(ns) -> int:
+    _, pa, sa = res.load_run(ns.baseline)
+    _, pb, sb = res.load_run(ns.candidate)
+    rows_a, rows_b = res.summarize(pa, sa), res.summarize(pb, sb)
+    out = compare(rows_a, rows_b, ns.k, ns.rel, ns.abs_ms)
+    if ns.json:
+        print(json.dumps(out, indent=1))
+        return out["exit_code"]
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"compare  A={ns.baseline}  B={ns.candidate}")
+    for h in ("ctx", "quantity", "A", "B", "Δ", "Δ%", "noise ±", "A from", "status"):
+        t.add_column(h, justify="right")
+    for c in out["checks"]:
+        style = {"worse": "bold red", "better": "green"}.get(c["status"])
+        pct = "-" if c["delta_pct"] is None else f"{c['delta_pct']:+.1f}"
+        t.add_row(str(c["ctx"]), res.SHORT.get(c["quantity"], c["quantity"]), f"{c['a']:.3f}", f"{c['b']:.3f}",
+                  f"{c['delta']:+.3f}", pct, f"{c['noise']:.3f}", c["source"], c["status"], style=style)
+    console.print(t)
+    console.print(f"verdict: {out['verdict']}: {out['why']}", highlight=False, markup=False)
+    return out["exit_code"]

@@ -1,0 +1,112 @@
+"""PNG plots of a sweep summary (matplotlib, imported lazily, Agg backend, no display needed).
+
+* ``decode_tok_s.png``: two-point decode tok/s vs context (median, min-max bars) and, when present,
+  sustained tok/s (overall and per window as the context grows) - the two side by side;
+* ``phase_ms.png``: stacked leaf-phase ms per decode step vs context (from the server breakdown);
+* ``accept.png``: accepted tokens per step vs context (client meta_info and server profile).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .sweep_results import SHORT
+
+COLORS = {"draft": "#4C72B0", "verify_attn": "#DD8452", "verify_moe": "#55A868", "verify_rest": "#C44E52",
+          "draft_extend": "#8172B3", "overhead": "#937860", "unattributed": "#BBBBBB"}
+
+
+def model_title(model_path: str | None) -> str:
+    """A short plot title from a model path: its last two components (``tiny-dsv3/target``)."""
+    parts = [p for p in str(model_path or "").replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:])
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -> list[str]:
+    """Write the PNGs for ``rows`` (``sweep_results.summarize``) into ``out_dir``; return their paths."""
+    if not rows:
+        return []
+    plt = _plt()
+    out = Path(out_dir)
+    paths = []
+    ctx = [r["ctx"] for r in rows]
+    suffix = f" - {title}" if title else ""
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    tp = [(r["ctx"], r["decode_tok_s"]) for r in rows if r["decode_tok_s"]]
+    if tp:
+        xs = [c for c, _ in tp]
+        med = [d["median"] for _, d in tp]
+        err = [[d["median"] - d["min"] for _, d in tp], [d["max"] - d["median"] for _, d in tp]]
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label="two-point (upper bound)")
+    sus = [(r["ctx"], r["sustained"]) for r in rows if r["sustained"] and r["sustained"].get("decode_tok_s")]
+    if sus:
+        ax.plot([c for c, _ in sus], [s["decode_tok_s"] for _, s in sus], marker="s", linestyle="--",
+                label="sustained (overall)")
+        for i, (_, s) in enumerate(sus):
+            w = s.get("windows") or []
+            if w:
+                ax.plot([(x["ctx_start"] + x["ctx_end"]) / 2 for x in w], [x["tok_s"] for x in w],
+                        color="gray", alpha=0.5, linewidth=1, label="sustained windows" if i == 0 else None)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("decode throughput vs context" + suffix)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(str(out / "decode_tok_s.png"))
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    present = [p for p in COLORS if any(p in r["phases_ms"] for r in rows)]
+    if present:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        labels = [str(c) for c in ctx]
+        bottom = [0.0] * len(rows)
+        for p in present:
+            vals = [r["phases_ms"][p]["median"] if p in r["phases_ms"] else 0.0 for r in rows]
+            ax.bar(labels, vals, bottom=bottom, color=COLORS[p], label=SHORT[p])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("ms per decode step")
+        ax.set_title("where a decode step's time goes" + suffix)
+        ax.legend(fontsize=8, ncol=2)
+        ax.grid(alpha=0.3, axis="y")
+        fig.tight_layout()
+        paths.append(str(out / "phase_ms.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    acc = [(r["ctx"], r["accept_per_step"]) for r in rows if r["accept_per_step"]]
+    if acc:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        ax.plot([c for c, _ in acc], [a["median"] for _, a in acc], marker="o", label="two-point (meta_info)")
+        srv = [(r["ctx"], r["server_accept_per_step"]) for r in rows if r["server_accept_per_step"]]
+        if srv:
+            ax.plot([c for c, _ in srv], [a["median"] for _, a in srv], marker="x", linestyle=":",
+                    label="server profile")
+        sa = [(c, s["accept_per_step"]) for c, s in sus if s.get("accept_per_step")]
+        if sa:
+            ax.plot([c for c, _ in sa], [a for _, a in sa], marker="s", linestyle="--", label="sustained")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("accepted tokens per step")
+        ax.set_ylim(bottom=0)
+        ax.set_title("speculative acceptance vs context" + suffix)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        paths.append(str(out / "accept.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths

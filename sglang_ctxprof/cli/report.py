@@ -1,0 +1,46 @@
+"""``sglang-ctxprof report DIR``: the sweep table and PNG plots again, from the saved files alone.
+
+Reads ``DIR``'s ``point-*.json`` / ``sustained-*.json`` (no server needed), prints the same rich
+table as the sweep, rewrites ``summary.csv``/``summary.json`` and writes the plots
+(``decode_tok_s.png``, ``phase_ms.png``, ``accept.png``) into ``DIR`` or ``--plots-dir``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import sweep_results as res
+
+
+def add_cli_args(ap) -> None:
+    ap.add_argument("dir", help="a sweep --out directory")
+    ap.add_argument("--plots-dir", default=None, help="where to write the PNGs (default: DIR)")
+    ap.add_argument("--no-plots", dest="plots", action="store_false", help="table only")
+    ap.add_argument("--json", action="store_true", help="print the per-context summary as JSON")
+
+
+def run(ns) -> int:
+    import json
+
+    from rich.console import Console
+
+    meta, points, sust = res.load_run(ns.dir)
+    rows = res.summarize(points, sust)
+    if ns.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    console.print(f"{ns.dir}: model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
+                  f"{len(sust)} sustained", highlight=False)
+    res.render_table(rows, meta, console)
+    res.write_summary(ns.dir, meta, rows)
+    if ns.plots:
+        from .plots import model_title, write_plots
+
+        out = Path(ns.plots_dir or ns.dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = write_plots(rows, out, title=model_title(meta.get("model_path")))
+        console.print("plots: " + ", ".join(paths), highlight=False)
+    return 0

@@ -1,0 +1,141 @@
+"""A small HTTP client for the sweep: one place that turns network failures into one-line errors.
+
+``SweepClient`` talks to one SGLang server: ``/model_info`` (is it SGLang?), ``/tokenize``,
+``/generate`` (plain and streamed), ``/ctx_profile`` (+ ``/reset``, ``/requests/{rid}``).  Every
+expected failure - unreachable URL, a server that is not SGLang, an HTTP error, a server that dies or
+times out mid-request - raises :class:`SweepError` (a ``CliError``) with a one-line message; the
+caller adds where in the sweep it happened and that the finished points are kept.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from .main import CliError
+
+
+class SweepError(CliError):
+    pass
+
+
+class NoProfile(Exception):
+    """The server has no ``/ctx_profile`` route (the plugin is not loaded): not an error for a sweep."""
+
+
+def _reason(exc: BaseException) -> str:
+    r = getattr(exc, "reason", None) or exc
+    if isinstance(r, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return str(r) or type(r).__name__
+
+
+class SweepClient:
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _req(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        return req
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        """JSON in, JSON out.  HTTP 404 on a ctx_profile route raises :class:`NoProfile`."""
+        try:
+            with urllib.request.urlopen(self._req(method, path, body), timeout=timeout or self.timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace").strip().replace("\n", " ")[:300]
+            if exc.code == 404 and path.startswith("/ctx_profile"):
+                raise NoProfile(path) from None
+            raise SweepError(f"{self.url}{path} answered HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            raise SweepError(f"cannot reach {self.url} ({method} {path}): {_reason(exc)}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise SweepError(f"{self.url}{path} did not answer JSON: is this an SGLang server?") from None
+
+    # ------------------------------------------------------------------------------ SGLang API
+    def model_info(self) -> dict:
+        try:
+            info = self.call("GET", "/model_info", timeout=30)
+        except SweepError as exc:
+            if "HTTP 404" in str(exc):
+                raise SweepError(f"{self.url} is not an SGLang server (no /model_info)") from None
+            raise
+        if not isinstance(info, dict) or "model_path" not in info:
+            raise SweepError(f"{self.url} is not an SGLang server (unexpected /model_info answer)")
+        return info
+
+    def tokenize(self, text: str) -> tuple[list[int], int]:
+        """Token ids of ``text`` (no special tokens) and the server's max model length."""
+        out = self.call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False}, timeout=120)
+        if not isinstance(out, dict) or "tokens" not in out:
+            raise SweepError(f"{self.url}/tokenize gave an unexpected answer")
+        return list(out["tokens"]), int(out.get("max_model_len") or 0)
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[dict, float]:
+        """Greedy ``/generate`` with ``ignore_eos``; returns (meta_info, wall seconds)."""
+        body = {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+        t0 = time.perf_counter()
+        out = self.call("POST", "/generate", body)
+        dt = time.perf_counter() - t0
+        if not isinstance(out, dict) or "meta_info" not in out:
+            raise SweepError(f"{self.url}/generate gave an unexpected answer")
+        return out["meta_info"], dt
+
+    def generate_stream(self, ids: list[int], max_new_tokens: int) -> Iterator[tuple[float, dict]]:
+        """Streamed greedy generation: yields (perf_counter time, meta_info) per chunk."""
+        body = {"input_ids": ids, "stream": True, "sampling_params": {
+            "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+        try:
+            with urllib.request.urlopen(self._req("POST", "/generate", body), timeout=self.timeout) as r:
+                for line in r:
+                    line = line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        return
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise SweepError(f"{self.url}/generate stream error: {chunk['error']}")
+                    yield time.perf_counter(), chunk.get("meta_info") or {}
+        except urllib.error.HTTPError as exc:
+            raise SweepError(f"{self.url}/generate answered HTTP {exc.code}: "
+                             f"{exc.read().decode(errors='replace')[:300]}") from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            raise SweepError(f"cannot reach {self.url} (streamed /generate): {_reason(exc)}") from None
+
+    def profile_reset(self) -> bool:
+        """Reset ``/ctx_profile``; False when the server has no profiler."""
+        try:
+            self.call("POST", "/ctx_profile/reset", {}, timeout=60)
+            return True
+        except NoProfile:
+            return False
+
+    def profile(self) -> dict | None:
+        try:
+            return self.call("GET", "/ctx_profile", timeout=60)
+        except NoProfile:
+            return None
+
+    def profile_request(self, rid: str) -> dict | None:
+        try:
+            return self.call("GET", f"/ctx_profile/requests/{rid}", timeout=60)
+        except (NoProfile, SweepError):
+            return None

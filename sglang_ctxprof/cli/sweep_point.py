@@ -1,0 +1,154 @@
+"""One sweep measurement: a two-point decode point, or a sustained streamed generation.
+
+Two-point: the server's ``/ctx_profile`` is reset, then two greedy ``ignore_eos`` requests with
+prompts of exactly ``ctx`` tokens (two *different* prompts, see ``prompts``) run one after the
+other, ``short`` and ``long`` new tokens; decode tok/s = (n_long - n_short) / (t_long - t_short)
+(prefill is paid by both and cancels).  Then the profile is read back and folded into the point's
+per-phase ms per step and accepted tokens per step.
+
+Sustained: one streamed generation of N tokens from a ``ctx``-token prompt; decode tok/s over
+windows of W tokens as the context grows, plus the server's breakdown over the same run.
+
+Results are plain dicts (written as JSON by the sweep); ``SCHEMA`` names their format.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from ..names import LEAF_PHASES, Phase
+
+SCHEMA = "ctxprof-sweep/1"
+BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.STEP.value)
+NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
+
+
+def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance."""
+    if not body or not body.get("buckets"):
+        return None
+    buckets = body["buckets"]
+    steps = sum(b["steps"] for b in buckets)
+    req_steps = sum(b["mean_batch_size"] * b["steps"] for b in buckets)
+    if not steps or not req_steps:
+        return None
+    ms = {}
+    for p in BREAKDOWN_PHASES:
+        total = sum(b["phases"][p]["total_ms"] for b in buckets if p in b["phases"])
+        if any(p in b["phases"] for b in buckets):
+            ms[p] = total / steps
+    acc = sum(b["accepted_per_step"] * b["mean_batch_size"] * b["steps"] for b in buckets) / req_steps
+    com = sum(b["committed_per_step"] * b["mean_batch_size"] * b["steps"] for b in buckets) / req_steps
+    step_s = ms.get(Phase.STEP.value, 0.0) / 1e3
+    return {
+        "steps": steps,
+        "mean_batch_size": req_steps / steps,
+        "accepted_per_step": acc,
+        "committed_per_step": com,
+        "phases_ms": ms,
+        "server_tok_s": com / step_s if step_s > 0 else None,
+        "server_accepted_tok_s": acc / step_s if step_s > 0 else None,
+        "algorithms": body.get("algorithms"),
+        "timing": body.get("timing"),
+        "buckets": [{"label": b["label"], "mean_ctx": b["mean_ctx"], "steps": b["steps"],
+                     "accepted_per_step": b["accepted_per_step"],
+                     "step_ms": b["phases"].get(Phase.STEP.value, {}).get("mean_ms"),
+                     "phases_ms": {p: b["phases"][p]["mean_ms"] for p in LEAF_PHASES if p in b["phases"]}}
+                    for b in buckets],
+    }
+
+
+def _req_info(meta: Mapping[str, Any], wall_s: float, max_new: int) -> dict[str, Any]:
+    return {
+        "rid": meta.get("id"),
+        "max_new_tokens": max_new,
+        "t_s": wall_s,
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "cached_tokens": meta.get("cached_tokens"),
+        "spec_accept_length": meta.get("spec_accept_length"),
+        "spec_verify_ct": meta.get("spec_verify_ct"),
+        "e2e_latency": meta.get("e2e_latency"),
+    }
+
+
+def _server_request(client, rid: str | None) -> dict[str, Any] | None:
+    if not rid:
+        return None
+    r = client.profile_request(rid)
+    if not r:
+        return None
+    return {k: r.get(k) for k in ("steps", "accepted", "committed", "decode_ms", "prefill_ms",
+                                  "prompt_tokens", "decode_tok_s")}
+
+
+def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
+              has_profile: bool) -> dict[str, Any]:
+    """Measure one (ctx, repeat) point; raises SweepError if the server fails."""
+    if has_profile:
+        client.profile_reset()
+    meta_a, t_a = client.generate(prompts.get(ctx, repeat, "short"), short)
+    meta_b, t_b = client.generate(prompts.get(ctx, repeat, "long"), long)
+    a, b = _req_info(meta_a, t_a, short), _req_info(meta_b, t_b, long)
+    n_a, n_b = a["completion_tokens"] or 0, b["completion_tokens"] or 0
+    tok_s = (n_b - n_a) / (t_b - t_a) if t_b > t_a and n_b > n_a else None
+    out: dict[str, Any] = {
+        "schema": SCHEMA, "kind": "two_point", "ctx": ctx, "repeat": repeat,
+        "time": time.time(), "prompt_mode": prompts.mode,
+        "prompt_tokens": b["prompt_tokens"], "short": a, "long": b,
+        "t_a": t_a, "t_b": t_b, "decode_tok_s": tok_s,
+        "accept_per_step": b["spec_accept_length"],
+        "cached_tokens": max(a["cached_tokens"] or 0, b["cached_tokens"] or 0),
+        "breakdown": None, "note": None,
+    }
+    if tok_s is None:
+        out["note"] = "invalid point: the long request was not slower than the short one"
+    if has_profile:
+        out["breakdown"] = breakdown(client.profile())
+        ra, rb = _server_request(client, a["rid"]), _server_request(client, b["rid"])
+        out["server_requests"] = {"short": ra, "long": rb}
+        if ra and rb and rb["decode_ms"] > ra["decode_ms"]:
+            out["server_pair_tok_s"] = (rb["committed"] - ra["committed"]) / ((rb["decode_ms"] - ra["decode_ms"]) / 1e3)
+    else:
+        out["note"] = out["note"] or NO_PROFILE_NOTE
+    return out
+
+
+def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile: bool) -> dict[str, Any]:
+    """Stream ``n_tokens`` from a ``ctx``-token prompt; tok/s per window of ``window`` tokens."""
+    if has_profile:
+        client.profile_reset()
+    t0 = time.perf_counter()
+    marks: list[tuple[float, int]] = []
+    last: dict[str, Any] = {}
+    for t, meta in client.generate_stream(prompts.get(ctx, 0, "sustained"), n_tokens):
+        n = int(meta.get("completion_tokens") or 0)
+        if not marks or n > marks[-1][1]:
+            marks.append((t, n))
+        last = meta
+    windows = []
+    if marks:
+        ws_t, ws_n = marks[0]
+        for t, n in marks[1:]:
+            if n - ws_n >= window or ((t, n) == marks[-1] and n - ws_n >= window / 2):
+                if t > ws_t:
+                    windows.append({"ctx_start": ctx + ws_n, "ctx_end": ctx + n, "tokens": n - ws_n,
+                                    "seconds": t - ws_t, "tok_s": (n - ws_n) / (t - ws_t)})
+                ws_t, ws_n = t, n
+    decode_tok_s = None
+    if len(marks) > 1 and marks[-1][0] > marks[0][0]:
+        decode_tok_s = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+    out: dict[str, Any] = {
+        "schema": SCHEMA, "kind": "sustained", "ctx": ctx, "repeat": 0, "time": time.time(),
+        "prompt_mode": prompts.mode, "tokens": n_tokens, "window": window,
+        "prompt_tokens": last.get("prompt_tokens"), "completion_tokens": last.get("completion_tokens"),
+        "ttft_s": marks[0][0] - t0 if marks else None, "total_s": time.perf_counter() - t0,
+        "decode_tok_s": decode_tok_s, "accept_per_step": last.get("spec_accept_length"),
+        "windows": windows, "breakdown": None, "note": None,
+    }
+    if has_profile:
+        out["breakdown"] = breakdown(client.profile())
+    else:
+        out["note"] = NO_PROFILE_NOTE
+    return out

@@ -1,0 +1,193 @@
+"""Sweep result files: names, loading, per-context summary, ``summary.csv``/``summary.json``, table.
+
+A run directory holds ``meta.json`` (how the sweep ran), one ``point-c<ctx>-r<repeat>.json`` per
+two-point measurement and one ``sustained-c<ctx>.json`` per sustained run.  ``summarize`` groups them
+by context length: median and spread (half the min-max range) over the repeats for decode tok/s,
+t_a, t_b, acceptance and each phase's ms per step.  Used by ``sweep``, ``report`` and ``compare``;
+everything here works offline from the files alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..names import LEAF_PHASES
+from .main import CliError
+
+SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
+         "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step"}
+TABLE_PHASES = LEAF_PHASES + ("step",)
+
+
+def point_name(ctx: int, repeat: int) -> str:
+    return f"point-c{ctx:06d}-r{repeat:02d}.json"
+
+
+def sustained_name(ctx: int) -> str:
+    return f"sustained-c{ctx:06d}.json"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic write: a sweep killed mid-write never leaves a half file that --resume would trust."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def load_run(d: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
+    """(meta, two-point results, sustained results) of a run directory."""
+    p = Path(d)
+    if not p.is_dir():
+        raise CliError(f"{d} is not a directory of sweep results")
+    meta = {}
+    if (p / "meta.json").exists():
+        meta = _read(p / "meta.json")
+    points = [_read(f) for f in sorted(p.glob("point-c*-r*.json"))]
+    sust = [_read(f) for f in sorted(p.glob("sustained-c*.json"))]
+    if not points and not sust:
+        raise CliError(f"{d} holds no sweep results (point-*.json)")
+    return meta, points, sust
+
+
+def _read(f: Path) -> dict:
+    try:
+        obj = json.loads(f.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {f}: {exc}") from None
+    if not isinstance(obj, dict) or "ctx" not in obj:
+        raise CliError(f"{f} is not a sweep result file")
+    return obj
+
+
+def _stat(values: Iterable[float | None]) -> dict[str, float] | None:
+    v = [x for x in values if x is not None]
+    if not v:
+        return None
+    lo, hi = min(v), max(v)
+    return {"median": statistics.median(v), "min": lo, "max": hi, "spread": (hi - lo) / 2, "n": len(v)}
+
+
+def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[str, Any]]:
+    by_ctx: dict[int, list[dict]] = {}
+    for pt in points:
+        by_ctx.setdefault(int(pt["ctx"]), []).append(pt)
+    sus = {int(s["ctx"]): s for s in (sust or [])}
+    rows = []
+    for ctx in sorted(set(by_ctx) | set(sus)):
+        pts = by_ctx.get(ctx, [])
+        bds = [p["breakdown"] for p in pts if p.get("breakdown")]
+        phases = {}
+        for ph in TABLE_PHASES + ("verify",):
+            st = _stat(b["phases_ms"].get(ph) for b in bds)
+            if st:
+                phases[ph] = st
+        s = sus.get(ctx)
+        rows.append({
+            "ctx": ctx,
+            "repeats": len(pts),
+            "prompt_tokens": sorted({p.get("prompt_tokens") for p in pts}, key=lambda x: x or 0),
+            "decode_tok_s": _stat(p.get("decode_tok_s") for p in pts),
+            "t_a": _stat(p.get("t_a") for p in pts),
+            "t_b": _stat(p.get("t_b") for p in pts),
+            "accept_per_step": _stat(p.get("accept_per_step") for p in pts),
+            "server_accept_per_step": _stat(b.get("accepted_per_step") for b in bds),
+            "server_tok_s": _stat(b.get("server_tok_s") for b in bds),
+            "cached_tokens": max((p.get("cached_tokens") or 0 for p in pts), default=0),
+            "breakdown": bool(bds),
+            "phases_ms": phases,
+            "sustained": None if s is None else {
+                "tokens": s.get("tokens"), "decode_tok_s": s.get("decode_tok_s"),
+                "accept_per_step": s.get("accept_per_step"),
+                "server_accept_per_step": (s.get("breakdown") or {}).get("accepted_per_step"),
+                "step_ms": ((s.get("breakdown") or {}).get("phases_ms") or {}).get("step"),
+                "windows": s.get("windows") or []},
+        })
+    return rows
+
+
+def _med(st: dict | None) -> float | None:
+    return None if st is None else st["median"]
+
+
+def csv_rows(rows: list[dict]) -> tuple[list[str], list[list[Any]]]:
+    header = ["ctx", "repeats", "prompt_tokens", "decode_tok_s_median", "decode_tok_s_min", "decode_tok_s_max",
+              "t_a_s", "t_b_s", "accept_per_step", "server_accept_per_step", "server_tok_s", "cached_tokens"]
+    header += [f"ms_{p}" for p in TABLE_PHASES] + ["sustained_tok_s", "sustained_accept_per_step"]
+    out = []
+    for r in rows:
+        d = r["decode_tok_s"] or {}
+        s = r["sustained"] or {}
+        out.append([r["ctx"], r["repeats"], "/".join(str(x) for x in r["prompt_tokens"]),
+                    d.get("median"), d.get("min"), d.get("max"), _med(r["t_a"]), _med(r["t_b"]),
+                    _med(r["accept_per_step"]), _med(r["server_accept_per_step"]), _med(r["server_tok_s"]),
+                    r["cached_tokens"]]
+                   + [_med(r["phases_ms"].get(p)) for p in TABLE_PHASES]
+                   + [s.get("decode_tok_s"), s.get("accept_per_step")])
+    return header, out
+
+
+def write_summary(d: str | os.PathLike, meta: dict, rows: list[dict]) -> None:
+    p = Path(d)
+    write_json(p / "summary.json", {"meta": meta, "rows": rows})
+    header, data = csv_rows(rows)
+    with open(p / "summary.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for row in data:
+            w.writerow(["" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for v in row])
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def render_table(rows: list[dict], meta: dict, console=None) -> None:
+    """The end-of-sweep rich table (also printed by ``report``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    present = [p for p in TABLE_PHASES if any(p in r["phases_ms"] for r in rows)]
+    has_sus = any(r["sustained"] for r in rows)
+    t = Table(title="decode by context length (two-point; ms per decode step from the server)")
+    for h in ["ctx", "prompt_tok", "tok/s", "±", "t_a s", "t_b s", "acc/step"]:
+        t.add_column(h, justify="right")
+    for p in present:
+        t.add_column(f"{SHORT[p]} ms", justify="right")
+    if has_sus:
+        t.add_column("sustained tok/s", justify="right")
+        t.add_column("sust acc/step", justify="right")
+    for r in rows:
+        d = r["decode_tok_s"]
+        pt = "/".join(str(x) for x in r["prompt_tokens"]) or "-"
+        if r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]]:
+            pt += " (!)"
+        cells = [str(r["ctx"]), pt, _f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}"),
+                 _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), _f(_med(r["accept_per_step"]))]
+        cells += [_f(_med(r["phases_ms"].get(p))) for p in present]
+        if has_sus:
+            s = r["sustained"] or {}
+            cells += [_f(s.get("decode_tok_s"), "{:.1f}"), _f(s.get("accept_per_step"))]
+        t.add_row(*cells)
+    console.print(t)
+    for line in footnotes(rows, meta):
+        console.print(line, highlight=False, markup=False)
+
+
+def footnotes(rows: list[dict], meta: dict) -> list[str]:
+    out = [f"prompts: {meta.get('prompt_mode', '?')}, exact token length; prefix cache: "
+           f"{meta.get('cache_policy', '?')}; max cached tokens reported by the server: "
+           f"{max((r['cached_tokens'] for r in rows), default=0)}",
+           f"two-point: short {meta.get('short', '?')} / long {meta.get('long', '?')} new tokens, greedy, "
+           f"ignore_eos; tok/s = median over repeats, ± = half the min-max range"]
+    if rows and not any(r["breakdown"] for r in rows):
+        out.append("no phase breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)")
+    if any(r["sustained"] for r in rows):
+        out.append("sustained = one streamed generation per context (what users see); "
+                   "two-point = upper bound")
+    return out
