@@ -65,4 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m sglang_ctxprof.cli.main``: run the imported module, so the CliError raised by the
+    # subcommands is the class caught above (not a second copy living in __main__).
+    from sglang_ctxprof.cli.main import main as _main
+
+    sys.exit(_main())

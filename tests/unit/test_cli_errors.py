@@ -1,0 +1,91 @@
+"""Issue 6, CLI bad input: every bad argument gets one ``error:`` line and a usage hint, exit code 2,
+and never a traceback - through the installed ``sglang-ctxprof`` script and ``python -m``.
+
+Each case runs in a subprocess with a timeout, so a missing validation that would go on to build a
+model or start a server fails the test instead of hanging it.  Nothing here needs a server: the
+"unreachable" cases use a closed local port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_ctxprof.cli.main import SUBCOMMANDS
+
+SCRIPT = Path(sys.executable).with_name("sglang-ctxprof")
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens once the socket is closed
+
+
+def run(args: list[str], module: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "sglang_ctxprof.cli.main", *args] if module else [str(SCRIPT), *args]
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def assert_clean_error(p: subprocess.CompletedProcess, expect: str | None = None) -> str:
+    both = p.stdout + p.stderr
+    assert "Traceback" not in both, both
+    assert p.returncode == 2, (p.returncode, both)
+    errors = [ln for ln in p.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1, p.stderr
+    assert "usage:" in p.stderr or "--help" in p.stderr, p.stderr
+    if expect:
+        assert expect.lower() in errors[0].lower(), errors[0]
+    return errors[0]
+
+
+URL = closed_port_url()
+
+CASES = [
+    (["frobnicate"], "invalid choice"),
+    (["show", "--url"], "expected one argument"),
+    (["show", "--url", "not-a-url"], "url"),
+    (["show", "--url", URL], "cannot reach"),
+    (["show", "--url", URL, "--json"], "cannot reach"),
+    (["show", "--bogus-flag"], "unrecognized"),
+    (["show", "extra-positional"], "unrecognized"),
+    (["show", "--url", "http://[::1"], None),
+    (["demo", "--ctx", "abc"], "invalid int"),
+    (["demo", "--ctx", "0"], None),
+    (["demo", "--ctx", "-5"], None),
+    (["demo", "--ctx", "100000000"], None),
+    (["demo", "--draft", "medusa"], "invalid choice"),
+    (["tiny-model"], "required"),
+    (["tiny-model", "--out", "/tmp/ctxprof-never-written", "--arch", "gpt9"], "invalid choice"),
+    (["tiny-model", "--out", "/tmp/ctxprof-never-written", "--draft", "eagle3", "--high-acceptance"],
+     "high-acceptance"),
+]
+
+
+@pytest.mark.parametrize("args,expect", CASES, ids=[" ".join(a)[:50] for a, _ in CASES])
+def test_bad_argument_is_one_clean_line(args, expect):
+    assert_clean_error(run(args), expect)
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_unknown_flag_on_every_subcommand(command):
+    assert_clean_error(run([command, "--definitely-not-a-flag"]))  # or "required: ..." first
+
+
+def test_python_dash_m_gives_the_same_clean_error():
+    """Regression: under ``python -m`` the CliError class lived twice and escaped as a traceback."""
+    line = assert_clean_error(run(["show", "--url", URL], module=True), "cannot reach")
+    assert line.startswith("sglang-ctxprof show: error:")
+
+
+def test_no_command_prints_usage_and_fails():
+    p = run([])
+    assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr
+    assert "usage:" in (p.stdout + p.stderr)
