@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Overhead budget of sglang-ctxprof: decode tok/s with profiling on vs off, and the cost per hook call.
+
+1. **Server A/B** (real SGLang on this CPU: tiny DeepSeek-V3 + the identity EAGLE head, or
+   ``--draft eagle3``): one server started with ``--enable-ctx-profile``; profiling is toggled at run
+   time with ``POST /ctx_profile/enable|disable`` (which install / remove the timing hooks) in
+   alternating windows A B A B ...  Each window runs the same requests (``--concurrency`` at a time,
+   short prompts, ``ignore_eos``) and measures decode tok/s = Σ(completion_tokens - 1) / window wall
+   time.  Printed: mean tok/s on and off, the ratio on/off, and the spread (per-pair ratios and each
+   condition's coefficient of variation).  Goal: ratio >= 0.97 (tiny CPU steps are the hard case).
+   ``--url`` measures an already running server instead of starting one.
+2. **Micro-benchmark** of our wrappers (no server): the real hooks and Profiler on small classes;
+   microseconds per hook call for a block hook inside verify (attention / MoE), a phase hook
+   (draft), a pass-through call outside any step, and the fixed per-step cost (run_batch +
+   step span + process_batch_result + record building), each net of the bare call.
+
+A benchmark, not a test: it asserts nothing about timing.  ``--out FILE`` writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+# ---- 2. micro-benchmark of our wrappers ------------------------------------------------------------
+class _Attn:
+    def forward(self):
+        return None
+
+
+class _MoE:
+    def forward(self):
+        return None
+
+
+class _Target:
+    n = 0
+
+    def __init__(self):
+        self.attn, self.moe = _Attn(), _MoE()
+
+    def forward_batch_generation(self, batch, is_verify=False):
+        a, m = self.attn.forward, self.moe.forward
+        for _ in range(self.n):
+            a()
+            m()
+
+
+class _Worker:
+    def __init__(self):
+        self.target = _Target()
+
+    def forward_batch_generation(self, batch):
+        self.draft(batch)
+        self.target.forward_batch_generation(batch, is_verify=True)
+        return None
+
+    def draft(self, batch):
+        return None
+
+
+class _Sched:
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.model_worker = _Worker()
+        self.server_args = SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4,
+                                           device="cpu")
+        self.forward_ct = 0
+
+    def run_batch(self, batch):
+        self.forward_ct += 1
+        batch.forward_iter = self.forward_ct
+        return self.model_worker.forward_batch_generation(batch)
+
+    def process_batch_result(self, batch, result):
+        for r in batch.reqs:
+            r.spec_verify_ct += 1
+            r.output_ids.append(7)
+
+
+def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
+    from types import SimpleNamespace
+
+    from sglang_ctxprof import hooks
+    from sglang_ctxprof.adapter import Target
+    from sglang_ctxprof.config import CtxProfConfig
+    from sglang_ctxprof.instrumentor import CtxProfInstrumentor
+    from sglang_ctxprof.runtime import Profiler
+
+    mode = SimpleNamespace(is_decode=lambda: True)
+
+    def batch():
+        req = SimpleNamespace(rid="r", origin_input_ids=[0] * 64, output_ids=[1], spec_verify_ct=0,
+                              finished=lambda: False)
+        return SimpleNamespace(reqs=[req], forward_mode=mode, forward_iter=0)
+
+    def timed(fn, reps=5):
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            best = min(best, time.perf_counter_ns() - t0)
+        return best / 1e3  # µs
+
+    def workload():
+        s = _Sched()
+        _Target.n = n_calls
+
+        def one_big_step():
+            b = batch()
+            s.process_batch_result(b, s.run_batch(b))
+        big = timed(one_big_step, reps=3)
+        _Target.n = 0
+
+        def steps():
+            for _ in range(n_steps):
+                b = batch()
+                s.process_batch_result(b, s.run_batch(b))
+        small = timed(steps, reps=3)
+        draft = timed(lambda: [s.model_worker.draft(None) for _ in range(n_calls)])
+        return big, small, draft
+
+    bare = workload()
+    p = Profiler(CtxProfConfig())
+    inst = CtxProfInstrumentor()
+    hooks.PROFILER, hooks.INSTRUMENTOR = p, inst
+    M = __name__
+    inst.instrument([Target(f"{M}.{x}", h) for x, h in (
+        ("_Sched.run_batch", "run_batch"), ("_Sched.process_batch_result", "process_batch_result"),
+        ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"),
+        ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], hooks.HOOKS)
+    try:
+        on = workload()
+    finally:
+        inst.uninstrument()
+        p.recorder.stop()
+        hooks.PROFILER = hooks.INSTRUMENTOR = None
+    return {
+        "block_hook_us": (on[0] - bare[0]) / (2 * n_calls),  # attention or MoE call inside verify
+        "step_fixed_us": (on[1] - bare[1]) / n_steps,  # run_batch, span, draft + verify phases, record
+        "passthrough_us": (on[2] - bare[2]) / n_calls,  # a hooked call outside any step
+    }
+
+
+# ---- 1. server A/B ---------------------------------------------------------------------------------
+def http(method: str, url: str, body=None, timeout: float = 600):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def window(url: str, n_req: int, conc: int, prompt: int, new: int, seed: int) -> float:
+    rng = random.Random(seed)
+    prompts = [[rng.randint(10, 3999) for _ in range(prompt)] for _ in range(n_req)]
+
+    def one(ids):
+        st, out = http("POST", url + "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+        if st != 200:
+            raise RuntimeError(f"/generate failed: {st} {out}")
+        return out["meta_info"]["completion_tokens"] - 1
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(conc) as ex:
+        toks = sum(ex.map(one, prompts))
+    return toks / (time.perf_counter() - t0)
+
+
+def server_ab(url: str, a: argparse.Namespace) -> dict:
+    window(url, 2, 2, a.prompt, 16, seed=1)  # warm-up
+    on, off = [], []
+    for i in range(2 * a.pairs):
+        prof = i % 2 == 0  # A = profiling on, B = off
+        st, body = http("POST", url + ("/ctx_profile/enable" if prof else "/ctx_profile/disable"))
+        if st != 200:
+            raise RuntimeError(f"toggle failed ({st}): {body}")
+        tps = window(url, a.requests, a.concurrency, a.prompt, a.max_new_tokens, seed=100 + i // 2)
+        (on if prof else off).append(tps)
+        print(f"  window {i + 1:2d} {'A on ' if prof else 'B off'}: {tps:8.1f} tok/s", flush=True)
+    http("POST", url + "/ctx_profile/enable")
+    _, prof_body = http("GET", url + "/ctx_profile")
+    _, status = http("GET", url + "/ctx_profile/status")
+    body = prof_body if isinstance(prof_body, dict) else {}
+    ranks = status.get("ranks") if isinstance(status, dict) else None
+    pairs = [x / y for x, y in zip(on, off)]
+    cv = (lambda xs: statistics.pstdev(xs) / statistics.fmean(xs) if len(xs) > 1 else 0.0)
+    return {
+        "tok_s_on": statistics.fmean(on), "tok_s_off": statistics.fmean(off),
+        "ratio": statistics.fmean(on) / statistics.fmean(off),
+        "pair_ratios": pairs, "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs),
+        "pair_ratio_median": statistics.median(pairs),
+        "cv_on": cv(on), "cv_off": cv(off), "windows_on": on, "windows_off": off,
+        "profiled_steps": (body.get("totals") or {}).get("decode_steps"),
+        "timing": body.get("timing"),
+        "roofline": [b.get("roofline") for b in body.get("buckets") or []][:1],
+        "split": [((r or {}).get("status") or {}).get("split") for r in ranks or []],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", help="an already running server started with --enable-ctx-profile")
+    ap.add_argument("--draft", choices=("eagle", "eagle3"), default="eagle",
+                    help="eagle: the identity EAGLE head (realistic acceptance); eagle3: random EAGLE-3 head")
+    ap.add_argument("--pairs", type=int, default=4, help="A/B window pairs")
+    ap.add_argument("--requests", type=int, default=8, help="requests per window")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--micro-only", action="store_true", help="only the wrapper micro-benchmark")
+    ap.add_argument("--out", help="write the results as JSON here")
+    a = ap.parse_args(argv)
+    if min(a.pairs, a.requests, a.concurrency, a.prompt, a.max_new_tokens) < 1:
+        ap.error("--pairs, --requests, --concurrency, --prompt and --max-new-tokens must be >= 1")
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    res: dict = {"micro": micro()}
+    m = res["micro"]
+    print(f"hook cost: block hook {m['block_hook_us']:.2f} us/call, phase+step fixed {m['step_fixed_us']:.2f} "
+          f"us/step, pass-through {m['passthrough_us']:.2f} us/call", flush=True)
+    if not a.micro_only:
+        srv = None
+        url = a.url
+        if url is None:
+            from sglang_ctxprof.cli.server import ServerProcess, cpu_args
+            from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
+
+            ha = a.draft == "eagle"
+            cache = ROOT / ".cache" / "models" / f"deepseek-v3-{a.draft}{'-ha' if ha else ''}"
+            mdl = build(TinyModelArgs(arch="deepseek-v3", out=str(cache), draft=a.draft, high_acceptance=ha))
+            log = ROOT / ".cache" / "bench-overhead.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            alg = "EAGLE3" if a.draft == "eagle3" else "EAGLE"
+            srv = ServerProcess(cpu_args(mdl["target"], algorithm=alg, draft=mdl["draft"]) + ["--enable-ctx-profile"],
+                                log_path=str(log), timeout=900)
+            print(f"starting SGLang (log {log}) ...", flush=True)
+            srv.start()
+            url = srv.url
+        try:
+            res["server"] = server_ab(url, a)
+        finally:
+            if srv is not None:
+                srv.stop()
+        s = res["server"]
+        print(f"decode tok/s: on {s['tok_s_on']:.1f}, off {s['tok_s_off']:.1f}, ratio on/off {s['ratio']:.3f} "
+              f"(pair ratios median {s['pair_ratio_median']:.3f}, {s['pair_ratio_min']:.3f}..{s['pair_ratio_max']:.3f}; CV on {s['cv_on']:.1%}, "
+              f"off {s['cv_off']:.1%}); profiled decode steps {s['profiled_steps']}")
+        print(f"/ctx_profile: timing={s['timing']} roofline={s['roofline']} split={s['split']}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
