@@ -1,0 +1,71 @@
+"""Every built-in speculative algorithm that SGLang runs on this CPU, on a real server.
+
+One server per algorithm, one at a time (module-scoped parametrized fixture).  Each asserts the
+phases ctxprof must name for that algorithm, that the leaf phases add up to the step span, and
+that step counts reconcile with what SGLang reported to the client.
+
+MTP (``--enable-multi-layer-eagle``) is in ``test_mtp_on_cpu`` below: it records what SGLang does
+with it on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import generate, http, rand_ids, start_server, tiny
+from sglang_ctxprof.cli.server import cpu_args
+
+pytestmark = pytest.mark.server
+
+CTX = (64, 1100)
+ALL = ("draft", "verify", "verify_attn", "verify_rest", "draft_extend", "overhead")
+
+# name -> (tiny model spec, algorithm, phases that must be > 0, phases that must be 0, min accept/step)
+CASES = {
+    "EAGLE": (("deepseek-v3", "eagle", True), "EAGLE", ALL + ("verify_moe",), ("unattributed",), 1.5),
+    "EAGLE3": (("deepseek-v3", "eagle3", False), "EAGLE3", ALL + ("verify_moe",), ("unattributed",), 1.0),
+    "STANDALONE": (("llama", "standalone", True), "STANDALONE", ALL, ("verify_moe", "unattributed"), 1.5),
+    "NGRAM": (("qwen3-moe", None, False), "NGRAM", ALL + ("verify_moe",), ("unattributed",), 1.0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def run(request):
+    (arch, draft, ha), alg, *_ = CASES[request.param]
+    m = tiny(arch, draft, high_acceptance=ha)
+    args = cpu_args(m["target"], algorithm=alg, draft=m.get("draft")) + ["--enable-ctx-profile"]
+    srv = start_server(f"alg-{request.param.lower()}", args)
+    try:
+        outs = [generate(srv.url, rand_ids(n, seed=7 + n), max_new_tokens=24) for n in CTX]
+        status, body = http("GET", srv.url + "/ctx_profile")
+        assert status == 200, body
+        yield request.param, outs, body
+    finally:
+        srv.stop()
+
+
+def test_expected_phases(run):
+    name, _, body = run
+    _, alg, positive, zero, min_accept = CASES[name]
+    assert body["algorithms"] == [alg]
+    assert len(body["buckets"]) == len(CTX), [b["label"] for b in body["buckets"]]
+    for b in body["buckets"]:
+        ph = b["phases"]
+        for p in positive:
+            assert ph[p]["mean_ms"] > 0, (name, b["label"], p)
+        for p in zero:
+            assert ph.get(p, {}).get("mean_ms", 0) == 0, (name, b["label"], p)
+        assert b["accepted_per_step"] >= min_accept, (name, b["label"], b["accepted_per_step"])
+
+
+def test_leaves_add_up_and_steps_reconcile(run):
+    name, outs, body = run
+    for b in body["buckets"]:
+        ph = b["phases"]
+        leaves = sum(ph[p]["total_ms"] for p in body["leaf_phases"] if p in ph)
+        assert leaves == pytest.approx(ph["step"]["total_ms"], rel=1e-6, abs=1e-6), name
+    steps = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+    assert sum(round(b["mean_batch_size"] * b["steps"]) for b in body["buckets"]) == steps, name
+    # every generated token after the first (which comes from prefill) is counted exactly once
+    committed = sum(b["committed_per_step"] * b["mean_batch_size"] * b["steps"] for b in body["buckets"])
+    assert committed == pytest.approx(sum(o["meta_info"]["completion_tokens"] - 1 for o in outs)), name
