@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,98 +42,10 @@ from sglang_ctxprof.instrumentor import CtxProfInstrumentor  # noqa: E402
 from sglang_ctxprof.runtime import Profiler  # noqa: E402
 from sglang_ctxprof.timing import CudaEventClock  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_devices import FakeDev, TorchDev  # noqa: E402
+
 DEV = None  # set by main(): a TorchDev or a FakeDev
-
-
-# ---- two devices behind one small interface ------------------------------------------------------
-class FakeDev:
-    name = "fake (dry run)"
-
-    def __init__(self):
-        from sglang_ctxprof.fake_cuda import FakeDevice
-
-        self.d = FakeDevice()
-        self.Event = self.d.Event
-
-    def is_capturing(self):
-        return self.d.is_current_stream_capturing()
-
-    def capture(self, holder):
-        dev = self.d
-
-        class _Ctx:
-            def __enter__(self):
-                self.c = dev.graph()
-                holder["g"] = self.c.__enter__()
-
-            def __exit__(self, *exc):
-                self.c.__exit__(*exc)
-
-        return _Ctx()
-
-    def synchronize(self):
-        self.d.run()  # the bench itself may wait; the hot path never does (checked via d.syncs)
-
-    def attn(self, blk):
-        self.d.kernel(0.8)
-
-    def moe(self, blk):
-        self.d.kernel(0.6)
-
-    def rest(self, blk):
-        self.d.kernel(0.1)
-
-    def busy(self):
-        self.d.kernel(2.0)
-
-
-class TorchDev:
-    def __init__(self, ctx, bs, heads, dim, hidden, experts):
-        import torch
-
-        self.t = torch
-        self.name = torch.cuda.get_device_name()
-        self.Event = torch.cuda.Event
-        kw = dict(device="cuda", dtype=torch.bfloat16)
-        self.q = torch.randn(bs * heads, 4, dim, **kw)  # 4 draft tokens per request
-        self.k = torch.randn(bs * heads, ctx, dim, **kw)
-        self.v = torch.randn(bs * heads, ctx, dim, **kw)
-        self.x = torch.randn(bs * 4, hidden, **kw)
-        self.router = torch.randn(hidden, experts, **kw)
-        self.w1 = torch.randn(experts, hidden, 2 * hidden, **kw) * 0.01
-        self.w2 = torch.randn(experts, 2 * hidden, hidden, **kw) * 0.01
-        self.wo = torch.randn(heads * dim, hidden, **kw) * 0.01
-        self.big = torch.randn(8192, 8192, **kw)
-        self.bs, self.heads = bs, heads
-
-    def is_capturing(self):
-        return self.t.cuda.is_current_stream_capturing()
-
-    def capture(self, holder):
-        holder["g"] = self.t.cuda.CUDAGraph()
-        return self.t.cuda.graph(holder["g"])
-
-    def synchronize(self):
-        self.t.cuda.synchronize()
-
-    def attn(self, blk):
-        s = self.t.softmax(self.q @ self.k.transpose(1, 2) * 0.088, dim=-1)
-        self.o = s @ self.v
-
-    def moe(self, blk):
-        t = self.t
-        gate = t.softmax(self.x @ self.router, dim=-1)
-        w, idx = t.topk(gate, 2, dim=-1)
-        mask = t.zeros_like(gate).scatter(1, idx, w)  # [T, E], zero for unselected experts
-        h = t.relu(t.einsum("th,ehf->etf", self.x, self.w1))
-        y = t.einsum("etf,efh->eth", h, self.w2)
-        self.y = (y * mask.t().unsqueeze(-1)).sum(0)
-
-    def rest(self, blk):
-        self.z = self.o.reshape(self.bs * 4, -1) @ self.wo
-
-    def busy(self):  # keeps the GPU ahead of the CPU so eager block events see no launch gaps
-        self.big @ self.big
 
 
 # ---- the model and a toy scheduler shaped like SGLang's ---------------------------------------------
@@ -199,39 +112,22 @@ class Worker:
         return Result()
 
 
-class Mode:
-    def is_decode(self):
-        return True
+def Req(rid):
+    return NS(rid=rid, origin_input_ids=[0] * 64, output_ids=[1], spec_verify_ct=0, finished=lambda: False)
 
 
-class Req:
-    def __init__(self, rid):
-        self.rid, self.origin_input_ids, self.output_ids, self.spec_verify_ct = rid, [0] * 64, [1], 0
-
-    def finished(self):
-        return False
+def Batch(reqs):
+    return NS(reqs=reqs, forward_mode=NS(is_decode=lambda: True), forward_iter=0)
 
 
-class Batch:
-    def __init__(self, reqs):
-        self.reqs, self.forward_mode, self.forward_iter = reqs, Mode(), 0
-
-
-class Result:
-    accept_lens = None
-
-
-class Args:
-    speculative_algorithm = "EAGLE"
-    speculative_num_draft_tokens = 4
-
-    def __init__(self, device):
-        self.device = device
+def Result():
+    return NS(accept_lens=None)
 
 
 class Scheduler:
     def __init__(self, worker, device):
-        self.model_worker, self.server_args, self.forward_ct = worker, Args(device), 0
+        self.model_worker, self.forward_ct = worker, 0
+        self.server_args = NS(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4, device=device)
 
     def run_batch(self, batch):
         self.forward_ct += 1
@@ -374,8 +270,6 @@ class SyncCounter:
         return DEV.d.syncs if self.dry else self.py
 
     def window(self, label):
-        import contextlib
-
         counter = self
 
         @contextlib.contextmanager
