@@ -1,0 +1,185 @@
+"""Issue 6, bad input, against a real CPU server (tiny DeepSeek-V3 + EAGLE, profiling on).
+
+Every ``/ctx_profile`` route answers wrong parameters, out-of-range values, unknown formats, wrong
+methods, a huge ``slowest=N`` and malformed rids with a 4xx and a JSON error, and the server keeps
+generating.  Then hypothesis fuzzes methods, paths, query parameters and bodies: never a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ctxprof_ref
+from conftest import generate, http, make_server_fixture, rand_ids
+from sglang_ctxprof import names
+
+pytestmark = pytest.mark.server
+
+server = make_server_fixture("bad-input", lambda: ctxprof_ref.model_args() + [names.CLI_FLAG])
+R = names.ROUTE
+
+
+def raw(method: str, url: str, data: bytes | None = None, ctype: str = "application/json",
+        timeout: float = 120):
+    """(status, body bytes, content type) without following redirects or raising."""
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": ctype})
+    opener = urllib.request.build_opener(_NoRedirect())
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            return r.status, r.read(), r.headers.get("content-type", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers.get("content-type", "")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def assert_json_4xx(status: int, body: bytes, ctype: str, what: str) -> dict:
+    assert 400 <= status < 500, (what, status, body[:300])
+    assert "json" in ctype, (what, ctype)
+    doc = json.loads(body)
+    msg = doc.get("error") or doc.get("detail")
+    assert msg, (what, doc)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def warm(server):
+    """A few requests so the profile and the request ring have content."""
+    out = generate(server.url, rand_ids(200, seed=3), max_new_tokens=12)
+    return out["meta_info"]["id"]
+
+
+BAD_GETS = [
+    (f"{R}?format=xml", "unknown format"),
+    (f"{R}?format=", "unknown format"),
+    (f"{R}?format=JSON", "unknown format"),
+    (f"{R}?foo=1", "unknown query"),
+    (f"{R}?format=json&slowest=3", "unknown query"),
+    (f"{R}/requests?slowest=abc", "must be an integer"),
+    (f"{R}/requests?slowest=", "must be an integer"),
+    (f"{R}/requests?slowest=1.5", "must be an integer"),
+    (f"{R}/requests?slowest=1e3", "must be an integer"),
+    (f"{R}/requests?slowest=0", "between"),
+    (f"{R}/requests?slowest=-4", "between"),
+    (f"{R}/requests?slowest=1001", "between"),
+    (f"{R}/requests?slowest=" + "9" * 30, "between"),
+    (f"{R}/requests?slowest=" + "9" * 5000, "must be an integer"),
+    (f"{R}/requests?limit=3", "unknown query"),
+    (f"{R}/status?verbose=1", "no query"),
+    (f"{R}/requests/" + urllib.parse.quote("a b"), "malformed rid"),
+    (f"{R}/requests/" + "x" * 257, "malformed rid"),
+    (f"{R}/requests/" + urllib.parse.quote("é"), "malformed rid"),
+    (f"{R}/requests/" + urllib.parse.quote("<script>"), "malformed rid"),
+    (f"{R}/requests/%00", "malformed rid"),
+    (f"{R}/requests/no-such-request", "not found"),
+    (f"{R}/nope", "Not Found"),
+]
+
+
+@pytest.mark.parametrize("path,expect", BAD_GETS, ids=[p[:60] for p, _ in BAD_GETS])
+def test_bad_get_is_a_clear_4xx(server, warm, path, expect):
+    status, body, ctype = raw("GET", server.url + path)
+    doc = assert_json_4xx(status, body, ctype, path)
+    assert expect.lower() in json.dumps(doc).lower(), doc
+
+
+WRONG_METHODS = [
+    ("POST", R), ("DELETE", R), ("PUT", R), ("PATCH", f"{R}/requests"), ("POST", f"{R}/status"),
+    ("GET", f"{R}/reset"), ("GET", f"{R}/enable"), ("DELETE", f"{R}/disable"), ("PUT", f"{R}/reset"),
+    ("POST", f"{R}/requests/abc"),
+]
+
+
+@pytest.mark.parametrize("method,path", WRONG_METHODS)
+def test_wrong_method_is_405_json(server, warm, method, path):
+    status, body, ctype = raw(method, server.url + path, b"{}" if method in ("POST", "PUT", "PATCH") else None)
+    assert status == 405, (method, path, status, body[:200])
+    assert_json_4xx(status, body, ctype, f"{method} {path}")
+
+
+def test_command_with_params_is_400(server, warm):
+    for cmd in ("reset", "enable", "disable"):
+        status, body, ctype = raw("POST", f"{server.url}{R}/{cmd}?now=1", b"{}")
+        assert_json_4xx(status, body, ctype, cmd)
+
+
+def test_fault_switch_is_absent_in_production(server, warm):
+    status, body, ctype = raw("POST", f"{server.url}{R}/fault", b'{"component": "hooks"}')
+    assert status in (404, 405), status
+    assert http("GET", server.url + R)[1]["degraded"] is None
+
+
+def test_good_requests_still_work_after_bad_ones(server, warm):
+    status, body = http("GET", f"{server.url}{R}/requests?slowest=1000")
+    assert status == 200 and isinstance(body["requests"], list)
+    status, r = http("GET", f"{server.url}{R}/requests/{warm}")
+    assert status == 200 and r["rid"] == warm
+    assert set(r) >= {"rid", "steps", "accepted", "committed", "step_rows"}
+    out = generate(server.url, rand_ids(100, seed=9), max_new_tokens=8)
+    assert out["meta_info"]["completion_tokens"] == 8
+    status, body = http("GET", server.url + R)
+    assert status == 200 and body["degraded"] is None and body["dropped"] == 0
+
+
+def test_profile_never_returns_text(server, warm):
+    """Only ids, lengths and timings: the prompt/output text of a request is in no response."""
+    marker = "zebracornflakes"
+    status, out = http("POST", server.url + "/generate", {
+        "text": f"{marker} {marker} {marker}",
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert status == 200, out
+    rid = out["meta_info"]["id"]
+    bodies = [raw("GET", server.url + p)[1].decode(errors="replace") for p in (
+        R, f"{R}?format=text", f"{R}?format=prometheus", f"{R}/requests?slowest=1000",
+        f"{R}/requests/{rid}", f"{R}/status")]
+    assert rid in bodies[4]
+    for b in bodies:
+        assert marker not in b
+        if len(out["text"].strip()) >= 12:  # long enough not to occur by chance
+            assert out["text"] not in b
+
+
+# ---------------------------------------------------------------------------------------- fuzz
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+_params = st.dictionaries(st.sampled_from(["format", "slowest", "rid", "x", "n"]) | _text,
+                          st.sampled_from(["json", "text", "prometheus", "10", "0", "-1", "1000", "1001"])
+                          | st.integers(-10**30, 10**30).map(str) | _text, max_size=3)
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text,
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(_text, c, max_size=3), max_leaves=8)
+_body = st.none() | _json.map(lambda j: json.dumps(j).encode()) | st.binary(max_size=64)
+_path = (st.sampled_from([R, f"{R}/reset", f"{R}/enable", f"{R}/disable", f"{R}/status", f"{R}/requests",
+                          f"{R}/fault", f"{R}/"])
+         | _text.map(lambda t: f"{R}/requests/" + urllib.parse.quote(t, safe="")))
+_method = st.sampled_from(["GET", "GET", "GET", "POST", "POST", "PUT", "DELETE", "PATCH"])
+
+
+@settings(max_examples=250, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(method=_method, path=_path, params=_params, body=_body)
+def _fuzz_once(url, method, path, params, body):
+    q = urllib.parse.urlencode(params)
+    full = url + path + (("?" + q) if q else "")
+    data = body if method in ("POST", "PUT", "PATCH") else None
+    status, out, ctype = raw(method, full, data)
+    assert status < 500, (method, full, data, status, out[:300])
+    if status >= 400:
+        assert "json" in ctype, (method, full, status, ctype)
+
+
+def test_fuzz_no_5xx(server, warm):
+    _fuzz_once(server.url)
+    assert http("POST", server.url + R + "/enable")[0] == 200  # the fuzz may have disabled profiling
+    out = generate(server.url, rand_ids(64, seed=11), max_new_tokens=5)
+    assert out["meta_info"]["completion_tokens"] == 5
+    status, body = http("GET", server.url + R)
+    assert status == 200 and body["degraded"] is None
