@@ -14,7 +14,7 @@ from . import sweep_results as res
 
 def add_cli_args(ap) -> None:
     ap.add_argument("dir", help="a sweep --out directory")
-    ap.add_argument("--plots-dir", default=None, help="where to write the PNGs (default: DIR)")
+    ap.add_argument("--plots-dir", default=None, help="where to write the PNGs and summary files (default: DIR)")
     ap.add_argument("--no-plots", dest="plots", action="store_false", help="table only")
     ap.add_argument("--json", action="store_true", help="print the per-context summary as JSON")
 
@@ -35,12 +35,12 @@ def run(ns) -> int:
     console.print(f"{ns.dir}: model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
                   f"{len(sust)} sustained", highlight=False)
     res.render_table(rows, meta, console)
-    res.write_summary(ns.dir, meta, rows)
+    out = Path(ns.plots_dir or ns.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    res.write_summary(out, meta, rows)
     if ns.plots:
         from .plots import model_title, write_plots
 
-        out = Path(ns.plots_dir or ns.dir)
-        out.mkdir(parents=True, exist_ok=True)
         paths = write_plots(rows, out, title=model_title(meta.get("model_path")))
         console.print("plots: " + ", ".join(paths), highlight=False)
     return 0

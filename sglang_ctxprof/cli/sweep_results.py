@@ -68,8 +68,10 @@ def _stat(values: Iterable[float | None]) -> dict[str, float] | None:
     v = [x for x in values if x is not None]
     if not v:
         return None
-    lo, hi = min(v), max(v)
-    return {"median": statistics.median(v), "min": lo, "max": hi, "spread": (hi - lo) / 2, "n": len(v)}
+    v.sort()
+    lo, hi = v[0], v[-1]
+    return {"median": statistics.median(v), "min": lo, "max": hi, "spread": (hi - lo) / 2, "n": len(v),
+            "second": v[1] if len(v) > 1 else lo}
 
 
 def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[str, Any]]:

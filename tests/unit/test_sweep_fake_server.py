@@ -1,0 +1,183 @@
+"""The sweep's failure paths and the no-plugin path against small fake HTTP servers (no SGLang).
+
+A fake "SGLang" answers /model_info, /tokenize and /generate (timings proportional to the tokens)
+and 404 on /ctx_profile, like a server started without --enable-ctx-profile.  Other fakes: nothing
+listening, a web server that is not SGLang.  The real-server path is tests/server/test_sweep.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_ctxprof.cli.main import main
+from sglang_ctxprof.cli.server import free_port
+
+
+class FakeSGLang(BaseHTTPRequestHandler):
+    max_len = 8192
+    die_after = None  # generate calls before the fake starts failing (server "killed")
+    calls = 0
+
+    def log_message(self, *a):
+        pass
+
+    def _json(self, code, obj):
+        raw = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):
+        if self.path == "/model_info":
+            return self._json(200, {"model_path": "fake/model", "is_generation": True})
+        return self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/tokenize":
+            toks = [10 + (ord(c) % 400) for c in body["prompt"]]
+            return self._json(200, {"tokens": toks, "count": len(toks), "max_model_len": self.max_len})
+        if self.path == "/generate":
+            cls = type(self)
+            cls.calls += 1
+            if cls.die_after is not None and cls.calls > cls.die_after:
+                self.connection.close()  # like a process that died mid-request
+                return
+            n = body["sampling_params"]["max_new_tokens"]
+            ids = body["input_ids"]
+            time.sleep(len(ids) * 2e-6 + n * 1e-3)
+            meta = {"id": f"r{cls.calls}", "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0,
+                    "spec_accept_length": 3.0, "spec_verify_ct": max(1, n // 3)}
+            if body.get("stream"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for k in range(1, n + 1, 3):
+                    self.wfile.write(b"data: " + json.dumps({"meta_info": {**meta, "completion_tokens": k}}).encode()
+                                     + b"\n\n")
+                self.wfile.write(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\n\ndata: [DONE]\n\n")
+                return
+            return self._json(200, {"text": "x", "meta_info": meta})
+        return self._json(404, {"detail": "Not Found"})
+
+
+class NotSGLang(FakeSGLang):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>hello</html>")
+
+    do_POST = do_GET
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def start(handler=FakeSGLang, **attrs):
+        cls = type("H", (handler,), {"calls": 0, **attrs})
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), cls)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        made.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for s in made:
+        s.shutdown()
+        s.server_close()
+
+
+SMALL = ["--repeat", "2", "--short", "2", "--long", "20", "--no-plots"]
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_no_plugin_measures_throughput_and_says_no_breakdown(fake, tmp_path, capsys):
+    url = fake()
+    out = tmp_path / "run"
+    assert main(["sweep", "--url", url, "--ctx", "32", "100", "--out", str(out), "--sustained", "12",
+                 "--window", "3"] + SMALL) == 0
+    text = capsys.readouterr()
+    assert "no breakdown" in text.err and "no phase breakdown" in text.out
+    pts = [json.loads(p.read_text()) for p in sorted(out.glob("point-*.json"))]
+    assert len(pts) == 4
+    for p in pts:
+        assert p["prompt_tokens"] == p["ctx"] and p["breakdown"] is None and "no breakdown" in p["note"]
+        assert p["decode_tok_s"] > 0 and p["t_b"] > p["t_a"]
+    sus = json.loads((out / "sustained-c000100.json").read_text())
+    assert sus["decode_tok_s"] > 0 and sus["windows"] and sus["completion_tokens"] == 12
+    assert (out / "summary.csv").read_text().startswith("ctx,")
+
+
+def test_unreachable_url(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["sweep", "--url", url, "--ctx", "64", "--out", str(tmp_path / "r")] + SMALL) == 2
+    assert "cannot reach" in _err_line(capsys)
+
+
+def test_not_sglang(fake, capsys):
+    assert main(["sweep", "--url", fake(NotSGLang), "--ctx", "64"] + SMALL) == 2
+    assert "SGLang" in _err_line(capsys)
+
+
+def test_ctx_beyond_context_length(fake, tmp_path, capsys):
+    url = fake(max_len=1024)
+    assert main(["sweep", "--url", url, "--ctx", "64", "1010", "--out", str(tmp_path / "r")] + SMALL) == 2
+    assert "context length (1024 tokens)" in _err_line(capsys)
+    assert not list((tmp_path / "r").glob("point-*"))
+
+
+def test_server_dies_mid_sweep_keeps_results_and_resume_finishes(fake, tmp_path, capsys):
+    # warm-up + (warm-up, short, long) for ctx 32 = 4 calls: the first point finishes, then the server dies
+    url = fake(die_after=4)
+    out = tmp_path / "run"
+    args = ["sweep", "--url", url, "--ctx", "32", "64", "--out", str(out)] + SMALL
+    assert main(args) == 2
+    line = _err_line(capsys)
+    assert "cannot reach" in line and "--resume" in line and "kept" in line
+    kept = sorted(p.name for p in out.glob("point-*.json"))
+    assert kept == ["point-c000032-r00.json"]
+    before = (out / kept[0]).read_text()
+    assert main(args) == 2 and "already holds results" in _err_line(capsys)
+    url2 = fake()
+    assert main(["sweep", "--url", url2, "--ctx", "32", "64", "--out", str(out), "--resume"] + SMALL) == 0
+    assert "1 result(s) already" in capsys.readouterr().err
+    assert len(list(out.glob("point-*.json"))) == 4
+    assert (out / kept[0]).read_text() == before  # not re-run
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--ctx", "0"], "--ctx"),
+    (["--repeat", "0"], "--repeat"),
+    (["--short", "30", "--long", "20"], "--short"),
+    (["--resume"], "--resume needs --out"),
+    (["--launch"], "--launch needs"),
+    (["extra-arg"], "need --launch"),
+])
+def test_bad_arguments(argv, msg, capsys):
+    assert main(["sweep", "--url", "http://127.0.0.1:9"] + argv) == 2
+    assert msg in _err_line(capsys)
+
+
+def test_resume_with_other_settings_is_refused(fake, tmp_path, capsys):
+    url = fake()
+    out = str(tmp_path / "r")
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", out] + SMALL) == 0
+    capsys.readouterr()
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", out, "--resume", "--repeat", "2", "--short", "3",
+                 "--long", "20", "--no-plots"]) == 2
+    assert "settings differ" in _err_line(capsys)
