@@ -4,15 +4,20 @@ One server per algorithm, one at a time (module-scoped parametrized fixture).  E
 phases ctxprof must name for that algorithm, that the leaf phases add up to the step span, and
 that step counts reconcile with what SGLang reported to the client.
 
-MTP (``--enable-multi-layer-eagle``) is in ``test_mtp_on_cpu`` below: it records what SGLang does
-with it on CPU.
+MTP: DeepSeek-V3 with its own NextN layer as the draft (``EAGLE`` + draft path = the model, what
+launch/deepseek-v3-mtp.sh runs).  Stock SGLang 0.5.23 cannot start it on CPU
+(``DeepseekV2ForCausalLM.set_embed_and_head`` calls ``torch.cuda.synchronize()``), so this case
+path-loads the test plugin tests/plugins/cpu_no_cuda_sync.  ``--enable-multi-layer-eagle`` is not
+run: SGLang supports it only for NextN classes that take ``draft_model_idx`` (MiMo-V2, Step3p5,
+GigaChat3.5, Inkling); with DeepSeek-V3 it fails at load with ``TypeError: DeepseekV3ForCausalLMNextN
+.__init__() got an unexpected keyword argument 'draft_model_idx'``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import generate, http, rand_ids, start_server, tiny
+from conftest import MODEL_CACHE, ROOT, generate, http, rand_ids, start_server, tiny
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server
@@ -26,15 +31,38 @@ CASES = {
     "EAGLE3": (("deepseek-v3", "eagle3", False), "EAGLE3", ALL + ("verify_moe",), ("unattributed",), 1.0),
     "STANDALONE": (("llama", "standalone", True), "STANDALONE", ALL, ("verify_moe", "unattributed"), 1.5),
     "NGRAM": (("qwen3-moe", None, False), "NGRAM", ALL + ("verify_moe",), ("unattributed",), 1.0),
+    "MTP": (("deepseek-v3", "mtp", True), "EAGLE", ALL + ("verify_moe",), ("unattributed",), 1.5),
 }
+FIX = ROOT / "tests" / "plugins" / "cpu_no_cuda_sync"
+
+
+def _mtp_env(tmp_dir) -> dict:
+    import sys
+
+    sys.path.insert(0, str(FIX))
+    try:
+        import cpu_no_cuda_sync
+    finally:
+        sys.path.remove(str(FIX))
+    cpu_no_cuda_sync.write_dist_info(str(tmp_dir))
+    return {"PYTHONPATH": f"{FIX}:{tmp_dir}"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def run(request):
+def run(request, tmp_path_factory):
     (arch, draft, ha), alg, *_ = CASES[request.param]
-    m = tiny(arch, draft, high_acceptance=ha)
+    env = None
+    if draft == "mtp":
+        from mtp_model import build_mtp
+
+        base = tiny(arch, "eagle", high_acceptance=ha)["target"]
+        target = build_mtp(base, str(MODEL_CACHE / "deepseek-v3-mtp-ha" / "target"))
+        m = {"target": target, "draft": target}  # SGLang loads the NextN layer from the model itself
+        env = _mtp_env(tmp_path_factory.mktemp("mtp-ep"))
+    else:
+        m = tiny(arch, draft, high_acceptance=ha)
     args = cpu_args(m["target"], algorithm=alg, draft=m.get("draft")) + ["--enable-ctx-profile"]
-    srv = start_server(f"alg-{request.param.lower()}", args)
+    srv = start_server(f"alg-{request.param.lower()}", args, env=env)
     try:
         outs = [generate(srv.url, rand_ids(n, seed=7 + n), max_new_tokens=24) for n in CTX]
         status, body = http("GET", srv.url + "/ctx_profile")
