@@ -262,13 +262,14 @@ class OtelView:
                                           attributes={names.ATTR_PHASE: p})
             n += 1
             if p == Phase.VERIFY.value:
-                vctx, vcur = self._trace.set_span_in_context(span), cur
-                for c in _VERIFY_CHILDREN:
-                    if c in phases:
-                        dc = int(float(phases[c]) * 1e6)
-                        self._span(names.SPAN_PHASE_PREFIX + c, vctx, vcur, vcur + dc, {names.ATTR_PHASE: c})
-                        vcur += dc
-                        n += 1
+                vctx, vcur, vend = self._trace.set_span_in_context(span), cur, cur + d
+                kids = [c for c in _VERIFY_CHILDREN if c in phases]
+                for k, c in enumerate(kids):
+                    # children tile verify exactly (the last one absorbs nanosecond rounding)
+                    ce = vend if k == len(kids) - 1 else min(vend, vcur + int(float(phases[c]) * 1e6))
+                    self._span(names.SPAN_PHASE_PREFIX + c, vctx, vcur, ce, {names.ATTR_PHASE: c})
+                    vcur = ce
+                    n += 1
             span.end(end_time=cur + d)
             cur += d
         step.end(end_time=max(s1, cur))

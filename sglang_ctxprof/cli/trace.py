@@ -1,0 +1,117 @@
+"""``sglang-ctxprof trace --url URL [RID | --slowest N]``: one request's story, step by step.
+
+Fetches ``/ctx_profile/requests/{rid}`` (or ``?slowest=N``) and prints, per request, a header
+(prompt tokens, steps, tokens, acceptance, decode tok/s, slow reason if any) and a table with one row
+per decode step: context length, batch size, draft/accepted/committed tokens, the step time and its
+phases (draft, verify = attention + MoE + rest, draft_extend, and the remainder).  ``--json`` prints
+the raw answer.  No tracing backend needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Mapping
+
+_RID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
+COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
+        ("step_ms", 9), ("draft", 8), ("verify", 8), ("v.attn", 8), ("v.moe", 8), ("v.rest", 8),
+        ("d_ext", 8), ("other", 8))
+_PH = ("draft", "verify", "verify_attn", "verify_moe", "verify_rest", "draft_extend")
+
+
+def add_cli_args(ap) -> None:
+    ap.add_argument("rid", nargs="?", default=None, help="request id (meta_info.id); omit with --slowest")
+    ap.add_argument("--slowest", type=int, default=None, metavar="N",
+                    help="the N recent requests with the lowest decode tok/s (default when no RID: 1)")
+    ap.add_argument("--url", default="http://127.0.0.1:30000", help="SGLang server base URL")
+    ap.add_argument("--json", action="store_true", help="print the raw JSON")
+    ap.add_argument("--max-steps", type=int, default=0, metavar="K",
+                    help="print at most K step rows per request (0: all)")
+    ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
+
+
+def _get(url: str, path: str, api_key: str | None) -> Any:
+    from .main import CliError
+
+    req = urllib.request.Request(url.rstrip("/") + path)
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            msg = json.loads(exc.read()).get("error", "")
+        except Exception:  # noqa: BLE001
+            msg = ""
+        if exc.code == 404 and not msg:
+            raise CliError(f"{url} has no {path.split('?')[0]}: start SGLang with --enable-ctx-profile") from None
+        raise CliError(f"{url}{path} answered HTTP {exc.code}{': ' + msg if msg else ''}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    except ValueError:
+        raise CliError(f"{url}{path} did not answer JSON") from None
+
+
+def fetch(ns) -> list[dict[str, Any]]:
+    from .main import CliError
+
+    if ns.rid is not None and ns.slowest is not None:
+        raise CliError("give either a RID or --slowest N, not both")
+    if ns.rid is not None:
+        if not _RID_RE.match(ns.rid):
+            raise CliError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
+        return [_get(ns.url, "/ctx_profile/requests/" + urllib.parse.quote(ns.rid, safe=""), ns.api_key)]
+    n = 1 if ns.slowest is None else ns.slowest
+    if not 1 <= n <= 1000:
+        raise CliError(f"--slowest must be between 1 and 1000, got {n}")
+    return list(_get(ns.url, f"/ctx_profile/requests?slowest={n}", ns.api_key).get("requests") or [])
+
+
+def _f(v: Any, nd: int = 2) -> str:
+    return "-" if v is None else f"{float(v):.{nd}f}"
+
+
+def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
+    out = [f"request {r['rid']}",
+           f"  prompt {r.get('prompt_tokens')} tokens, prefill {_f(r.get('prefill_ms'))} ms; "
+           f"{r.get('steps', 0)} decode steps, {r.get('committed', 0)} tokens committed "
+           f"({r.get('accepted', 0)} accepted), {_f(r.get('accepted_per_step'))} accepted/step, "
+           f"{_f(r.get('decode_tok_s'), 1)} tok/s over {_f(r.get('decode_ms'))} ms; "
+           f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
+    if r.get("trace_parent"):
+        out.append(f"  trace: {r['trace_parent']}")
+    rows = list(r.get("step_rows") or [])
+    lost = int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
+    if lost:
+        out.append(f"  ({lost} step rows not kept: per-request or global row budget)")
+    out.append("  " + " ".join(f"{name:>{w}}" for name, w in COLS))
+    shown = rows if max_steps <= 0 else rows[:max_steps]
+    for k, s in enumerate(shown):
+        ph = s.get("phases_ms") or {}
+        other = float(ph.get("overhead", 0.0)) + float(ph.get("unattributed", 0.0))
+        vals = [k + 1, s["step_id"], s["ctx_len"], s["batch_size"], s["draft_tokens"], s["accepted"],
+                s["committed"], _f(s["step_ms"], 3)] + [_f(ph.get(p), 3) if p in ph else "-" for p in _PH] \
+            + [_f(other, 3)]
+        out.append("  " + " ".join(f"{str(v):>{w}}" for v, (_, w) in zip(vals, COLS)))
+    if len(shown) < len(rows):
+        out.append(f"  ... {len(rows) - len(shown)} more steps (--max-steps 0 shows all)")
+    return "\n".join(out) + "\n"
+
+
+def run(ns) -> int:
+    reqs = fetch(ns)
+    if ns.json:
+        print(json.dumps(reqs if ns.rid is None else reqs[0], indent=2))
+        return 0
+    if not reqs:
+        print("no finished decode requests in the recent-request ring yet")
+        return 0
+    print("times in ms; phases are per step (the whole batch); other = overhead/unattributed")
+    for r in reqs:
+        print(render_request(r, ns.max_steps))
+    return 0
