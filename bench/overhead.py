@@ -103,10 +103,10 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
 
     mode = SimpleNamespace(is_decode=lambda: True)
 
-    def batch():
-        req = SimpleNamespace(rid="r", origin_input_ids=[0] * 64, output_ids=[1], spec_verify_ct=0,
-                              finished=lambda: False)
-        return SimpleNamespace(reqs=[req], forward_mode=mode, forward_iter=0)
+    def batch(n=1):
+        reqs = [SimpleNamespace(rid=f"r{i}", origin_input_ids=[0] * 64, output_ids=[1], spec_verify_ct=0,
+                                finished=lambda: False) for i in range(n)]
+        return SimpleNamespace(reqs=reqs, forward_mode=mode, forward_iter=0)
 
     def timed(fn, reps=5):
         best = float("inf")
@@ -132,7 +132,14 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
                 s.process_batch_result(b, s.run_batch(b))
         small = timed(steps, reps=3)
         draft = timed(lambda: [s.model_worker.draft(None) for _ in range(n_calls)])
-        return big, small, draft
+
+        def pipeline():  # 4-request steps, each record consumed at once (aggregator + sinks)
+            for _ in range(n_steps):
+                b = batch(4)
+                s.process_batch_result(b, s.run_batch(b))
+                if hooks.PROFILER is not None:
+                    hooks.PROFILER.recorder.flush()
+        return big, small, draft, timed(pipeline, reps=3)
 
     bare = workload()
     p = Profiler(CtxProfConfig())
@@ -144,6 +151,12 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
         ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"),
         ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], hooks.HOOKS)
     try:
+        from sglang_ctxprof import sinks  # the OTel/log/metric sinks the plugin installs (if present)
+
+        sinks.install(p)
+    except ImportError:
+        pass
+    try:
         on = workload()
     finally:
         inst.uninstrument()
@@ -153,6 +166,7 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
         "block_hook_us": (on[0] - bare[0]) / (2 * n_calls),  # attention or MoE call inside verify
         "step_fixed_us": (on[1] - bare[1]) / n_steps,  # run_batch, span, draft + verify phases, record
         "passthrough_us": (on[2] - bare[2]) / n_calls,  # a hooked call outside any step
+        "pipeline_us_per_step": (on[3] - bare[3]) / n_steps,  # hooks + record + aggregator + sinks, 4 reqs
     }
 
 
@@ -192,7 +206,7 @@ def server_ab(url: str, a: argparse.Namespace) -> dict:
         st, body = http("POST", url + ("/ctx_profile/enable" if prof else "/ctx_profile/disable"))
         if st != 200:
             raise RuntimeError(f"toggle failed ({st}): {body}")
-        tps = window(url, a.requests, a.concurrency, a.prompt, a.max_new_tokens, seed=100 + i // 2)
+        tps = window(url, a.requests, a.concurrency, a.prompt, a.max_new_tokens, seed=100 + i)  # fresh prompts: no radix-cache hits from the previous window
         (on if prof else off).append(tps)
         print(f"  window {i + 1:2d} {'A on ' if prof else 'B off'}: {tps:8.1f} tok/s", flush=True)
     http("POST", url + "/ctx_profile/enable")
@@ -235,7 +249,8 @@ def main(argv=None) -> int:
     res: dict = {"micro": micro()}
     m = res["micro"]
     print(f"hook cost: block hook {m['block_hook_us']:.2f} us/call, phase+step fixed {m['step_fixed_us']:.2f} "
-          f"us/step, pass-through {m['passthrough_us']:.2f} us/call", flush=True)
+          f"us/step, pass-through {m['passthrough_us']:.2f} us/call; whole pipeline (hooks, record, aggregator, "
+          f"sinks) {m['pipeline_us_per_step']:.1f} us per 4-request step", flush=True)
     if not a.micro_only:
         srv = None
         url = a.url
