@@ -34,6 +34,7 @@ It never calls ``trace.set_tracer_provider``.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -45,6 +46,26 @@ _VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIF
 _TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)
 _REST = (Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
 DEFAULT_QUEUE = 8192
+logger = logging.getLogger(__name__)
+# Loggers where the OTLP exporters report each failed batch.  A filter drops those lines when they
+# come from *our* export thread only (SGLang's own --enable-trace exporter logs as before): a down
+# collector costs one warning of ours plus the drop count, not a log line per batch.
+_EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                     "opentelemetry.exporter.otlp.common.http",
+                     "opentelemetry.exporter.otlp.proto.grpc.exporter")
+
+
+class _OurExportThread(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ident: Optional[int] = None
+        self.suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.ident is not None and record.thread == self.ident:
+            self.suppressed += 1
+            return False
+        return True
 
 
 class ExportStats:
@@ -72,23 +93,30 @@ class ExportStats:
                     "failed_batches": self.failed_batches, "queue_size": self.max_queue}
 
 
-def _counting_exporter(inner: Any, stats: ExportStats) -> Any:
+def _counting_exporter(inner: Any, stats: ExportStats, quiet: Optional[_OurExportThread] = None) -> Any:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    def failed(n: int, why: str) -> Any:
+        stats.add(dropped=n, failed_batches=1)
+        if stats.failed_batches == 1:
+            logger.warning("sglang-ctxprof: OTLP span export failed (%s); spans are dropped and counted "
+                           "in /ctx_profile (spans_dropped), the server is not affected", why)
+        return SpanExportResult.FAILURE
 
     class CountingExporter(SpanExporter):
         def export(self, spans: Sequence[Any]) -> Any:
             n = len(spans)
+            if quiet is not None:
+                quiet.ident = threading.get_ident()
             stats.add(handed=n)
             try:
                 res = inner.export(spans)
-            except Exception:  # noqa: BLE001 - a broken collector is a drop, never an error
-                stats.add(dropped=n, failed_batches=1)
-                return SpanExportResult.FAILURE
+            except Exception as exc:  # noqa: BLE001 - a broken collector is a drop, never an error
+                return failed(n, f"{type(exc).__name__}: {exc}")
             if res == SpanExportResult.SUCCESS:
                 stats.add(exported=n)
-            else:
-                stats.add(dropped=n, failed_batches=1)
-            return res
+                return res
+            return failed(n, "collector unreachable or refused the batch")
 
         def shutdown(self) -> None:
             inner.shutdown()
@@ -162,7 +190,10 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
     attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "sglang"}
     provider = TracerProvider(resource=Resource.create(attrs))
     inner = exporter if exporter is not None else make_exporter(env)
-    bsp = BatchSpanProcessor(_counting_exporter(inner, stats), max_queue_size=2 * queue,
+    quiet = _OurExportThread()
+    for name in _EXPORTER_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    bsp = BatchSpanProcessor(_counting_exporter(inner, stats, quiet), max_queue_size=2 * queue,
                              max_export_batch_size=min(512, queue))
     provider.add_span_processor(_counting_processor(bsp, stats))
     return provider, stats

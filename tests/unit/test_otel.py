@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -146,3 +147,45 @@ def test_bad_settings_are_clear_errors():
         build_provider({"SGLANG_CTXPROF_OTEL_QUEUE": "many"}, exporter=_Down())
     with pytest.raises(ValueError, match="not supported"):
         build_provider({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "carrier-pigeon"})
+
+
+class _LoudDown(SpanExporter):
+    def export(self, spans):
+        logging.getLogger("opentelemetry.exporter.otlp.common.http").error("Failed to export span batch")
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        pass
+
+
+def test_down_collector_costs_one_warning_not_a_line_per_batch(caplog):
+    caplog.set_level(logging.WARNING)
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=_LoudDown())
+    view = OtelView(prov, stats)
+    for _ in range(3):
+        view.export_request(_request(2))
+        view.flush()
+    msgs = [r.getMessage() for r in caplog.records]
+    assert not any("Failed to export span batch" in m for m in msgs)
+    assert sum("OTLP span export failed" in m for m in msgs) == 1
+    assert stats.to_dict()["failed_batches"] >= 3
+    # the same OTel logger, from any other thread (e.g. SGLang's own exporter), is untouched
+    t = threading.Thread(target=lambda: logging.getLogger("opentelemetry.exporter.otlp.common.http").error("theirs"))
+    t.start()
+    t.join()
+    assert "theirs" in [r.getMessage() for r in caplog.records]
+    view.shutdown()
+
+
+def test_verify_children_tile_verify_exactly_with_awkward_floats():
+    view, exp = _view()
+    req = _request(1)
+    req["step_rows"][0]["phases_ms"] = {"draft": 1.1111111, "verify": 2.2222223, "verify_attn": 0.7777777,
+                                        "verify_moe": 0.3333333, "verify_rest": 1.1111113, "draft_extend": 0.3}
+    view.export_request(req)
+    spans = exp.get_finished_spans()
+    verify = next(s for s in spans if s.name == "ctxprof.verify")
+    kids = sorted((s for s in spans if s.parent and s.parent.span_id == verify.context.span_id),
+                  key=lambda s: s.start_time)
+    assert kids[0].start_time == verify.start_time and kids[-1].end_time == verify.end_time
+    assert all(a.end_time == b.start_time for a, b in zip(kids, kids[1:]))
