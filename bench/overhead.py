@@ -225,6 +225,7 @@ def server_ab(url: str, a: argparse.Namespace) -> dict:
         "profiled_steps": (body.get("totals") or {}).get("decode_steps"),
         "timing": body.get("timing"),
         "roofline": [b.get("roofline") for b in body.get("buckets") or []][:1],
+        "hw": body.get("hw"),
         "split": [((r or {}).get("status") or {}).get("split") for r in ranks or []],
     }
 
@@ -278,7 +279,7 @@ def main(argv=None) -> int:
         print(f"decode tok/s: on {s['tok_s_on']:.1f}, off {s['tok_s_off']:.1f}, ratio on/off {s['ratio']:.3f} "
               f"(pair ratios median {s['pair_ratio_median']:.3f}, {s['pair_ratio_min']:.3f}..{s['pair_ratio_max']:.3f}; CV on {s['cv_on']:.1%}, "
               f"off {s['cv_off']:.1%}); profiled decode steps {s['profiled_steps']}")
-        print(f"/ctx_profile: timing={s['timing']} roofline={s['roofline']} split={s['split']}")
+        print(f"/ctx_profile: timing={s['timing']} roofline={s['roofline']} split={s['split']} hw={s['hw']}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2))
     return 0

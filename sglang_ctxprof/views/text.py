@@ -38,7 +38,9 @@ def render(body: Mapping[str, Any]) -> str:
     if not buckets:
         lines.append("(no decode steps recorded yet)")
         return "\n".join(lines) + "\n"
+    roof = any((b.get("roofline") or {}).get("available") for b in buckets)
     headers = ["ctx", "steps", "bs", "acc/step", "tok/s", "step ms"] + [f"{_SHORT[p]} ms" for p in present]
+    headers += ["attn %HBM"] if roof else []
     rows = []
     for b in buckets:
         ph = b["phases"]
@@ -46,10 +48,13 @@ def render(body: Mapping[str, Any]) -> str:
             b["label"], str(b["steps"]), f"{b['mean_batch_size']:.1f}", f"{b['accepted_per_step']:.2f}",
             f"{b['decode_tok_s']:.1f}", f"{ph.get(Phase.STEP.value, {}).get('mean_ms', 0.0):.2f}",
             *[f"{ph[p]['mean_ms']:.2f}" if p in ph else "-" for p in present],
-        ])
+        ] + ([f"{b['roofline']['pct']:.1f}" if b["roofline"].get("available") else "-"] if roof else []))
     lines.append("")
     lines.append("decode steps by context bucket (mean ms per step)")
     lines += _table(headers, rows)
+    if not roof:  # say why there is no roofline column (CPU run, unknown GPU, ...)
+        why = next(((b.get("roofline") or {}).get("reason") for b in buckets if b.get("roofline")), None)
+        lines.append(f"verify attention % of HBM roofline: unavailable ({why or 'not reported'})")
     fits = body.get("fits") or {}
     if fits:
         lines.append("")

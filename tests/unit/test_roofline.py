@@ -99,3 +99,36 @@ def test_summarize_cpu_is_unavailable_with_reason():
     assert body["buckets"][0]["roofline"]["available"] is False
     body = summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200", {}), attn_ms=0.0))
     assert "no verify attention" in body["buckets"][0]["roofline"]["reason"]
+
+
+def _sched(arch, **cfg):
+    from types import SimpleNamespace as NS
+
+    hf = NS(num_key_value_heads=cfg.pop("kv", None), num_attention_heads=cfg.pop("heads", None))
+    mc = NS(attention_arch=arch, num_attention_layers=cfg.pop("layers"), dtype="torch.bfloat16",
+            hf_text_config=hf, **cfg)
+    return NS(model_config=mc, tp_size=cfg.get("tp", 1), server_args=NS(kv_cache_dtype="auto", device="cpu"))
+
+
+def test_adapter_model_facts_from_sglang_model_config():
+    from sglang_ctxprof import adapter
+
+    mla = adapter.model_facts(_sched("AttentionArch.MLA", layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
+    assert mla["attention"] == "mla" and mla["kv_dtype_bytes"] == 2
+    assert rl.kv_bytes_per_token(mla) == 70272
+    gqa = adapter.model_facts(_sched("AttentionArch.MHA", layers=32, kv=8, heads=32, head_dim=128))
+    assert gqa["attention"] == "gqa" and rl.kv_bytes_per_token(gqa) == 131072
+    fp8 = _sched("AttentionArch.MHA", layers=32, kv=8, heads=32, head_dim=128)
+    fp8.server_args.kv_cache_dtype = "fp8_e4m3"
+    assert rl.kv_bytes_per_token(adapter.model_facts(fp8)) == 65536
+    assert adapter.model_facts(object()) is None  # no model config: roofline unavailable, no crash
+    assert adapter.device_name(fp8) is None  # a CPU run has no GPU name
+
+
+def test_text_view_shows_roofline_or_why_not():
+    from sglang_ctxprof.views.text import render
+
+    gpu = render(summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200", {}))))
+    assert "attn %HBM" in gpu and "48.0" in gpu
+    cpu = render(summarize(_state(rl.hw_meta(DSV3, None, {}))))
+    assert "attn %HBM" not in cpu and "unavailable (no GPU (CPU run)" in cpu
