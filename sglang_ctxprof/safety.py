@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "http", "control")
+COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control")
 FAULT_RUNTIME = "runtime"  # SGLANG_CTXPROF_FAULT value that enables the runtime fault switch
 
 

@@ -2,8 +2,8 @@
 
 One profiling server is started with ``SGLANG_CTXPROF_FAULT=runtime`` (test only): the
 ``POST /ctx_profile/fault`` switch then breaks one of our components at a time - the hooks, the
-recorder, the aggregator, the scheduler-side control handler and the HTTP handler - while greedy
-requests of mixed lengths run concurrently.  For each component:
+recorder, the aggregator, the span exporter sink, the scheduler-side control handler and the HTTP
+handler - while greedy requests of mixed lengths run concurrently.  For each component:
 
 * every request succeeds and its output is identical to the flag-off reference server's;
 * ``/ctx_profile`` (or, for a broken endpoint, its JSON error) shows ``degraded`` with the reason;
@@ -26,7 +26,7 @@ from sglang_ctxprof import names
 
 pytestmark = pytest.mark.server
 
-COMPONENTS = ("hooks", "recorder", "aggregator", "control", "http")
+COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "control", "http")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_component_fault_is_isolated(server, reference, component):
     # The profile shows the degradation with its reason (a broken endpoint says so in its JSON error).
     status, body = http("GET", url + "/ctx_profile")
     assert isinstance(body, dict), body
-    if component in ("hooks", "recorder", "aggregator"):
+    if component in ("hooks", "recorder", "aggregator", "exporter"):
         assert status == 200, body
         assert all(c in (200,) for c in codes), codes
     else:
