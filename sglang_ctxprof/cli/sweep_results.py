@@ -159,6 +159,9 @@ def render_table(rows: list[dict], meta: dict, console=None) -> None:
     t = Table(title="decode by context length (two-point; ms per decode step from the server)")
     for h in ["ctx", "prompt_tok", "tok/s", "±", "t_a s", "t_b s", "acc/step"]:
         t.add_column(h, justify="right")
+    has_srv = any(r["server_tok_s"] for r in rows)
+    if has_srv:
+        t.add_column("srv tok/s", justify="right")
     for p in present:
         t.add_column(f"{SHORT[p]} ms", justify="right")
     if has_sus:
@@ -171,6 +174,8 @@ def render_table(rows: list[dict], meta: dict, console=None) -> None:
             pt += " (!)"
         cells = [str(r["ctx"]), pt, _f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}"),
                  _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), _f(_med(r["accept_per_step"]))]
+        if has_srv:
+            cells.append(_f(_med(r["server_tok_s"]), "{:.1f}"))
         cells += [_f(_med(r["phases_ms"].get(p))) for p in present]
         if has_sus:
             s = r["sustained"] or {}
@@ -186,7 +191,8 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
            f"{meta.get('cache_policy', '?')}; max cached tokens reported by the server: "
            f"{max((r['cached_tokens'] for r in rows), default=0)}",
            f"two-point: short {meta.get('short', '?')} / long {meta.get('long', '?')} new tokens, greedy, "
-           f"ignore_eos; tok/s = median over repeats, ± = half the min-max range"]
+           f"ignore_eos; tok/s = median over repeats, ± = half the min-max range; srv tok/s = the server's "
+           f"committed tokens per step / mean step time over the same requests"]
     if rows and not any(r["breakdown"] for r in rows):
         out.append("no phase breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)")
     if any(r["sustained"] for r in rows):
