@@ -67,6 +67,10 @@ TARGETS: tuple[Target, ...] = (
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay", "graph_replay", required=False),
     Target(f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay", "graph_replay",
            required=False),
+    # verify may also run in the piecewise prefill graph (torch.compile): no in-graph events there, so
+    # the split of such a step is reported unavailable rather than as eager attention with MoE = 0.
+    Target(f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay", "graph_replay",
+           required=False),
     Target(f"{_S}.is_disable_overlap_for_batch", "overlap_gate", required=False),
     Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph",
            "graph_eager_fallback", required=False),
@@ -238,6 +242,7 @@ SIGNATURES.update({
     f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": ("self", "shape_key", "forward_fn"),
     f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": ("self", "shape_key"),
     f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": ("self", "shape_key"),
+    f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": ("self", "shape_key"),
     f"{_S}.is_disable_overlap_for_batch": ("self", "batch", "last_batch"),
 })
 

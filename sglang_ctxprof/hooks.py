@@ -11,6 +11,7 @@ after SGLang's own ``copy_done.synchronize()``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 from . import adapter
@@ -20,6 +21,16 @@ PROFILER: Optional[Any] = None  # runtime.Profiler, set by plugin.install_schedu
 INSTRUMENTOR: Optional[Any] = None
 
 _VERIFY = Phase.VERIFY.value
+
+
+def _never() -> bool:
+    return False
+
+
+# Block hooks step aside while torch.compile traces (dynamo folds this check to a constant), so a
+# compiled region never contains our Python.  torch is already loaded wherever SGLang runs.
+_torch = sys.modules.get("torch")
+IS_COMPILING = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or _never
 
 
 def _fail(p: Any, exc: BaseException) -> None:
@@ -132,10 +143,12 @@ def _sub(name: str, original, args, kwargs):
 
     During CUDA-graph capture the region gets an external event pair instead (graph_timing)."""
     p = PROFILER
-    g = p.graph if p is not None else None
+    if p is None or IS_COMPILING():
+        return original(*args, **kwargs)
+    g = p.graph
     if g is not None and g._capture_key is not None and g.capturing():
         return g.region(name, original, args, kwargs)
-    b = p.current() if p is not None else None
+    b = p.current()
     if b is None or b.sub_depth or not b.in_phase(_VERIFY):
         return original(*args, **kwargs)
     try:

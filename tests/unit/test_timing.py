@@ -179,3 +179,23 @@ def test_parked_fifo_retry_and_overflow():
     assert q.retry(lambda i: i in ready) == 1 and len(q) == 2  # 3 not ready: stop (stream order)
     ready.add(3)
     assert q.retry(lambda i: i in ready) == 2 and len(q) == 0
+
+
+def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
+    monkeypatch.setattr(hooks, "IS_COMPILING", lambda: True)
+    p = Profiler(CtxProfConfig())
+    inst = CtxProfInstrumentor()
+    monkeypatch.setattr(hooks, "PROFILER", p)
+    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
+    inst.instrument(TARGETS, hooks.HOOKS)
+    try:
+        s = Sched()
+        b = Batch([Req("a", 50)])
+        s.process_batch_result(b, s.run_batch(b))
+        p.recorder.flush()
+        (r,) = list(p.aggregator.recent)
+    finally:
+        inst.uninstrument()
+        p.recorder.stop()
+    assert r.phases_ms["verify_attn"] == 0.0 and r.phases_ms["verify_rest"] == r.phases_ms["verify"] == 7.0
