@@ -132,3 +132,21 @@ def test_text_view_shows_roofline_or_why_not():
     assert "attn %HBM" in gpu and "48.0" in gpu
     cpu = render(summarize(_state(rl.hw_meta(DSV3, None, {}))))
     assert "attn %HBM" not in cpu and "unavailable (no GPU (CPU run)" in cpu
+
+
+def test_profiler_ships_hw_facts_in_its_state(monkeypatch):
+    from sglang_ctxprof.config import CtxProfConfig
+    from sglang_ctxprof.runtime import Profiler
+
+    monkeypatch.setenv("SGLANG_CTXPROF_HBM_GBPS", "1000")  # even with an override, a CPU has model facts
+    p = Profiler(CtxProfConfig())
+    sched = _sched("AttentionArch.MLA", layers=61, kv_lora_rank=512, qk_rope_head_dim=64)
+    sched.server_args.speculative_algorithm = "EAGLE"
+    try:
+        p.bind(sched)
+        hw = p.state()["state"]["meta"]["hw"]
+    finally:
+        p.recorder.stop()
+    assert hw["device"] == "cpu" and hw["kv_bytes_per_token"] == 70272 and hw["hbm_gbps"] == 1000.0
+    st = _state(hw, attn_ms=1.0)
+    assert summarize(st)["buckets"][0]["roofline"]["pct"] == pytest.approx(2_302_672_896 / 1e-3 / 1e12 * 100)
