@@ -21,6 +21,7 @@ from sglang_ctxprof.cli.server import free_port
 class FakeSGLang(BaseHTTPRequestHandler):
     max_len = 8192
     die_after = None  # generate calls before the fake starts failing (server "killed")
+    hang_after = None  # generate calls before the fake stops answering (server stuck)
     calls = 0
 
     def log_message(self, *a):
@@ -50,6 +51,8 @@ class FakeSGLang(BaseHTTPRequestHandler):
             if cls.die_after is not None and cls.calls > cls.die_after:
                 self.connection.close()  # like a process that died mid-request
                 return
+            if cls.hang_after is not None and cls.calls > cls.hang_after:
+                time.sleep(3)
             n = body["sampling_params"]["max_new_tokens"]
             ids = body["input_ids"]
             time.sleep(len(ids) * 2e-6 + n * 1e-3)
@@ -78,13 +81,18 @@ class NotSGLang(FakeSGLang):
     do_POST = do_GET
 
 
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a client that gave up (timeout test): not news
+        pass
+
+
 @pytest.fixture
 def fake():
     made = []
 
     def start(handler=FakeSGLang, **attrs):
         cls = type("H", (handler,), {"calls": 0, **attrs})
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), cls)
+        srv = QuietServer(("127.0.0.1", 0), cls)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         made.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"
@@ -181,3 +189,12 @@ def test_resume_with_other_settings_is_refused(fake, tmp_path, capsys):
     assert main(["sweep", "--url", url, "--ctx", "32", "--out", out, "--resume", "--repeat", "2", "--short", "3",
                  "--long", "20", "--no-plots"]) == 2
     assert "settings differ" in _err_line(capsys)
+
+
+def test_server_times_out_mid_sweep(fake, tmp_path, capsys):
+    url = fake(hang_after=4)
+    out = tmp_path / "run"
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", str(out), "--timeout", "1"] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "timed out" in line and "ctx 32 repeat 2" in line and "--resume" in line
+    assert [p.name for p in out.glob("point-*.json")] == ["point-c000032-r00.json"]
