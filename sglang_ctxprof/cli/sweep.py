@@ -138,13 +138,19 @@ def _prepare_out(args: SweepArgs, meta: dict) -> Path | None:
     if not args.out:
         return None
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     old = out / "meta.json"
     has_results = any(out.glob("point-c*.json")) or any(out.glob("sustained-c*.json"))
     if has_results and not args.resume:
         raise CliError(f"{out} already holds results: pass --resume to continue it, or choose another --out")
     if args.resume and old.exists():
-        prev = json.loads(old.read_text())
+        try:
+            prev = json.loads(old.read_text())
+        except (OSError, ValueError):
+            raise CliError(f"cannot --resume {out}: its meta.json is unreadable") from None
         diff = [k for k in RESUME_KEYS if prev.get(k) != meta.get(k)]
         if diff:
             raise CliError(f"cannot --resume {out}: settings differ from the saved run ({', '.join(diff)})")
