@@ -11,6 +11,7 @@ Pure; imports only the package's record types.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
@@ -127,12 +128,9 @@ class RequestLog:
         return None
 
     def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
-        rows = [summarize(r, with_steps=False) for r in self._reqs.values() if r["steps"]]
-        rows.sort(key=lambda r: r["decode_tok_s"])
-        out = rows[: max(0, n)]
-        if with_steps:
-            out = [summarize(self._reqs[r["rid"]], with_steps=True) for r in out]
-        return out
+        # Rank on the raw totals and summarize only the n kept (a snapshot stays cheap at 4096 requests).
+        top = heapq.nsmallest(max(0, n), (r for r in self._reqs.values() if r["steps"]), key=_tok_s)
+        return [summarize(r, with_steps=with_steps) for r in top]
 
     def totals(self) -> list[dict[str, Any]]:
         return [summarize(r, with_steps=False) for r in self._reqs.values()]
@@ -171,12 +169,16 @@ def row_dict(row: tuple) -> dict[str, Any]:
     return d
 
 
+def _tok_s(r: Mapping[str, Any]) -> float:
+    decode_s = r["decode_ms"] / 1e3
+    return r["committed"] / decode_s if decode_s > 0 else 0.0
+
+
 def summarize(r: Mapping[str, Any], with_steps: bool) -> dict[str, Any]:
     steps = r["steps"]
-    decode_s = r["decode_ms"] / 1e3
     out = {k: v for k, v in r.items() if k != "step_rows"}
     out["accepted_per_step"] = r["accepted"] / steps if steps else 0.0
-    out["decode_tok_s"] = r["committed"] / decode_s if decode_s > 0 else 0.0
+    out["decode_tok_s"] = _tok_s(r)
     if with_steps:
         out["step_rows"] = [row_dict(t) for t in r["step_rows"]]
     return out
