@@ -3,7 +3,8 @@
 * ``decode_tok_s.png``: two-point decode tok/s vs context (median, min-max bars) and, when present,
   sustained tok/s (overall and per window as the context grows) - the two side by side;
 * ``phase_ms.png``: stacked leaf-phase ms per decode step vs context (from the server breakdown);
-* ``accept.png``: accepted tokens per step vs context (client meta_info and server profile).
+* ``accept.png``: accepted tokens per step vs context (client meta_info and server profile);
+* ``overview.png``: the first two side by side (the README picture).
 """
 
 from __future__ import annotations
@@ -32,23 +33,16 @@ def _plt():
     return plt
 
 
-def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -> list[str]:
-    """Write the PNGs for ``rows`` (``sweep_results.summarize``) into ``out_dir``; return their paths."""
-    if not rows:
-        return []
-    plt = _plt()
-    out = Path(out_dir)
-    paths = []
-    ctx = [r["ctx"] for r in rows]
-    suffix = f" - {title}" if title else ""
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+def _tok_s(ax, rows: list[dict]) -> None:
     tp = [(r["ctx"], r["decode_tok_s"]) for r in rows if r["decode_tok_s"]]
     if tp:
-        xs = [c for c, _ in tp]
         med = [d["median"] for _, d in tp]
         err = [[d["median"] - d["min"] for _, d in tp], [d["max"] - d["median"] for _, d in tp]]
-        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label="two-point (upper bound)")
+        ax.errorbar([c for c, _ in tp], med, yerr=err, marker="o", capsize=3, label="two-point (upper bound)")
+    srv = [(r["ctx"], r["server_tok_s"]) for r in rows if r["server_tok_s"]]
+    if srv:
+        ax.plot([c for c, _ in srv], [s["median"] for _, s in srv], marker="x", linestyle=":",
+                label="server: tokens per step / step time")
     sus = [(r["ctx"], r["sustained"]) for r in rows if r["sustained"] and r["sustained"].get("decode_tok_s")]
     if sus:
         ax.plot([c for c, _ in sus], [s["decode_tok_s"] for _, s in sus], marker="s", linestyle="--",
@@ -61,52 +55,78 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("decode tok/s")
     ax.set_ylim(bottom=0)
-    ax.set_title("decode throughput vs context" + suffix)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    paths.append(str(out / "decode_tok_s.png"))
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    ax.legend(fontsize=8)
 
+
+def _phases(ax, rows: list[dict], present: list[str]) -> None:
+    labels = [str(r["ctx"]) for r in rows]
+    bottom = [0.0] * len(rows)
+    for p in present:
+        vals = [r["phases_ms"][p]["median"] if p in r["phases_ms"] else 0.0 for r in rows]
+        ax.bar(labels, vals, bottom=bottom, color=COLORS[p], label=SHORT[p])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("ms per decode step")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _accept(ax, rows: list[dict]) -> None:
+    acc = [(r["ctx"], r["accept_per_step"]) for r in rows if r["accept_per_step"]]
+    ax.plot([c for c, _ in acc], [a["median"] for _, a in acc], marker="o", label="two-point (meta_info)")
+    srv = [(r["ctx"], r["server_accept_per_step"]) for r in rows if r["server_accept_per_step"]]
+    if srv:
+        ax.plot([c for c, _ in srv], [a["median"] for _, a in srv], marker="x", linestyle=":",
+                label="server profile")
+    sa = [(r["ctx"], r["sustained"]["accept_per_step"]) for r in rows
+          if r["sustained"] and r["sustained"].get("accept_per_step")]
+    if sa:
+        ax.plot([c for c, _ in sa], [a for _, a in sa], marker="s", linestyle="--", label="sustained")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("accepted tokens per step")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -> list[str]:
+    """Write the PNGs for ``rows`` (``sweep_results.summarize``) into ``out_dir``; return their paths."""
+    if not rows:
+        return []
+    plt = _plt()
+    out = Path(out_dir)
+    suffix = f" - {title}" if title else ""
     present = [p for p in COLORS if any(p in r["phases_ms"] for r in rows)]
+    paths = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        paths.append(str(out / name))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    _tok_s(ax, rows)
+    ax.set_title("decode throughput vs context" + suffix)
+    save(fig, "decode_tok_s.png")
     if present:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        labels = [str(c) for c in ctx]
-        bottom = [0.0] * len(rows)
-        for p in present:
-            vals = [r["phases_ms"][p]["median"] if p in r["phases_ms"] else 0.0 for r in rows]
-            ax.bar(labels, vals, bottom=bottom, color=COLORS[p], label=SHORT[p])
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("ms per decode step")
+        _phases(ax, rows, present)
         ax.set_title("where a decode step's time goes" + suffix)
-        ax.legend(fontsize=8, ncol=2)
-        ax.grid(alpha=0.3, axis="y")
-        fig.tight_layout()
-        paths.append(str(out / "phase_ms.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-
-    acc = [(r["ctx"], r["accept_per_step"]) for r in rows if r["accept_per_step"]]
-    if acc:
+        save(fig, "phase_ms.png")
+    if any(r["accept_per_step"] for r in rows):
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        ax.plot([c for c, _ in acc], [a["median"] for _, a in acc], marker="o", label="two-point (meta_info)")
-        srv = [(r["ctx"], r["server_accept_per_step"]) for r in rows if r["server_accept_per_step"]]
-        if srv:
-            ax.plot([c for c, _ in srv], [a["median"] for _, a in srv], marker="x", linestyle=":",
-                    label="server profile")
-        sa = [(c, s["accept_per_step"]) for c, s in sus if s.get("accept_per_step")]
-        if sa:
-            ax.plot([c for c, _ in sa], [a for _, a in sa], marker="s", linestyle="--", label="sustained")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("accepted tokens per step")
-        ax.set_ylim(bottom=0)
+        _accept(ax, rows)
         ax.set_title("speculative acceptance vs context" + suffix)
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        paths.append(str(out / "accept.png"))
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        save(fig, "accept.png")
+    if present:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+        _tok_s(a1, rows)
+        a1.set_title("decode tok/s vs context")
+        _phases(a2, rows, present)
+        a2.set_title("ms per decode step, by phase (server)")
+        if title:
+            fig.suptitle(title, fontsize=10)
+        save(fig, "overview.png")
     return paths

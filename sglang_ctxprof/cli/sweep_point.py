@@ -7,7 +7,10 @@ other, ``short`` and ``long`` new tokens; decode tok/s = (n_long - n_short) / (t
 per-phase ms per step and accepted tokens per step.
 
 Sustained: one streamed generation of N tokens from a ``ctx``-token prompt; decode tok/s over
-windows of W tokens as the context grows, plus the server's breakdown over the same run.
+windows of W tokens as the context grows, plus the server's breakdown over the same run.  With the
+profiler, tok/s and windows come from the server's clock of that request's decode steps (a loaded
+client or a stream that stalls then bursts would distort them); the client's own figures are kept
+as ``client_decode_tok_s`` / ``client_windows``.
 
 Results are plain dicts (written as JSON by the sweep); ``SCHEMA`` names their format.
 """
@@ -127,28 +130,48 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         if not marks or n > marks[-1][1]:
             marks.append((t, n))
         last = meta
-    windows = []
-    if marks:
-        ws_t, ws_n = marks[0]
-        for t, n in marks[1:]:
-            if n - ws_n >= window or ((t, n) == marks[-1] and n - ws_n >= window / 2):
-                if t > ws_t:
-                    windows.append({"ctx_start": ctx + ws_n, "ctx_end": ctx + n, "tokens": n - ws_n,
-                                    "seconds": t - ws_t, "tok_s": (n - ws_n) / (t - ws_t)})
-                ws_t, ws_n = t, n
-    decode_tok_s = None
+    client_windows = _windows([(t, n) for t, n in marks], ctx, window)
+    client_tok_s = None
     if len(marks) > 1 and marks[-1][0] > marks[0][0]:
-        decode_tok_s = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+        client_tok_s = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
     out: dict[str, Any] = {
         "schema": SCHEMA, "kind": "sustained", "ctx": ctx, "repeat": 0, "time": time.time(),
         "prompt_mode": prompts.mode, "tokens": n_tokens, "window": window,
         "prompt_tokens": last.get("prompt_tokens"), "completion_tokens": last.get("completion_tokens"),
         "ttft_s": marks[0][0] - t0 if marks else None, "total_s": time.perf_counter() - t0,
-        "decode_tok_s": decode_tok_s, "accept_per_step": last.get("spec_accept_length"),
-        "windows": windows, "breakdown": None, "note": None,
+        "client_decode_tok_s": client_tok_s, "client_windows": client_windows,
+        "decode_tok_s": client_tok_s, "windows": client_windows, "tok_s_source": "client stream",
+        "accept_per_step": last.get("spec_accept_length"), "breakdown": None, "note": None,
     }
-    if has_profile:
-        out["breakdown"] = breakdown(client.profile())
-    else:
+    if not has_profile:
         out["note"] = NO_PROFILE_NOTE
+        return out
+    out["breakdown"] = breakdown(client.profile())
+    req = client.profile_request(last["id"]) if last.get("id") else None
+    rows = (req or {}).get("step_rows") or []
+    if len(rows) > 1:
+        # the server's wall clock between decode steps: immune to a client or stream that stalls and bursts
+        marks_srv, n = [(rows[0]["t_start_ns"] / 1e9, 0)], 0
+        for r in rows:
+            n += r["committed"]
+            marks_srv.append((r["t_start_ns"] / 1e9 + r["step_ms"] / 1e3, n))
+        out["windows"] = _windows(marks_srv, ctx + 1, window)
+        span = marks_srv[-1][0] - marks_srv[0][0]
+        out["decode_tok_s"] = n / span if span > 0 else client_tok_s
+        out["tok_s_source"] = "server step clock (committed tokens / wall time from first to last decode step)"
+    return out
+
+
+def _windows(marks: list[tuple[float, int]], ctx0: int, window: int) -> list[dict[str, Any]]:
+    """tok/s over consecutive windows of at least ``window`` tokens of (time, tokens so far) marks."""
+    out: list[dict[str, Any]] = []
+    if not marks:
+        return out
+    ws_t, ws_n = marks[0]
+    for t, n in marks[1:]:
+        if n - ws_n >= window or ((t, n) == marks[-1] and n - ws_n >= window / 2):
+            if t > ws_t:
+                out.append({"ctx_start": ctx0 + ws_n, "ctx_end": ctx0 + n, "tokens": n - ws_n,
+                            "seconds": t - ws_t, "tok_s": (n - ws_n) / (t - ws_t)})
+            ws_t, ws_n = t, n
     return out

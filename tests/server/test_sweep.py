@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -98,6 +100,7 @@ def test_sustained_windows_and_breakdown(run_dir):
         assert s["decode_tok_s"] > 0 and len(s["windows"]) >= 2
         assert s["windows"][0]["ctx_start"] >= ctx and s["windows"][-1]["ctx_end"] <= ctx + 48
         assert s["breakdown"]["phases_ms"]["verify_attn"] > 0
+        assert s["tok_s_source"].startswith("server") and s["client_decode_tok_s"] > 0 and s["client_windows"]
 
 
 def test_resume_does_not_rerun_finished_points(server, run_dir, capsys):
@@ -143,8 +146,9 @@ def test_server_killed_mid_sweep(server, tmp_path):
         while not list(out.glob("point-*.json")) and time.time() - t0 < 300 and proc.poll() is None:
             time.sleep(0.2)
         assert list(out.glob("point-*.json")), "no point finished"
-        server.stop()
+        os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)  # killed, not a graceful shutdown
         _, err = proc.communicate(timeout=120)
+        server.stop()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -60,7 +60,7 @@ def test_run_against_itself(capsys):
 def test_report_offline(tmp_path, capsys):
     assert main(["report", str(FIX / "longer"), "--plots-dir", str(tmp_path)]) == 0
     assert "5120" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["accept.png", "decode_tok_s.png", "phase_ms.png"]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["accept.png", "decode_tok_s.png", "overview.png", "phase_ms.png"]
     assert (tmp_path / "summary.csv").exists()
 
 

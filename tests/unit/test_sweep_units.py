@@ -93,7 +93,7 @@ def test_summary_median_spread_and_csv(tmp_path):
     from sglang_ctxprof.cli.plots import write_plots
 
     paths = write_plots(rows, tmp_path, "unit")
-    assert len(paths) == 3
+    assert len(paths) == 4
     for p in paths:
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
