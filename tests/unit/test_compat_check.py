@@ -91,3 +91,22 @@ def test_cached_wheel(version):
         assert fails, f"{version} is declared unsupported but every target resolves"
         for f in fails:
             assert f.path.rsplit(".", 2)[-2] in adapter.UNSUPPORTED[version], f
+
+
+def test_support_messages():
+    assert adapter.support_message("0.5.23") is None
+    msg = adapter.support_message("0.5.12")
+    assert "not supported" in msg and "model_worker_batch" in msg
+    assert "not a tested release" in adapter.support_message("0.6.0")
+    old = adapter.support_message("0.4.10", has_framework=False)
+    assert "no plugin framework" in old and "0.5.23" in old
+
+
+def test_patch_status_names_a_release_without_plugins(tmp_path, capsys):
+    from sglang_ctxprof.cli.main import main as cli
+
+    (tmp_path / "sglang" / "srt").mkdir(parents=True)
+    (tmp_path / "sglang" / "_version.py").write_text("__version__ = version = '0.4.10.post2'\n")
+    assert cli(["patch", "status", "--target", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "SGLang 0.4.10.post2" in out and "has no plugin framework" in out
