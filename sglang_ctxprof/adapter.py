@@ -293,7 +293,8 @@ def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
         "kv_dtype": kv_dtype, "kv_dtype_bytes": dtype_bytes(kv_dtype),
         "tp_size": int(getattr(scheduler, "tp_size", 1) or 1),
     }
-    if "MLA" in str(getattr(mc, "attention_arch", "")):
+    arch = getattr(mc, "attention_arch", None)  # an IntEnum: str() is "1" on Python 3.11, use .name
+    if str(getattr(arch, "name", arch)).upper().endswith("MLA"):
         facts.update(attention="mla", kv_lora_rank=int(mc.kv_lora_rank), qk_rope_head_dim=int(mc.qk_rope_head_dim))
     else:
         hf = getattr(mc, "hf_text_config", None)

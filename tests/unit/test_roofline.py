@@ -101,9 +101,13 @@ def test_summarize_cpu_is_unavailable_with_reason():
     assert "no verify attention" in body["buckets"][0]["roofline"]["reason"]
 
 
+ARCH = __import__("enum").IntEnum("AttentionArch", "MLA MHA SSM")  # same shape as SGLang's (str() is "1")
+
+
 def _sched(arch, **cfg):
     from types import SimpleNamespace as NS
 
+    arch = ARCH[arch.split(".")[-1]]
     hf = NS(num_key_value_heads=cfg.pop("kv", None), num_attention_heads=cfg.pop("heads", None))
     mc = NS(attention_arch=arch, num_attention_layers=cfg.pop("layers"), dtype="torch.bfloat16",
             hf_text_config=hf, **cfg)
