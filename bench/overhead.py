@@ -202,13 +202,15 @@ def server_ab(url: str, a: argparse.Namespace) -> dict:
     window(url, 2, 2, a.prompt, 16, seed=1)  # warm-up
     on, off = [], []
     for i in range(2 * a.pairs):
-        prof = i % 2 == 0  # A = profiling on, B = off
+        # A = profiling on, B = off; ABBA reverses every other pair so a steady drift cancels
+        prof = (i % 2 == 0) != (a.order == "ABBA" and (i // 2) % 2 == 1)
         st, body = http("POST", url + ("/ctx_profile/enable" if prof else "/ctx_profile/disable"))
         if st != 200:
             raise RuntimeError(f"toggle failed ({st}): {body}")
         tps = window(url, a.requests, a.concurrency, a.prompt, a.max_new_tokens, seed=100 + i)  # fresh prompts: no radix-cache hits from the previous window
         (on if prof else off).append(tps)
         print(f"  window {i + 1:2d} {'A on ' if prof else 'B off'}: {tps:8.1f} tok/s", flush=True)
+    res_order = a.order
     http("POST", url + "/ctx_profile/enable")
     _, prof_body = http("GET", url + "/ctx_profile")
     _, status = http("GET", url + "/ctx_profile/status")
@@ -219,7 +221,7 @@ def server_ab(url: str, a: argparse.Namespace) -> dict:
     return {
         "tok_s_on": statistics.fmean(on), "tok_s_off": statistics.fmean(off),
         "ratio": statistics.fmean(on) / statistics.fmean(off),
-        "pair_ratios": pairs, "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs),
+        "order": res_order, "pair_ratios": pairs, "pair_ratio_min": min(pairs), "pair_ratio_max": max(pairs),
         "pair_ratio_median": statistics.median(pairs),
         "cv_on": cv(on), "cv_off": cv(off), "windows_on": on, "windows_off": off,
         "profiled_steps": (body.get("totals") or {}).get("decode_steps"),
@@ -240,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--order", choices=("ABAB", "ABBA"), default="ABAB",
+                    help="window order: A B A B ..., or A B B A ... (cancels drift and order effects)")
     ap.add_argument("--micro-only", action="store_true", help="only the wrapper micro-benchmark")
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
