@@ -45,7 +45,23 @@ def run(ns) -> int:
           flush=True)
     if os.path.isfile(os.path.join(ns.out, "meta.json")):  # a previous demo sweep: start afresh
         shutil.rmtree(ns.out)
-    return run_args(SweepArgs(
+    args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
         ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=ns.sustained, window=64,
-        out=ns.out, launch_log=ns.log))
+        out=ns.out, launch_log=ns.log)
+    return run_args(args, after=_server_profile)
+
+
+def _server_profile(args, client) -> None:
+    """The server's own view: one profiled window over every context, with the per-phase fit."""
+    import random
+
+    from ..views.text import render
+
+    if not client.profile_reset():
+        return
+    for ctx in args.ctx:
+        rng = random.Random(ctx)
+        client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
+    print("\nThe server's own view, GET /ctx_profile?format=text (one 64-token request per context):\n", flush=True)
+    print(render(client.profile()), end="", flush=True)

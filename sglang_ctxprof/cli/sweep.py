@@ -109,7 +109,8 @@ def run(ns: argparse.Namespace) -> int:
     return run_args(SweepArgs.from_namespace(ns))
 
 
-def run_args(args: SweepArgs) -> int:
+def run_args(args: SweepArgs, after=None) -> int:
+    """Run a sweep; ``after(args, client)``, if given, runs while a launched server is still up."""
     args.validate()
     if not args.launch:
         return sweep(args, SweepClient(args.url, args.api_key, args.timeout))
@@ -128,7 +129,11 @@ def run_args(args: SweepArgs) -> int:
         raise CliError(f"{str(exc).splitlines()[0]} (see {log})") from None
     try:
         print(f"server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
-        return sweep(args, SweepClient(srv.url, args.api_key, args.timeout), server=srv)
+        client = SweepClient(srv.url, args.api_key, args.timeout)
+        rc = sweep(args, client, server=srv)
+        if after is not None and rc == 0:
+            after(args, client)
+        return rc
     finally:
         srv.stop()
         print("server stopped.", file=sys.stderr, flush=True)
