@@ -72,7 +72,7 @@ def bandwidth_gbps(device_name: Optional[str], env: Mapping[str, str] | None = N
             raise ValueError(f"{ENV_HBM_GBPS}={raw!r} must be > 0")
         return v, f"override {ENV_HBM_GBPS}"
     if not device_name:
-        return None, "CPU run, no GPU memory bandwidth to compare with"
+        return None, "no GPU (CPU run): HBM roofline unavailable"
     up = device_name.upper()
     for key, gbps in BANDWIDTH_GBPS:
         if key in up:
