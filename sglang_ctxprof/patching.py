@@ -126,29 +126,24 @@ def _check_version(root: Path, patch: Patch, force: bool) -> None:
 def apply(root: Path, patch: Patch, *, dry_run: bool = False, force: bool = False) -> str:
     """Apply ``patch``; return what happened. Idempotent."""
     _check_version(root, patch, force)
-    st = status(root, patch)
-    if st == APPLIED:
-        return "already applied"
-    if st == CONFLICT:
-        raise PatchError(f"{patch.name} does not apply to {root}/sglang (locally modified, or another version)")
-    if dry_run:
-        return "would apply"
-    res = _patch_cmd(root, patch, reverse=False, dry_run=False)
-    if res.returncode != 0:
-        raise PatchError(f"{patch.name}: patch failed: {(res.stdout + res.stderr).strip()}")
-    return "applied"
+    return _run(root, patch, reverse=False, dry_run=dry_run)
 
 
 def revert(root: Path, patch: Patch, *, dry_run: bool = False) -> str:
     """Undo ``patch``; return what happened. Idempotent."""
+    return _run(root, patch, reverse=True, dry_run=dry_run)
+
+
+def _run(root: Path, patch: Patch, *, reverse: bool, dry_run: bool) -> str:
+    done, verb = (NOT_APPLIED, "revert") if reverse else (APPLIED, "apply")
     st = status(root, patch)
-    if st == NOT_APPLIED:
-        return "not applied"
+    if st == done:
+        return "not applied" if reverse else "already applied"
     if st == CONFLICT:
-        raise PatchError(f"{patch.name} cannot be reverted cleanly in {root}/sglang (modified since?)")
+        raise PatchError(f"{patch.name} does not {verb} cleanly to {root}/sglang (locally modified, or another version)")
     if dry_run:
-        return "would revert"
-    res = _patch_cmd(root, patch, reverse=True, dry_run=False)
+        return f"would {verb}"
+    res = _patch_cmd(root, patch, reverse=reverse, dry_run=False)
     if res.returncode != 0:
-        raise PatchError(f"{patch.name}: revert failed: {(res.stdout + res.stderr).strip()}")
-    return "reverted"
+        raise PatchError(f"{patch.name}: {verb} failed: {(res.stdout + res.stderr).strip()}")
+    return "reverted" if reverse else "applied"
