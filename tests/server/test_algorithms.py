@@ -61,7 +61,11 @@ def run(request, tmp_path_factory):
         env = _mtp_env(tmp_path_factory.mktemp("mtp-ep"))
     else:
         m = tiny(arch, draft, high_acceptance=ha)
-    args = cpu_args(m["target"], algorithm=alg, draft=m.get("draft")) + ["--enable-ctx-profile"]
+    args = cpu_args(m["target"], algorithm=alg, draft=m.get("draft"))
+    if request.param == "NGRAM":
+        env = {**(env or {}), "SGLANG_CTX_PROFILE": "1"}  # the env switch, instead of the flag
+    else:
+        args += ["--enable-ctx-profile"]
     srv = start_server(f"alg-{request.param.lower()}", args, env=env)
     try:
         outs = [generate(srv.url, rand_ids(n, seed=7 + n), max_new_tokens=24) for n in CTX]
