@@ -26,6 +26,9 @@ from .config import CtxProfConfig, env_enabled
 logger = logging.getLogger(__name__)
 
 
+_BAD_CONFIG: str | None = None  # set when the main process found a bad SGLANG_CTXPROF_* value
+
+
 def register() -> None:
     try:
         _register()
@@ -63,14 +66,23 @@ def _register() -> None:
         return
     role = process_role()
     if role == "main":
+        _register_cli_hooks()  # first: the flag must parse even if the configuration below is bad
+        try:
+            CtxProfConfig.from_env()
+            from .sinks import validate_env
+
+            validate_env()  # tracing/log settings too
+        except ValueError as exc:
+            # Checked once, here, before any scheduler is spawned: profiling stays off everywhere
+            # (the schedulers do not inherit the switch) and SGLang serves as without the plugin.
+            global _BAD_CONFIG
+            _BAD_CONFIG = str(exc)
+            os.environ.pop(names.ENV_ENABLE, None)
+            logger.error("sglang-ctxprof: bad configuration, profiling is OFF: %s", exc)
+            return
         os.environ[names.ENV_ENABLE] = "1"
         # multi-tokenizer HTTP workers import the app by path (0.5.23, or patches/multi-tokenizer-app-path)
         os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
-        CtxProfConfig.from_env()  # a bad SGLANG_CTXPROF_* value fails here, loudly, before start
-        from .sinks import validate_env
-
-        validate_env()  # tracing/log settings too (issue 4)
-        _register_cli_hooks()
         from .http_route import install_routes
 
         install_routes()
@@ -98,7 +110,7 @@ def _add_flag(result, parser, *args, **kwargs):
 def _keep_flag(result, *args, **kwargs):
     try:
         ns = args[-1] if args else kwargs.get("args")
-        if getattr(ns, names.CLI_DEST, False):
+        if getattr(ns, names.CLI_DEST, False) and _BAD_CONFIG is None:
             os.environ[names.ENV_ENABLE] = "1"
             setattr(result, names.SERVER_ARGS_ATTR, True)
     except Exception:  # noqa: BLE001

@@ -1,0 +1,45 @@
+"""A bad SGLANG_CTXPROF_* value: one clear error in the launcher, the flag still parses, profiling
+stays off in every process (the schedulers do not inherit the switch), SGLang serves as usual."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from sglang_ctxprof import names, plugin
+
+
+def test_bad_config_turns_profiling_off_with_one_clear_error(monkeypatch, caplog):
+    calls = []
+    monkeypatch.setattr(plugin, "_register_cli_hooks", lambda: calls.append("cli"))
+    monkeypatch.setattr(plugin, "_BAD_CONFIG", None)
+    monkeypatch.setattr("sys.argv", ["launch_server", names.CLI_FLAG])
+    monkeypatch.setenv(names.ENV_BUCKETS, "fixed:zero")
+    monkeypatch.setenv(names.ENV_ENABLE, "")  # recorded, so teardown restores the original state
+    monkeypatch.delenv(names.ENV_ENABLE)
+    with caplog.at_level(logging.ERROR):
+        plugin.register()
+    assert calls == ["cli"]  # the flag is still accepted by argparse
+    assert "bad configuration, profiling is OFF" in caplog.text and "fixed:zero" in caplog.text
+    assert names.ENV_ENABLE not in __import__("os").environ
+    # after argument parsing the flag must not switch the schedulers back on
+    plugin._keep_flag(argparse.Namespace(), argparse.Namespace(**{names.CLI_DEST: True}))
+    assert names.ENV_ENABLE not in __import__("os").environ
+
+
+def test_good_config_exports_the_switch(monkeypatch):
+    monkeypatch.setattr(plugin, "_register_cli_hooks", lambda: None)
+    monkeypatch.setattr(plugin, "_BAD_CONFIG", None)
+    monkeypatch.setattr("sys.argv", ["launch_server", names.CLI_FLAG])
+    monkeypatch.setattr("sglang_ctxprof.http_route.install_routes", lambda: None)
+    monkeypatch.setenv(names.ENV_ENABLE, "")  # recorded, so teardown removes what register() sets
+    monkeypatch.setenv(names.ENV_SGLANG_APP_PATH, "")
+    monkeypatch.delenv(names.ENV_SGLANG_APP_PATH)
+    plugin.register()
+    assert __import__("os").environ[names.ENV_ENABLE] == "1"
+
+
+def test_no_leak_into_later_tests():
+    import os
+
+    assert os.environ.get(names.ENV_ENABLE) is None
