@@ -132,4 +132,5 @@ def _set_active(p: Any, on: bool) -> None:
         p.active = False
         if hooks.INSTRUMENTOR is not None:
             hooks.INSTRUMENTOR.uninstrument(groups=["timing"])
+        p.wrapped_worker = None
         p.pending.clear()

@@ -43,8 +43,8 @@ def run_batch(original, self, batch, *args, **kwargs):
     if p is not None and p.active and p.guard.ok("hooks"):
         try:
             b = p.begin_step(self, batch)
-            if b is not None:
-                _ensure_worker_wrapped(p, self)
+            if b is not None and p.wrapped_worker is not getattr(self, "model_worker", None):
+                _wrap_worker(p, self)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
             b = None
@@ -58,10 +58,13 @@ def run_batch(original, self, batch, *args, **kwargs):
                 _fail(p, exc)
 
 
-def _ensure_worker_wrapped(p: Any, scheduler: Any) -> None:
+def _wrap_worker(p: Any, scheduler: Any) -> None:
+    """Wrap the worker's forward_batch_generation once (not every step); the runtime toggle's
+    ``uninstrument`` removes the wrapper and clears ``p.wrapped_worker`` so it is re-applied."""
     worker = getattr(scheduler, "model_worker", None)
     if worker is not None and INSTRUMENTOR is not None:
         INSTRUMENTOR.wrap_instance(worker, "forward_batch_generation", step_span)
+        p.wrapped_worker = worker
 
 
 def step_span(original, *args, **kwargs):

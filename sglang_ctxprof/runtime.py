@@ -57,8 +57,7 @@ class Profiler:
         self.full_phases = False
         self.rank = None
         self.scheduler = None
-        self.started_ns = time.time_ns()
-        self.wrapped_workers: list[tuple[Any, str, Any]] = []
+        self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
         self.graph: Any = None  # graph_timing.GraphTimer on CUDA
         self.parked = Parked()

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from fakes import Batch, Req, Result, ServerArgs
+import fakes
+from fakes import Batch, Req, Result
 from sglang_ctxprof import hooks
 from sglang_ctxprof.adapter import Target
 from sglang_ctxprof.config import CtxProfConfig
@@ -69,21 +70,11 @@ class Worker:
         fake_sleep("draft_extend")
 
 
-class Sched:
+class Sched(fakes.Scheduler):
+    """SGLang-shaped scheduler of tests/unit/fakes.py driving this module's fake-clock worker."""
+
     def __init__(self):
-        self.model_worker = Worker()
-        self.server_args = ServerArgs()
-        self.forward_ct = 0
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        return self.model_worker.forward_batch_generation(batch)
-
-    def process_batch_result(self, batch, result):
-        for req in batch.reqs:
-            req.spec_verify_ct += 1
-            req.output_ids.extend([7, 7])
+        super().__init__(Worker())
 
 
 M = __name__
