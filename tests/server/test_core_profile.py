@@ -90,3 +90,17 @@ def test_text_format_and_reset(server, traffic):
     assert http("POST", server.url + "/ctx_profile/reset")[0] == 200
     status, body = http("GET", server.url + "/ctx_profile")
     assert status == 200 and body["buckets"] == [] and body["totals"]["decode_steps"] == 0
+
+
+def test_runtime_disable_removes_hooks_and_enable_restores_them(server, traffic):
+    """POST /ctx_profile/disable uninstalls every timing hook (off costs nothing); enable re-installs."""
+    assert http("POST", server.url + "/ctx_profile/disable")[0] == 200
+    assert http("POST", server.url + "/ctx_profile/reset")[0] == 200
+    generate(server.url, rand_ids(200, seed=5), max_new_tokens=12)
+    status, body = http("GET", server.url + "/ctx_profile")
+    assert status == 200 and body["enabled"] is False and body["totals"]["decode_steps"] == 0
+    assert http("POST", server.url + "/ctx_profile/enable")[0] == 200
+    out = generate(server.url, rand_ids(200, seed=6), max_new_tokens=12)
+    status, r = http("GET", f"{server.url}/ctx_profile/requests/{out['meta_info']['id']}")
+    assert status == 200 and r["steps"] == out["meta_info"]["spec_verify_ct"] > 0
+    assert 1 + r["committed"] == out["meta_info"]["completion_tokens"]
