@@ -1,4 +1,7 @@
-"""Apply, revert and inspect the few source patches in ``patches/`` on an SGLang tree.
+"""Apply, revert and inspect the few SGLang source patches on an SGLang tree.
+
+The patch files ship inside the package (``sglang_ctxprof/data/patches/``), so an installed wheel
+finds them as a source checkout does.
 
 Patches exist only for what hooks cannot do (see each file's header).  A patch file starts with a
 plain-text header - ``sglang-ctxprof patch: NAME``, ``SGLang-Versions: X Y ...``, ``Why: ...`` -
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-PATCH_DIR = Path(__file__).resolve().parents[1] / "patches"
+PATCH_DIR = Path(__file__).resolve().parent / "data" / "patches"
 
 APPLIED, NOT_APPLIED, CONFLICT = "applied", "not applied", "does not apply"
 
@@ -42,7 +45,7 @@ class Patch:
 
 def load_patches(directory: Path = PATCH_DIR) -> list[Patch]:
     if not directory.is_dir():
-        raise PatchError(f"no patches directory at {directory} (install sglang-ctxprof from its source checkout)")
+        raise PatchError(f"no patches directory at {directory} (a broken sglang-ctxprof install: reinstall it)")
     out = []
     for path in sorted(directory.glob("*.patch")):
         head = path.read_text().split("\n--- ", 1)[0]

@@ -81,7 +81,7 @@ def _register() -> None:
             logger.error("sglang-ctxprof: bad configuration, profiling is OFF: %s", exc)
             return
         os.environ[names.ENV_ENABLE] = "1"
-        # multi-tokenizer HTTP workers import the app by path (0.5.23, or patches/multi-tokenizer-app-path)
+        # multi-tokenizer HTTP workers import the app by path (0.5.23, or the multi-tokenizer-app-path patch)
         os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
         from .http_route import install_routes
 
@@ -128,6 +128,8 @@ def install_scheduler() -> None:
     why = adapter.support_message(version)
     if why:
         logger.warning("sglang-ctxprof: %s", why)
+    for limit in adapter.release_limits(version):
+        logger.info("sglang-ctxprof: on SGLang %s: %s", version, limit)
     cfg = CtxProfConfig.from_env()
     hooks.PROFILER = Profiler(cfg)
     from .sinks import install as install_sinks  # issue 4: OTel spans, structlog events, metrics

@@ -1,4 +1,4 @@
-"""``sglang-ctxprof patch apply|revert|status [NAME ...]``: the source patches in ``patches/``.
+"""``sglang-ctxprof patch apply|revert|status [NAME ...]``: the SGLang source patches shipped in ``sglang_ctxprof/data/patches/``.
 
 Without names, ``apply`` and ``revert`` act on every patch meant for the target tree's SGLang
 version, and ``status`` lists all of them.  ``--target DIR`` picks a tree other than the installed
@@ -15,7 +15,7 @@ from .. import adapter, patching
 
 def add_cli_args(ap) -> None:
     ap.add_argument("action", choices=("apply", "revert", "status"))
-    ap.add_argument("names", nargs="*", help="patch names (file stems in patches/); default: all for this version")
+    ap.add_argument("names", nargs="*", help="patch names (file stems of `patch status`); default: all for this version")
     ap.add_argument("--target", help="directory holding sglang/ (default: the installed SGLang)")
     ap.add_argument("--dry-run", action="store_true", help="check only; change nothing")
     ap.add_argument("--force", action="store_true", help="apply even if the header does not list this version")

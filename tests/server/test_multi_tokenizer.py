@@ -2,7 +2,7 @@
 
 Those workers import the FastAPI app by the path in ``SGLANG_HTTP_SERVER_APP_PATH`` and run no
 plugins; the plugin points it at ``sglang_ctxprof.http_app:app`` (0.5.23 reads the variable;
-0.5.20-0.5.22 need patches/multi-tokenizer-app-path.patch).  The control case pins SGLang's own
+0.5.20-0.5.22 need the multi-tokenizer-app-path patch).  The control case pins SGLang's own
 app: the route is then missing, which is why the setting exists.
 """
 

@@ -1,4 +1,4 @@
-"""patches/*.patch and ``sglang-ctxprof patch``: headers, dry runs per release, apply/revert cycle.
+"""The shipped SGLang patches and ``sglang-ctxprof patch``: headers, dry runs per release, apply/revert cycle.
 
 The installed SGLang is never modified: the apply/revert tests work on an overlay tree (symlinks to
 the installed package, real copies of the patched folders) that is put first on PYTHONPATH.
@@ -108,7 +108,7 @@ def test_cli_refuses_wrong_version_and_bad_input(tmp_path, capsys):
     root = _overlay(tmp_path)
     assert cli(["patch", "apply", "multi-tokenizer-app-path", "--target", str(root)]) == 2
     err = capsys.readouterr().err
-    assert "is for SGLang 0.5.20, 0.5.21, 0.5.22" in err and "Traceback" not in err
+    assert "is for SGLang 0.5.19, 0.5.20, 0.5.21, 0.5.22" in err and "Traceback" not in err
     assert cli(["patch", "apply", "nope", "--target", str(root)]) == 2
     assert "unknown patch" in capsys.readouterr().err
     assert cli(["patch", "status", "--target", str(tmp_path / "missing")]) == 2
