@@ -27,7 +27,7 @@ demo: install
 	$(BIN)/sglang-ctxprof demo
 
 # The offline compatibility tests read the SGLang wheels of every supported release (AST only);
-# fetch them first (~140 MB, cached). Without network they are skipped, and say so.
+# fetch them first (12 releases, ~250 MB, cached). Without network they are skipped, and say so.
 test: install
 	-@$(MAKE) --no-print-directory fetch-compat || echo "note: could not fetch SGLang wheels: the compat tests will be skipped"
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -39,7 +39,7 @@ clean:
 	rm -rf .cache build *.egg-info
 
 # SGLang releases the offline compatibility check reads (AST only; the wheels are never installed).
-COMPAT_VERSIONS ?= 0.5.12 0.5.20 0.5.21 0.5.22 0.5.23
+COMPAT_VERSIONS ?= 0.5.12 0.5.13 0.5.14 0.5.15 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 0.5.23
 WHEEL_CACHE := .cache/wheels
 
 fetch-compat: install

@@ -1,4 +1,4 @@
-"""The one place that knows SGLang's internals (0.5.20 - 0.5.23).
+"""The one place that knows SGLang's internals (0.5.13 - 0.5.23).
 
 Everything version-specific lives here: the table of hook targets, how to read ranks, sequence
 lengths, acceptance and the control request/reply types.  The hooks call these helpers and never
@@ -19,7 +19,9 @@ from .records import RankId
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# Every release since the plugin framework took its current shape: all required targets resolve
+# (``make check-compat``); what an older release lacks is in RELEASE_LIMITS below.
+SUPPORTED = tuple(f"0.5.{minor}" for minor in range(13, 24))
 
 _S = "sglang.srt.managers.scheduler.Scheduler"
 _EAGLE_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
@@ -98,6 +100,33 @@ SIGNATURES.update({
     "sglang.srt.server_args.ServerArgs.add_cli_args": ("parser",),
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("cls", "args"),
 })
+
+# Optional targets that a supported release lacks, and what the user loses there.  This table is
+# the one place where supported releases differ; compat_check's tests hold it equal to the wheels.
+_GRAPH_LOST = ("no runner_backend CUDA-graph backends: under CUDA graphs the verify split "
+               "(attention / MoE) is reported unavailable; eager and CPU runs are unaffected")
+RELEASE_LIMITS: dict[str, dict[str, str]] = {
+    "0.5.13": {
+        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": _GRAPH_LOST,
+        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": _GRAPH_LOST,
+        f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": _GRAPH_LOST,
+        f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": _GRAPH_LOST,
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
+            "no eager fallback for sampled verify steps (SGLANG_CTXPROF_GRAPH_FALLBACK=eager)",
+        f"{_FROZEN_DRAFT}.draft": "the FrozenKV MTP worker does not exist yet",
+        f"{_FROZEN_DRAFT}._draft_extend_for_decode": "the FrozenKV MTP worker does not exist yet",
+    },
+}
+_OVERLAP_LOST = ("Scheduler.is_disable_overlap_for_batch takes (self, batch): no overlap gate, so "
+                 "in-graph split events are read only where SGLang itself runs without overlap")
+for _v in ("0.5.13", "0.5.14", "0.5.15"):
+    RELEASE_LIMITS.setdefault(_v, {})[f"{_S}.is_disable_overlap_for_batch"] = _OVERLAP_LOST
+
+
+def release_limits(version: Optional[str]) -> list[str]:
+    """What a supported release lacks, one line per distinct effect (empty for the newest)."""
+    return sorted(set(RELEASE_LIMITS.get(version or "", {}).values()))
+
 
 # Releases we know and do not support, with the exact reason (shown at start-up and by compat_check).
 UNSUPPORTED: dict[str, str] = {

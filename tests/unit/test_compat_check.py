@@ -81,16 +81,29 @@ def test_main_reports_no_wheels(tmp_path, capsys):
 def test_cached_wheel(version):
     src = cc.Source(WHEELS[version], version)
     try:
-        fails = cc.failures(cc.check(src))
+        results = cc.check(src)
+        fails = cc.failures(results)
     finally:
         src.close()
     if version in adapter.SUPPORTED:
         assert fails == [], cc.format_results(fails)
+        # every optional target a supported release lacks is declared, with its effect, and no more
+        missing = {r.path for r in results if not r.ok}
+        assert missing == set(adapter.RELEASE_LIMITS.get(version, {})), cc.format_results(
+            [r for r in results if not r.ok])
     elif version in adapter.UNSUPPORTED:
         # the declared reason names every required target that fails
         assert fails, f"{version} is declared unsupported but every target resolves"
         for f in fails:
             assert f.path.rsplit(".", 2)[-2] in adapter.UNSUPPORTED[version], f
+
+
+def test_supported_range_is_every_release_since_the_framework():
+    assert adapter.SUPPORTED[0] == "0.5.13" and adapter.SUPPORTED[-1] == "0.5.23"
+    assert len(adapter.SUPPORTED) == 11 and "0.5.12" in adapter.UNSUPPORTED
+    assert adapter.release_limits("0.5.23") == []
+    assert any("overlap gate" in line for line in adapter.release_limits("0.5.14"))
+    assert len(adapter.release_limits("0.5.13")) == 4  # graphs, eager fallback, FrozenKV MTP, overlap
 
 
 def test_support_messages():
