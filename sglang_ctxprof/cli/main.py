@@ -2,7 +2,8 @@
 
 Each subcommand module exposes ``add_cli_args(parser)`` and ``run(namespace) -> int``.  Expected
 failures (bad arguments, unreachable server, ...) print one ``error:`` line with a usage hint and
-exit non-zero; they never print a traceback.
+exit non-zero; they never print a traceback.  So does a missing package: the line names the extra
+(or the dependency) that brings it, from :data:`PROVIDED_BY`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,31 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sglang_ctxprof.cli.sweep", "measure decode tok/s and the phase breakdown across context lengths"),
     "report": ("sglang_ctxprof.cli.report", "table and PNG plots from a saved sweep directory (offline)"),
     "compare": ("sglang_ctxprof.cli.compare", "compare two saved sweeps: regression or inherent context scaling?"),
-    "patch": ("sglang_ctxprof.cli.patch", "apply/revert/show the source patches in patches/ on an SGLang tree"),
+    "patch": ("sglang_ctxprof.cli.patch", "apply/revert/show the SGLang source patches shipped with ctxprof on an SGLang tree"),
 }
+
+
+# top-level module -> what to install to get it.  Optional parts are extras; rich, structlog and
+# OpenTelemetry are dependencies, so their absence means an install made with --no-deps.
+PROVIDED_BY: dict[str, str] = {
+    "matplotlib": "pip install 'sglang-ctxprof[plots]' (or pass --no-plots)",
+    "selenium": "pip install 'sglang-ctxprof[ui-test]'",
+    "grpc": "pip install 'sglang-ctxprof[grpc]'",
+    "sglang": "pip install 'sglang-ctxprof[instruments]' (SGLang 0.5.13-0.5.23)",
+    "torch": "pip install 'sglang-ctxprof[instruments]' (SGLang brings torch)",
+    "transformers": "pip install 'sglang-ctxprof[instruments]' (SGLang brings transformers)",
+    "rich": "it is a dependency of sglang-ctxprof: pip install sglang-ctxprof (without --no-deps)",
+    "structlog": "it is a dependency of sglang-ctxprof: pip install sglang-ctxprof (without --no-deps)",
+    "opentelemetry": "it is a dependency of sglang-ctxprof: pip install sglang-ctxprof (without --no-deps)",
+}
+
+
+def missing_package_line(exc: ModuleNotFoundError) -> str:
+    """One line for a missing module: what is missing and what brings it."""
+    name = getattr(exc, "name", None) or str(exc)
+    top = name.split(".")[0]
+    hint = PROVIDED_BY.get(top, "install it, or reinstall sglang-ctxprof")
+    return f"the Python package {top!r} is not installed ({name}): {hint}"
 
 
 class CliError(Exception):
@@ -48,14 +72,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+    try:
+        ap = build_parser()
+    except ModuleNotFoundError as exc:
+        print(f"sglang-ctxprof: error: {missing_package_line(exc)}", file=sys.stderr)
+        return 2
     ns = ap.parse_args(argv)
     if not getattr(ns, "command", None):
         ap.print_help()
         return 2
-    module = importlib.import_module(ns._module)
     try:
+        module = importlib.import_module(ns._module)
         return int(module.run(ns) or 0)
+    except ModuleNotFoundError as exc:
+        print(f"sglang-ctxprof {ns.command}: error: {missing_package_line(exc)}", file=sys.stderr)
+        return 2
     except (CliError, ValueError) as exc:
         print(f"sglang-ctxprof {ns.command}: error: {exc}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)

@@ -166,8 +166,8 @@ def make_exporter(env: Mapping[str, str]) -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as G
         except ImportError:
-            raise ValueError("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc needs the package "
-                             "opentelemetry-exporter-otlp-proto-grpc") from None
+            raise ValueError("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc needs the extra sglang-ctxprof[grpc] (the package "
+                             "opentelemetry-exporter-otlp-proto-grpc)") from None
         return G()
     raise ValueError(f"OTLP protocol {proto!r} is not supported: use grpc or http/protobuf")
 
