@@ -56,8 +56,20 @@ def _keep_intel_amx_attention_backend():
     # attention backend that implements speculative decoding (verify tree masks, draft decode).
     if os.environ.get("SGLANG_CPU_COMPAT_KEEP_AMX_ATTN", "1") != "1":
         return
-    from sglang.srt.arg_groups import attention_hook, overrides
+    try:
+        from sglang.srt.arg_groups import overrides
+    except ImportError:
+        # Releases before arg_groups (0.5.13 ...) decide it inside ServerArgs: with
+        # `not cpu_has_amx_support()` in server_args' own namespace (intel_amx fallback, and two
+        # GPT-OSS-only choices). Answer True there only.
+        import sglang.srt.server_args as sa
 
+        sa.cpu_has_amx_support = lambda: True
+        return
+    try:  # 0.5.23 also imports the pass into attention_hook
+        from sglang.srt.arg_groups import attention_hook
+    except ImportError:
+        attention_hook = None
     orig = overrides._attention_backend_platform_fallbacks
     if getattr(orig, "_cpu_compat", False):
         return
@@ -69,14 +81,41 @@ def _keep_intel_amx_attention_backend():
 
     patched._cpu_compat = True
     overrides._attention_backend_platform_fallbacks = patched
-    attention_hook._attention_backend_platform_fallbacks = patched
+    if attention_hook is not None:
+        attention_hook._attention_backend_platform_fallbacks = patched
     overrides.POST_PROCESS_PASSES[:] = [patched if f is orig else f for f in overrides.POST_PROCESS_PASSES]
+
+
+def _skip_triton_kv_copy_warmup():
+    # Some releases (0.5.13 ...) warm up a Triton KV-copy kernel whenever speculative decoding is
+    # on (MHATokenToKVPool(enable_kv_cache_copy=...)); Triton has no CPU driver. Without the
+    # warm-up the pool has no copy config, which only tree (topk > 1) page moves need.
+    from sglang.srt.mem_cache import memory_pool as mp
+
+    orig = getattr(mp.MHATokenToKVPool, "_init_kv_copy_and_warmup", None)
+    if orig is None or getattr(orig, "_cpu_compat", False):
+        return
+
+    def patched(self):
+        if str(getattr(self, "device", "")).startswith("cpu"):
+            try:
+                return orig(self)
+            except RuntimeError as exc:
+                if "active drivers" not in str(exc):
+                    raise
+                self._kv_copy_config = None
+                return None
+        return orig(self)
+
+    patched._cpu_compat = True
+    mp.MHATokenToKVPool._init_kv_copy_and_warmup = patched
 
 
 def register():
     if os.environ.get("SGLANG_USE_CPU_ENGINE", "0") != "1":
         return
-    for fn in (_patch_qwen2_moe_shared_gate, _patch_deepseek_mla_torch_native, _keep_intel_amx_attention_backend):
+    for fn in (_patch_qwen2_moe_shared_gate, _patch_deepseek_mla_torch_native, _keep_intel_amx_attention_backend,
+               _skip_triton_kv_copy_warmup):
         try:
             fn()
             logger.debug("sglang_cpu_compat: applied %s in pid %d", fn.__name__, os.getpid())
