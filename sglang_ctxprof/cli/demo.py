@@ -12,6 +12,7 @@ acceptance (~3.7 of 4); ``--draft eagle3`` runs the Kimi-K2-style EAGLE-3 path (
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 
@@ -34,6 +35,8 @@ def add_cli_args(ap) -> None:
 def run(ns) -> int:
     from .main import CliError
 
+    if importlib.util.find_spec("sglang") is None:  # the demo launches a server: say so before building
+        raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
     if any(c < 2 or c + max(ns.long, ns.sustained) > 8192 for c in ns.ctx):
         raise CliError("--ctx values plus new tokens must fit the tiny model's 8192-token context")
     ha = ns.draft == "eagle"

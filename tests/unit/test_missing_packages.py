@@ -74,7 +74,7 @@ CASES = {
     "trace": (["--url", "{url}", "nope"], (), "/ctx_profile"),
     "tiny-model": (["--arch", "llama", "--out", "{tmp}/m"], ("torch", "transformers"),
                    "sglang-ctxprof[instruments]"),
-    "demo": (["--out", "{tmp}/d"], ("sglang", "torch", "transformers"), "sglang-ctxprof[instruments]"),
+    "demo": (["--out", "{tmp}/d", "--models", "{tmp}/m"], ("sglang", "torch", "transformers"), "sglang-ctxprof[instruments]"),
     "patch": (["status"], ("sglang",), "sglang-ctxprof[instruments]"),
 }
 
