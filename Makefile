@@ -48,4 +48,4 @@ fetch-compat: install
 	  $(BIN)/pip download -q --no-deps -d $(WHEEL_CACHE) sglang==$$v 2>&1 | $(QUIET_PIP); done
 
 check-compat: install
-	$(BIN)/python -m sglang_ctxprof.compat_check --wheels $(WHEEL_CACHE)
+	$(BIN)/python -m sglang_ctxprof.cli.compat --wheels $(WHEEL_CACHE)

@@ -15,7 +15,7 @@ A small model with attention-like blocks (q.K^T, softmax, .V over a KV cache) an
    torch.cuda.synchronize / Event.synchronize / Stream.synchronize / Tensor.item|tolist|cpu, and the
    torch profiler's cuda*Synchronize count, profiling on vs off).
 
-``--dry-run`` runs the same code paths on the simulated device ``sglang_ctxprof.fake_cuda`` (CPU
+``--dry-run`` runs the same code paths on the simulated device ``sglang_ctxprof.testing.fake_cuda`` (CPU
 only; it is what ``make test`` runs).  ``--out FILE`` writes the results as JSON.  Exit code 0 when
 every check passes.
 """
@@ -34,13 +34,13 @@ from types import SimpleNamespace as NS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ctxprof import hooks  # noqa: E402
-from sglang_ctxprof.adapter import Target  # noqa: E402
-from sglang_ctxprof.config import CtxProfConfig  # noqa: E402
-from sglang_ctxprof.graph_timing import GraphTimer, external_event_factory  # noqa: E402
-from sglang_ctxprof.instrumentor import CtxProfInstrumentor  # noqa: E402
-from sglang_ctxprof.runtime import Profiler  # noqa: E402
-from sglang_ctxprof.timing import CudaEventClock  # noqa: E402
+from sglang_ctxprof.collect import hooks  # noqa: E402
+from sglang_ctxprof.collect.adapter import Target  # noqa: E402
+from sglang_ctxprof.model.config import CtxProfConfig  # noqa: E402
+from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory  # noqa: E402
+from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor  # noqa: E402
+from sglang_ctxprof.collect.profiler import Profiler  # noqa: E402
+from sglang_ctxprof.collect.clocks import CudaEventClock  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_devices import FakeDev, TorchDev  # noqa: E402

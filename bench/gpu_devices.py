@@ -1,5 +1,5 @@
 """The two devices of ``gpu_check.py`` behind one small interface: the real GPU (torch only) and
-the simulated one (``sglang_ctxprof.fake_cuda``, for ``--dry-run``).
+the simulated one (``sglang_ctxprof.testing.fake_cuda``, for ``--dry-run``).
 
 Each has ``Event``, ``is_capturing()``, ``capture(holder)`` (a context manager that captures a CUDA
 graph into ``holder["g"]``), ``synchronize()`` (used by the benchmark itself, never by the code under
@@ -17,7 +17,7 @@ class FakeDev:
     name = "fake (dry run)"
 
     def __init__(self):
-        from sglang_ctxprof.fake_cuda import FakeDevice
+        from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
         self.d = FakeDevice()
         self.Event = self.d.Event

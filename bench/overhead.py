@@ -95,11 +95,11 @@ class _Sched:
 def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from types import SimpleNamespace
 
-    from sglang_ctxprof import hooks
-    from sglang_ctxprof.adapter import Target
-    from sglang_ctxprof.config import CtxProfConfig
-    from sglang_ctxprof.instrumentor import CtxProfInstrumentor
-    from sglang_ctxprof.runtime import Profiler
+    from sglang_ctxprof.collect import hooks
+    from sglang_ctxprof.collect.adapter import Target
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor
+    from sglang_ctxprof.collect.profiler import Profiler
 
     mode = SimpleNamespace(is_decode=lambda: True)
 
@@ -151,7 +151,7 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
         ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"),
         ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], hooks.HOOKS)
     try:
-        from sglang_ctxprof import sinks  # the OTel/log/metric sinks the plugin installs (if present)
+        from sglang_ctxprof.views import exporters as sinks  # the OTel/log/metric sinks the plugin installs (if present)
 
         sinks.install(p)
     except ImportError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from .names import DECLARABLE_PHASES
+from .model.names import DECLARABLE_PHASES
 
 _NULL = contextlib.nullcontext()
 
@@ -19,7 +19,7 @@ _NULL = contextlib.nullcontext()
 def phase(name: str) -> Any:
     if name not in DECLARABLE_PHASES:
         raise ValueError(f"unknown phase {name!r}; declare one of {sorted(DECLARABLE_PHASES)}")
-    from . import hooks
+    from .collect import hooks
 
     p = hooks.PROFILER
     if p is None or not p.active:

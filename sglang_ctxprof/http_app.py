@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sglang.srt.entrypoints.http_server import app
 
-from .http_route import install_routes
+from .views.http import install_routes
 
 install_routes(app)
 

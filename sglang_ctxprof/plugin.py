@@ -7,7 +7,7 @@ picks its work by process role:
 
 * main (HTTP) process: accept the flag (an AFTER hook on ``ServerArgs.add_cli_args``), export
   ``SGLANG_CTX_PROFILE=1`` so spawned schedulers inherit it, and add the ``/ctx_profile`` routes;
-* scheduler processes: build the :class:`~sglang_ctxprof.runtime.Profiler` and instrument;
+* scheduler processes: build the :class:`~sglang_ctxprof.collect.profiler.Profiler` and instrument;
 * detokenizer, DP controller and anything else: nothing.
 
 It never raises: a failure is logged and SGLang starts without profiling.
@@ -20,8 +20,9 @@ import multiprocessing
 import os
 import sys
 
-from . import adapter, hooks, names
-from .config import CtxProfConfig, env_enabled
+from .collect import adapter, hooks
+from .model import names
+from .model.config import CtxProfConfig, env_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def _register() -> None:
         _register_cli_hooks()  # first: the flag must parse even if the configuration below is bad
         try:
             CtxProfConfig.from_env()
-            from .sinks import validate_env
+            from .views.exporters import validate_env
 
             validate_env()  # tracing/log settings too
         except ValueError as exc:
@@ -83,7 +84,7 @@ def _register() -> None:
         os.environ[names.ENV_ENABLE] = "1"
         # multi-tokenizer HTTP workers import the app by path (0.5.23, or the multi-tokenizer-app-path patch)
         os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
-        from .http_route import install_routes
+        from .views.http import install_routes
 
         install_routes()
     elif role == "scheduler":
@@ -119,8 +120,8 @@ def _keep_flag(result, *args, **kwargs):
 
 
 def install_scheduler() -> None:
-    from .instrumentor import CtxProfInstrumentor
-    from .runtime import Profiler
+    from .collect.instrumentor import CtxProfInstrumentor
+    from .collect.profiler import Profiler
 
     if hooks.PROFILER is not None:
         return
@@ -132,7 +133,7 @@ def install_scheduler() -> None:
         logger.info("sglang-ctxprof: on SGLang %s: %s", version, limit)
     cfg = CtxProfConfig.from_env()
     hooks.PROFILER = Profiler(cfg)
-    from .sinks import install as install_sinks  # issue 4: OTel spans, structlog events, metrics
+    from .views.exporters import install as install_sinks  # issue 4: OTel spans, structlog events, metrics
 
     install_sinks(hooks.PROFILER)
     hooks.INSTRUMENTOR = CtxProfInstrumentor()
@@ -162,7 +163,7 @@ def _start_selfcheck(directory: str) -> None:
     import threading
     import time
 
-    from .instrumentor import is_wrapper, resolve
+    from .collect.instrumentor import is_wrapper, resolve
 
     def loop() -> None:
         while True:

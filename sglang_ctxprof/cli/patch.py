@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import adapter, patching
+from ..collect import adapter
+from . import patching
 
 
 def add_cli_args(ap) -> None:

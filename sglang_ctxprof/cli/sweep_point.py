@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..names import LEAF_PHASES, Phase
+from ..model.names import LEAF_PHASES, Phase
 
 SCHEMA = "ctxprof-sweep/1"
 BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.STEP.value)

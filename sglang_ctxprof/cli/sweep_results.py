@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..names import LEAF_PHASES
+from ..model.names import LEAF_PHASES
 from .main import CliError
 
 SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .. import names
-from ..names import KIND_DECODE
-from ..records import StepRecord
+from ..model import names
+from ..model.names import KIND_DECODE
+from ..model.records import StepRecord
 
 LEVELS = ("debug", "info", "warning")
 FORMATS = ("off", "text", "json")

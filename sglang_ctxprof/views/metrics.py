@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..buckets import Bucketing
-from ..names import KIND_DECODE, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS, REPORTED_PHASES, Phase
-from ..records import StepRecord
+from ..model.buckets import Bucketing
+from ..model.names import KIND_DECODE, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS, REPORTED_PHASES, Phase
+from ..model.records import StepRecord
 
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
 PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

@@ -39,8 +39,8 @@ import os
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from .. import names
-from ..names import Phase
+from ..model import names
+from ..model.names import Phase
 
 _VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
 _TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)

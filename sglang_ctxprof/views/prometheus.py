@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..names import METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS
+from ..model.names import METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS
 
 
 def _esc(v: Any) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..names import LEAF_PHASES, Phase
+from ..model.names import LEAF_PHASES, Phase
 
 _SHORT = {
     "draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from conftest import generate, http, rand_ids, start_server, tiny
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args
 
 # (context length, max_new_tokens): short and long contexts, mixed output lengths.

@@ -18,7 +18,7 @@ import pytest
 
 import ctxprof_ref
 from conftest import LOG_DIR, generate, http, rand_ids
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import ServerError, ServerProcess
 
 pytestmark = pytest.mark.server

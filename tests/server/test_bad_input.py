@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import ctxprof_ref
 from conftest import generate, http, make_server_fixture, rand_ids
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 
 pytestmark = pytest.mark.server
 

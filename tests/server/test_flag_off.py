@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import ctxprof_ref
-from sglang_ctxprof import adapter
+from sglang_ctxprof.collect import adapter
 
 pytestmark = pytest.mark.server
 

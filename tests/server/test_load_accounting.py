@@ -22,7 +22,7 @@ import pytest
 
 import ctxprof_ref
 from conftest import generate, http, make_server_fixture, rand_ids
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 
 pytestmark = pytest.mark.server
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import generate, http, rand_ids, start_server, tiny
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server

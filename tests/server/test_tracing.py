@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import LOG_DIR, generate, http, rand_ids, start_server, tiny
-from sglang_ctxprof import names
+from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args, free_port
 
 pytestmark = pytest.mark.server

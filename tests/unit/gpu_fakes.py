@@ -14,7 +14,7 @@ from collections import deque
 
 from fakes import Batch, Mode, Req, Result, ServerArgs  # noqa: F401 - re-exported for tests
 
-from sglang_ctxprof.fake_cuda import FakeDevice
+from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
 DEV: FakeDevice = FakeDevice()
 LAYERS = 3

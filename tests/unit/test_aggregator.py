@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from sglang_ctxprof.aggregator import Aggregator, merge_states, summarize
-from sglang_ctxprof.buckets import Bucketing
-from sglang_ctxprof.records import RankId, StepRecord, validate
-from sglang_ctxprof.stats import DurationStats, LinearFit
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.model.records import RankId, StepRecord, validate
+from sglang_ctxprof.model.stats import DurationStats, LinearFit
 
 
 def rec(step, ctx, acc=(4,), com=None, step_ms=10.0, phases=None, rids=None, kind="decode", fin=None):

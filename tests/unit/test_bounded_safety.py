@@ -8,9 +8,9 @@ import logging
 import pytest
 from starlette.requests import Request
 
-from sglang_ctxprof.records import RankId, StepRecord
-from sglang_ctxprof.request_log import RequestLog
-from sglang_ctxprof.safety import Guard, InjectedFault
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.aggregate.requests import RequestLog
+from sglang_ctxprof.model.guard import Guard, InjectedFault
 
 
 def rec(step: int, rids: list[str], ctx: int = 100) -> StepRecord:
@@ -59,7 +59,7 @@ def test_fault_switch_needs_runtime_mode():
 def test_guard_logs_once_and_heals(caplog):
     g = Guard("runtime")
     g.set_fault("aggregator")
-    with caplog.at_level(logging.WARNING, logger="sglang_ctxprof.safety"):
+    with caplog.at_level(logging.WARNING, logger="sglang_ctxprof.model.guard"):
         for _ in range(50):
             g.run("aggregator", g.check_fault, "aggregator")
     warnings = [r for r in caplog.records if "failed and is now disabled" in r.getMessage()]
@@ -73,7 +73,7 @@ def test_http_guard_returns_json_500_then_503(monkeypatch):
     fastapi = pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from sglang_ctxprof import http_route
+    from sglang_ctxprof.views import http as http_route
 
     monkeypatch.setattr(http_route, "_GUARD", Guard(""))
 

@@ -1,4 +1,4 @@
-"""Offline AST compatibility check (sglang_ctxprof.compat_check).
+"""Offline AST compatibility check (sglang_ctxprof.cli.compat).
 
 Always runs against the installed SGLang source tree (0.5.23) and against small synthetic trees that
 exercise each failure mode; runs against every wheel in .cache/wheels when `make fetch-compat` has
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sglang_ctxprof import adapter, compat_check as cc
+from sglang_ctxprof.collect import adapter
+from sglang_ctxprof.cli import compat as cc
 
 WHEELS = cc.cached_wheels(str(ROOT / ".cache" / "wheels"))
 

@@ -13,14 +13,14 @@ import pytest
 
 import gpu_fakes as gf
 from fakes import Batch, Req
-from sglang_ctxprof import adapter, hooks
-from sglang_ctxprof.adapter import Target
-from sglang_ctxprof.config import CtxProfConfig
-from sglang_ctxprof.graph_timing import GraphTimer, external_event_factory
-from sglang_ctxprof.instrumentor import CtxProfInstrumentor, check_signature, resolve
-from sglang_ctxprof.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
-from sglang_ctxprof.runtime import Profiler
-from sglang_ctxprof.timing import CudaEventClock
+from sglang_ctxprof.collect import adapter, hooks
+from sglang_ctxprof.collect.adapter import Target
+from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
+from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, check_signature, resolve
+from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
+from sglang_ctxprof.collect.profiler import Profiler
+from sglang_ctxprof.collect.clocks import CudaEventClock
 
 K = 4
 

@@ -7,12 +7,13 @@ import logging
 import pytest
 
 import fakes
-from sglang_ctxprof import api, hooks
-from sglang_ctxprof.adapter import Target
-from sglang_ctxprof.aggregator import summarize
-from sglang_ctxprof.config import CtxProfConfig
-from sglang_ctxprof.instrumentor import CtxProfInstrumentor, is_wrapper
-from sglang_ctxprof.runtime import Profiler
+from sglang_ctxprof import api
+from sglang_ctxprof.collect import hooks
+from sglang_ctxprof.collect.adapter import Target
+from sglang_ctxprof.aggregate.aggregator import summarize
+from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, is_wrapper
+from sglang_ctxprof.collect.profiler import Profiler
 
 M = "fakes"
 TARGETS = (
@@ -131,8 +132,8 @@ def test_host_exception_passes_through_unchanged(prof):
 def test_control_passthrough_and_runtime_disable(prof, monkeypatch):
     sched = fakes.Scheduler(fakes.Worker())
     assert sched.get_internal_state(object()) == {"internal": True}
-    monkeypatch.setattr("sglang_ctxprof.adapter.make_control_reply", lambda payload: payload)
-    from sglang_ctxprof import control
+    monkeypatch.setattr("sglang_ctxprof.collect.adapter.make_control_reply", lambda payload: payload)
+    from sglang_ctxprof.control.handler import handler as control
 
     class Req:
         rid = control.encode("status")

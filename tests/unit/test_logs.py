@@ -8,10 +8,10 @@ import logging
 import structlog
 from structlog.testing import LogCapture
 
-from sglang_ctxprof.records import RankId, StepRecord
-from sglang_ctxprof.sinks import Sinks
-from sglang_ctxprof.buckets import Bucketing
-from sglang_ctxprof.tracing_policy import TracePolicy
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views.exporters import Sinks
+from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.views.policy import TracePolicy
 from sglang_ctxprof.views.logs import LogConfig, LogView, make_logger
 
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ctxprof.aggregator import Aggregator, merge_states, summarize
-from sglang_ctxprof.http_route import build_profile
-from sglang_ctxprof.records import RankId, StepRecord
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.views.http import build_profile
+from sglang_ctxprof.model.records import RankId, StepRecord
 
 LEAVES = ("draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead")
 

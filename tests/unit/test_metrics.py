@@ -5,10 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_ctxprof.aggregator import Aggregator, summarize
-from sglang_ctxprof.buckets import Bucketing
-from sglang_ctxprof.names import REPORTED_PHASES
-from sglang_ctxprof.records import RankId, StepRecord
+from sglang_ctxprof.aggregate.aggregator import Aggregator, summarize
+from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.model.names import REPORTED_PHASES
+from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.views.metrics import MetricsView, maybe_create
 from sglang_ctxprof.views.prometheus import render
 

@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sglang_ctxprof import names
-from sglang_ctxprof.records import RankId, StepRecord
-from sglang_ctxprof.request_log import RequestLog
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.aggregate.requests import RequestLog
 from sglang_ctxprof.views.otel import OtelView, build_provider
 
 T0 = 1_700_000_000_000_000_000

@@ -6,11 +6,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from sglang_ctxprof import names
-from sglang_ctxprof.buckets import Bucketing
-from sglang_ctxprof.records import RankId, StepRecord
-from sglang_ctxprof.sinks import Sinks, validate_env
-from sglang_ctxprof.tracing_policy import TracePolicy
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views.exporters import Sinks, validate_env
+from sglang_ctxprof.views.policy import TracePolicy
 from sglang_ctxprof.views.otel import OtelView
 
 

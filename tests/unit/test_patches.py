@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from sglang_ctxprof import compat_check, patching
+from sglang_ctxprof.cli import compat as compat_check, patching
 from sglang_ctxprof.cli.main import main as cli
 
 PATCHES = patching.load_patches()

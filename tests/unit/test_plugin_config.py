@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sglang_ctxprof import names, plugin
+from sglang_ctxprof.model import names
+from sglang_ctxprof import plugin
 
 
 def test_bad_config_turns_profiling_off_with_one_clear_error(monkeypatch, caplog):
@@ -31,7 +32,7 @@ def test_good_config_exports_the_switch(monkeypatch):
     monkeypatch.setattr(plugin, "_register_cli_hooks", lambda: None)
     monkeypatch.setattr(plugin, "_BAD_CONFIG", None)
     monkeypatch.setattr("sys.argv", ["launch_server", names.CLI_FLAG])
-    monkeypatch.setattr("sglang_ctxprof.http_route.install_routes", lambda: None)
+    monkeypatch.setattr("sglang_ctxprof.views.http.install_routes", lambda: None)
     monkeypatch.setenv(names.ENV_ENABLE, "")  # recorded, so teardown removes what register() sets
     monkeypatch.setenv(names.ENV_SGLANG_APP_PATH, "")
     monkeypatch.delenv(names.ENV_SGLANG_APP_PATH)

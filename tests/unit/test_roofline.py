@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ctxprof import roofline as rl
-from sglang_ctxprof.aggregator import Aggregator, merge_states, summarize
-from sglang_ctxprof.records import RankId, StepRecord
+from sglang_ctxprof.model import roofline as rl
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.model.records import RankId, StepRecord
 
 # DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers, bf16 KV.
 DSV3 = {"attention": "mla", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "layers": 61,
@@ -115,7 +115,7 @@ def _sched(arch, **cfg):
 
 
 def test_adapter_model_facts_from_sglang_model_config():
-    from sglang_ctxprof import adapter
+    from sglang_ctxprof.collect import adapter
 
     mla = adapter.model_facts(_sched("AttentionArch.MLA", layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
     assert mla["attention"] == "mla" and mla["kv_dtype_bytes"] == 2
@@ -139,8 +139,8 @@ def test_text_view_shows_roofline_or_why_not():
 
 
 def test_profiler_ships_hw_facts_in_its_state(monkeypatch):
-    from sglang_ctxprof.config import CtxProfConfig
-    from sglang_ctxprof.runtime import Profiler
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.collect.profiler import Profiler
 
     monkeypatch.setenv("SGLANG_CTXPROF_HBM_GBPS", "1000")  # even with an override, a CPU has model facts
     p = Profiler(CtxProfConfig())

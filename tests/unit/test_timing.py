@@ -15,13 +15,13 @@ import pytest
 
 import fakes
 from fakes import Batch, Req, Result
-from sglang_ctxprof import hooks
-from sglang_ctxprof.adapter import Target
-from sglang_ctxprof.config import CtxProfConfig
-from sglang_ctxprof.fake_cuda import FakeDevice
-from sglang_ctxprof.instrumentor import CtxProfInstrumentor
-from sglang_ctxprof.runtime import Profiler
-from sglang_ctxprof.timing import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
+from sglang_ctxprof.collect import hooks
+from sglang_ctxprof.collect.adapter import Target
+from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.testing.fake_cuda import FakeDevice
+from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor
+from sglang_ctxprof.collect.profiler import Profiler
+from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
 
 NOW = [10**12]
 SLEEP_MS = {"draft": 3.0, "attn": 2.0, "moe": 1.25, "rest": 0.5, "draft_extend": 4.0, "overhead": 0.75}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ctxprof.tracing_policy import DEFAULT_SLOW_STEP_MS, DEFAULT_SLOW_TOK_S, TracePolicy
+from sglang_ctxprof.views.policy import DEFAULT_SLOW_STEP_MS, DEFAULT_SLOW_TOK_S, TracePolicy
 
 
 def _req(tok_s, steps=4, worst=10.0):

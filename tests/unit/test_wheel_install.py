@@ -69,7 +69,7 @@ def test_wheel_ships_the_data(installed):
 
 
 def test_installed_package_is_the_wheel_and_finds_its_data(installed):
-    code = ("import sglang_ctxprof, sglang_ctxprof.patching as p, sglang_ctxprof.cli.prompts as pr;"
+    code = ("import sglang_ctxprof, sglang_ctxprof.cli.patching as p, sglang_ctxprof.cli.prompts as pr;"
             "print(sglang_ctxprof.__file__); print(len(p.load_patches())); print(len(pr.corpus_text()) > 1000)")
     out = _run([installed["py"], "-c", code], cwd=installed["tmp"]).stdout.split()
     assert out[0].startswith(str(installed["venv"])), out

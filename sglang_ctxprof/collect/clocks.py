@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
-from .names import TIMING_CPU, TIMING_CUDA_EVENTS
+from ..model.names import TIMING_CPU, TIMING_CUDA_EVENTS
 
 
 class CpuClock:
@@ -99,7 +99,7 @@ def make_graph_timer(device: str | None, sample_every: int = 64, fallback: str =
 
         if not torch.cuda.is_available():
             return None
-        from .graph_timing import GraphTimer, external_event_factory
+        from .graph_clock import GraphTimer, external_event_factory
 
         factory, reason = external_event_factory(torch.cuda.Event)
         return GraphTimer(factory, torch.cuda.is_current_stream_capturing, sample_every=sample_every,

@@ -13,9 +13,9 @@ import queue
 import threading
 from typing import Any, Callable, Iterable
 
-from .aggregator import Aggregator
-from .records import StepRecord
-from .safety import Guard
+from ..aggregate.aggregator import Aggregator
+from ..model.records import StepRecord
+from ..model.guard import Guard
 
 logger = logging.getLogger(__name__)
 

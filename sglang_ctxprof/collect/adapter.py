@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .records import RankId
+from ..model.records import RankId
 
 logger = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
     kv_dtype = str(getattr(sa, "kv_cache_dtype", "auto") or "auto")
     if kv_dtype == "auto":
         kv_dtype = str(getattr(mc, "dtype", "bfloat16")).replace("torch.", "")
-    from .roofline import dtype_bytes
+    from ..model.roofline import dtype_bytes
 
     facts: dict[str, Any] = {
         "layers": int(getattr(mc, "num_attention_layers", 0) or getattr(mc, "num_hidden_layers", 0)),

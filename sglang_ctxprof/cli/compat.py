@@ -9,7 +9,7 @@ source tree such as the installed package, every target in :data:`adapter.TARGET
 A method missing from a class is looked up in the class's bases, following ``from X import Base``
 inside the same release, so an inherited method resolves as it would at run time.
 
-``python -m sglang_ctxprof.compat_check [--wheels DIR] [--source DIR]`` prints one line per
+``python -m sglang_ctxprof.cli.compat [--wheels DIR] [--source DIR]`` prints one line per
 version and target and exits 1 when a required target fails in a release listed as supported.
 """
 
@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from . import adapter
+from ..collect import adapter
 
 _WHEEL_RE = re.compile(r"^sglang-([0-9][^-]*)-.*\.whl$")
 MAX_BASE_DEPTH = 6
@@ -230,7 +230,7 @@ def format_results(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sglang_ctxprof.compat_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglang_ctxprof.cli.compat", description=__doc__.split("\n")[0])
     ap.add_argument("--wheels", default=".cache/wheels", help="directory of cached sglang-X wheels")
     ap.add_argument("--source", help="check this unpacked tree (a directory containing sglang/) instead")
     ap.add_argument("--installed", action="store_true", help="check the installed sglang instead")

@@ -21,10 +21,11 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
-from . import adapter, names
-from .records import StepRecord
-from .request_log import RequestLog
-from .tracing_policy import TracePolicy
+from ..collect import adapter
+from ..model import names
+from ..model.records import StepRecord
+from ..aggregate.requests import RequestLog
+from .policy import TracePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class Sinks:
         if self.otel is not None or self.otel_error is not None:
             return
         try:
-            from .views.otel import OtelView, build_provider
+            from .otel import OtelView, build_provider
 
             provider, stats = build_provider(self.env)
             bk = self.bucketing
@@ -122,7 +123,7 @@ class Sinks:
         if not self._metrics_checked:
             self._metrics_checked = True
             if self._metrics_enabled() and self.primary():
-                from .views.metrics import maybe_create
+                from .metrics import maybe_create
 
                 self.metrics = maybe_create(self.bucketing, True)
         if self.metrics is not None:
@@ -158,7 +159,7 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Sinks:
     env = os.environ if env is None else env
     policy = TracePolicy.from_env(env)
     logs = None
-    from .views.logs import LogConfig, LogView
+    from .logs import LogConfig, LogView
 
     lcfg = LogConfig.from_env(env)
     sinks_ref: list[Sinks] = []
@@ -198,7 +199,7 @@ def install(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Optional[
 def validate_env(env: Optional[Mapping[str, str]] = None) -> None:
     """Check every tracing/log setting (main process, before start): a bad value raises ValueError."""
     env = os.environ if env is None else env
-    from .views.logs import LogConfig
+    from .logs import LogConfig
 
     TracePolicy.from_env(env)
     LogConfig.from_env(env)

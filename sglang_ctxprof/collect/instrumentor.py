@@ -22,7 +22,7 @@ import inspect
 import logging
 from typing import Any, Callable, Iterable
 
-from .names import WRAPPER_MARK
+from ..model.names import WRAPPER_MARK
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from . import control, names
-from .aggregator import merge_states, summarize
-from .safety import COMPONENTS, Guard
+from ..control import handler as control
+from ..model import names
+from ..aggregate.aggregator import merge_states, summarize
+from ..model.guard import COMPONENTS, Guard
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
     """Send one control command to every DP group and return their ctx_profile payloads."""
     from sglang.srt.entrypoints.http_server import get_global_state
 
-    from .adapter import make_control_request
+    from ..collect.adapter import make_control_request
 
     tm = get_global_state().tokenizer_manager
     tm.auto_create_handle_loop()
@@ -140,10 +141,10 @@ async def get_profile(request: Request):
     from fastapi.responses import PlainTextResponse
 
     if fmt == "text":
-        from .views.text import render
+        from .text import render
 
         return PlainTextResponse(render(body))
-    from .views.prometheus import render as render_prom
+    from .prometheus import render as render_prom
 
     return PlainTextResponse(render_prom(body), media_type="text/plain; version=0.0.4")
 

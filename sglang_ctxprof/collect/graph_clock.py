@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Hashable, Optional
 
-from .names import Phase
+from ..model.names import Phase
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Pure aggregation of step records by context-length bucket.
 
-``Aggregator.observe(record)`` folds one :class:`~sglang_ctxprof.records.StepRecord` into:
+``Aggregator.observe(record)`` folds one :class:`~sglang_ctxprof.model.records.StepRecord` into:
 
 * per decode bucket (keyed by the batch's *mean* context entering the step) and per phase:
   count, mean, p50, p90, p99 and total (bounded log histograms, see ``stats``);
@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable, Mapping
 
-from .buckets import Bucketing
-from .names import KIND_DECODE, LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
-from .records import StepRecord
-from .request_log import RequestLog, merge_request_lists
-from .roofline import bucket_roofline
-from .stats import DurationStats, LinearFit
+from ..model.buckets import Bucketing
+from ..model.names import KIND_DECODE, LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
+from ..model.records import StepRecord
+from .requests import RequestLog, merge_request_lists
+from ..model.roofline import bucket_roofline
+from ..model.stats import DurationStats, LinearFit
 
 
 class _Bucket:

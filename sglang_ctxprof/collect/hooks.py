@@ -1,7 +1,7 @@
 """Thin hook functions.  Each calls SGLang's original exactly once, outside any guard.
 
 Our own work before and after the original runs inside ``try`` blocks that report to the
-profiler's :class:`~sglang_ctxprof.safety.Guard`; a failure disables the ``hooks`` component and
+profiler's :class:`~sglang_ctxprof.model.guard.Guard`; a failure disables the ``hooks`` component and
 SGLang continues as if we were not there.  Nothing here synchronizes a device or reads a GPU
 tensor: marks come from the profiler's clock, and results are read in ``process_batch_result``
 after SGLang's own ``copy_done.synchronize()``.
@@ -15,7 +15,7 @@ import sys
 from typing import Any, Optional
 
 from . import adapter
-from .names import Phase
+from ..model.names import Phase
 
 PROFILER: Optional[Any] = None  # runtime.Profiler, set by plugin.install_scheduler()
 INSTRUMENTOR: Optional[Any] = None
@@ -252,11 +252,11 @@ def graph_eager_fallback(original, self, *args, **kwargs):
 def control(original, self, recv_req, *args, **kwargs):
     """Answer our own control requests on SGLang's GetInternalStateReq channel; pass others on."""
     rid = adapter.control_rid(recv_req)
-    from .names import CONTROL_RID_PREFIX
+    from ..model.names import CONTROL_RID_PREFIX
 
     if rid is None or not rid.startswith(CONTROL_RID_PREFIX):
         return original(self, recv_req, *args, **kwargs)
-    from .control import handle
+    from ..control.handler import handle
 
     return adapter.make_control_reply(handle(rid, self))
 

@@ -24,7 +24,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
-from . import names
+from ..model import names
 
 MODES = ("off", "slow", "all")
 DEFAULT_SLOW_TOK_S = 20.0

@@ -15,8 +15,8 @@ import heapq
 from collections import OrderedDict
 from typing import Any, Iterable, Mapping
 
-from .names import KIND_DECODE
-from .records import StepRecord
+from ..model.names import KIND_DECODE
+from ..model.records import StepRecord
 
 
 # Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the

@@ -16,9 +16,8 @@ import json
 import logging
 from typing import Any
 
-from . import hooks
-from .names import (CMD_DISABLE, CMD_ENABLE, CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CONTROL_KEY,
-                    CONTROL_RID_PREFIX)
+from ..collect import hooks
+from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CONTROL_KEY, CONTROL_RID_PREFIX)
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
 
 def _set_active(p: Any, on: bool) -> None:
     """Runtime toggle: off removes every timing hook (so off costs nothing), on re-installs them."""
-    from . import plugin
+    from .. import plugin
 
     if on and not p.active:
         plugin.instrument_timing()

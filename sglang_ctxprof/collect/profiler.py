@@ -26,14 +26,14 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 from . import adapter
-from .aggregator import Aggregator, summarize
-from .config import CtxProfConfig
-from .names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
-from .records import StepRecord
+from ..aggregate.aggregator import Aggregator, summarize
+from ..model.config import CtxProfConfig
+from ..model.names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
+from ..model.records import StepRecord
 from .recorder import Recorder
-from .safety import Guard
-from .step_builder import StepBuilder, release, resolve
-from .timing import CpuClock, Parked, make_clock, make_graph_timer
+from ..model.guard import Guard
+from .step import StepBuilder, release, resolve
+from .clocks import CpuClock, Parked, make_clock, make_graph_timer
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Profiler:
             self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph_sample_every,
                                           self.config.graph_fallback)
         try:
-            from .roofline import hw_meta
+            from ..model.roofline import hw_meta
 
             self.hw = hw_meta(adapter.model_facts(scheduler), adapter.device_name(scheduler), os.environ)
         except Exception as exc:  # noqa: BLE001 - the roofline is then reported unavailable
