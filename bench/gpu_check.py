@@ -34,12 +34,10 @@ from types import SimpleNamespace as NS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ctxprof.collect import hooks  # noqa: E402
 from sglang_ctxprof.collect.adapter import Target  # noqa: E402
 from sglang_ctxprof.model.config import CtxProfConfig  # noqa: E402
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory  # noqa: E402
-from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor  # noqa: E402
-from sglang_ctxprof.collect.profiler import Profiler  # noqa: E402
+from sglang_ctxprof.collect.session import CtxProfSession  # noqa: E402
 from sglang_ctxprof.collect.clocks import CudaEventClock  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -153,10 +151,9 @@ TARGETS = [Target(f"{M}.{p}", h) for p, h in (
 
 def profiled_run(layers, steps, use_graph, dry, step_ctx=None):
     """Steps through our hooks; returns (records, profiler)."""
-    p = Profiler(CtxProfConfig(graph_sample_every=1))
-    inst = CtxProfInstrumentor()
-    hooks.PROFILER, hooks.INSTRUMENTOR = p, inst
-    inst.instrument(TARGETS, hooks.HOOKS)
+    session = CtxProfSession(CtxProfConfig(graph_sample_every=1), targets=TARGETS)
+    session.instrument()
+    p = session.profiler
     try:
         if dry:
             f, why = external_event_factory(DEV.Event)
@@ -176,9 +173,7 @@ def profiled_run(layers, steps, use_graph, dry, step_ctx=None):
         p.recorder.flush()
         return list(p.aggregator.recent), p
     finally:
-        inst.uninstrument()
-        p.recorder.stop()
-        hooks.PROFILER = hooks.INSTRUMENTOR = None
+        session.uninstrument()
 
 
 def mean_phase(recs, name):
@@ -211,11 +206,10 @@ def _time_replays(g, n):
 
 def check_overhead(layers, dry, rounds=7, n=20):
     def capture(with_events):
-        p = Profiler(CtxProfConfig())
-        inst = CtxProfInstrumentor()
-        hooks.PROFILER, hooks.INSTRUMENTOR = p, inst
+        session = CtxProfSession(CtxProfConfig(), targets=TARGETS if with_events else [])
+        session.instrument()
+        p = session.profiler
         if with_events:
-            inst.instrument(TARGETS, hooks.HOOKS)
             if dry:
                 p.graph = GraphTimer(external_event_factory(DEV.Event)[0], DEV.is_capturing)
             else:
@@ -224,8 +218,7 @@ def check_overhead(layers, dry, rounds=7, n=20):
             t = Target_(layers, use_graph=True)
             return t.backend.graphs["bs"], (p.graph.events if p.graph else 0)
         finally:
-            inst.uninstrument()
-            hooks.PROFILER = hooks.INSTRUMENTOR = None
+            session.uninstrument()
     g_on, ev_on = capture(True)
     g_off, ev_off = capture(False)
     on, off = [], []

@@ -98,8 +98,14 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from sglang_ctxprof.collect import hooks
     from sglang_ctxprof.collect.adapter import Target
     from sglang_ctxprof.model.config import CtxProfConfig
-    from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor
-    from sglang_ctxprof.collect.profiler import Profiler
+    from sglang_ctxprof.collect.session import CtxProfSession
+
+    def _exporters(profiler):  # the OTel/log/metric sinks the plugin installs (if present)
+        try:
+            from sglang_ctxprof.views import exporters
+        except ImportError:
+            return None
+        return exporters.install(profiler)
 
     mode = SimpleNamespace(is_decode=lambda: True)
 
@@ -137,31 +143,22 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
             for _ in range(n_steps):
                 b = batch(4)
                 s.process_batch_result(b, s.run_batch(b))
-                if hooks.PROFILER is not None:
-                    hooks.PROFILER.recorder.flush()
+                p = hooks.profiler()
+                if p is not None:
+                    p.recorder.flush()
         return big, small, draft, timed(pipeline, reps=3)
 
     bare = workload()
-    p = Profiler(CtxProfConfig())
-    inst = CtxProfInstrumentor()
-    hooks.PROFILER, hooks.INSTRUMENTOR = p, inst
     M = __name__
-    inst.instrument([Target(f"{M}.{x}", h) for x, h in (
+    session = CtxProfSession(CtxProfConfig(), targets=[Target(f"{M}.{x}", h) for x, h in (
         ("_Sched.run_batch", "run_batch"), ("_Sched.process_batch_result", "process_batch_result"),
         ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"),
-        ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], hooks.HOOKS)
-    try:
-        from sglang_ctxprof.views import exporters as sinks  # the OTel/log/metric sinks the plugin installs (if present)
-
-        sinks.install(p)
-    except ImportError:
-        pass
+        ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], exporters=_exporters)
+    session.instrument()
     try:
         on = workload()
     finally:
-        inst.uninstrument()
-        p.recorder.stop()
-        hooks.PROFILER = hooks.INSTRUMENTOR = None
+        session.uninstrument()
     return {
         "block_hook_us": (on[0] - bare[0]) / (2 * n_calls),  # attention or MoE call inside verify
         "step_fixed_us": (on[1] - bare[1]) / n_steps,  # run_batch, span, draft + verify phases, record

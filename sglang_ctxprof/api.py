@@ -1,9 +1,12 @@
 """Public API for custom speculative workers: ``with sglang_ctxprof.phase("draft"): ...``.
 
-When profiling is off, or no step is being recorded, ``phase()`` returns a shared no-op context
-manager (no allocation, no clock read).  Inside a recorded step it times the block on the step's
-clock as the named phase; the generic hooks give way to it (the outermost occurrence of a phase
-wins, so a declared ``verify`` and the generic verify hook never double-count).
+When profiling is off, disabled after a failure of ours, or no step is being recorded,
+``phase()`` returns a shared no-op context manager (no allocation, no clock read).  Inside a
+recorded step it times the block as the named phase through the same guarded mark pair the hooks
+use (``collect.hooks.enter``/``leave``): a failure of our clock disables the ``hooks`` component and
+never raises into the caller's worker.  The generic hooks give way to it (the outermost
+occurrence of a phase wins, so a declared ``verify`` and the generic verify hook never
+double-count).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from .collect import hooks
 from .model.names import DECLARABLE_PHASES
 
 _NULL = contextlib.nullcontext()
@@ -19,10 +23,8 @@ _NULL = contextlib.nullcontext()
 def phase(name: str) -> Any:
     if name not in DECLARABLE_PHASES:
         raise ValueError(f"unknown phase {name!r}; declare one of {sorted(DECLARABLE_PHASES)}")
-    from .collect import hooks
-
-    p = hooks.PROFILER
-    if p is None or not p.active:
+    p = hooks.profiler()
+    if p is None or not p.active or not p.guard.ok("hooks"):
         return _NULL
     b = p.current()
     if b is None or b.in_phase(name):
@@ -32,10 +34,9 @@ def phase(name: str) -> Any:
 
 @contextlib.contextmanager
 def _timed(p: Any, b: Any, name: str) -> Iterator[None]:
-    t0 = p.clock.mark()
-    b.open.append(name)
+    t0 = hooks.enter(p, b, hooks.PHASE, name)
     try:
         yield
     finally:
-        b.open.pop()
-        b.add(name, t0, p.clock.mark())
+        if t0 is not None:
+            hooks.leave(p, b, hooks.PHASE, name, t0)

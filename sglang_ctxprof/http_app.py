@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from sglang.srt.entrypoints.http_server import app
 
-from .views.http import install_routes
+from .plugin import install_http_routes
 
-install_routes(app)
+install_http_routes(app)
 
 __all__ = ["app"]

@@ -59,8 +59,6 @@ def process_role() -> str:
 
 
 def _register() -> None:
-    if os.environ.get(names.ENV_SELFCHECK):
-        _start_selfcheck(os.environ[names.ENV_SELFCHECK])
     if not flag_requested():
         if help_requested() and process_role() == "main":
             _register_cli_hooks()  # only so that `--help` lists --enable-ctx-profile
@@ -84,11 +82,20 @@ def _register() -> None:
         os.environ[names.ENV_ENABLE] = "1"
         # multi-tokenizer HTTP workers import the app by path (0.5.23, or the multi-tokenizer-app-path patch)
         os.environ.setdefault(names.ENV_SGLANG_APP_PATH, names.HTTP_APP_PATH)
-        from .views.http import install_routes
-
-        install_routes()
+        install_http_routes()
     elif role == "scheduler":
         install_scheduler()
+
+
+def install_http_routes(app=None) -> None:
+    """HTTP process: the ``/ctx_profile`` routes on SGLang's app, reaching the schedulers through
+    a control client built on the adapter's SGLang seams."""
+    from .control.client import ControlClient
+    from .views.http import install_routes
+
+    if app is None:
+        app = adapter.http_app()
+    install_routes(app, ControlClient(adapter.tokenizer_manager, adapter.make_control_request))
 
 
 def _register_cli_hooks() -> None:
@@ -120,10 +127,10 @@ def _keep_flag(result, *args, **kwargs):
 
 
 def install_scheduler() -> None:
-    from .collect.instrumentor import CtxProfInstrumentor
-    from .collect.profiler import Profiler
+    """Scheduler process: one :class:`CtxProfSession` instruments SGLang, with the exporters."""
+    from .collect.session import CtxProfSession
 
-    if hooks.PROFILER is not None:
+    if hooks.SESSION is not None:
         return
     version = adapter.sglang_version()
     why = adapter.support_message(version)
@@ -131,14 +138,8 @@ def install_scheduler() -> None:
         logger.warning("sglang-ctxprof: %s", why)
     for limit in adapter.release_limits(version):
         logger.info("sglang-ctxprof: on SGLang %s: %s", version, limit)
-    cfg = CtxProfConfig.from_env()
-    hooks.PROFILER = Profiler(cfg)
-    from .views.exporters import install as install_sinks  # issue 4: OTel spans, structlog events, metrics
-
-    install_sinks(hooks.PROFILER)
-    hooks.INSTRUMENTOR = CtxProfInstrumentor()
-    hooks.INSTRUMENTOR.instrument(adapter.TARGETS, hooks.HOOKS, adapter.SIGNATURES, groups=["control"])
-    report = instrument_timing()
+    session = CtxProfSession(CtxProfConfig.from_env(), exporters=_exporters)
+    report = session.instrument()
     ok = sum(1 for v in report.values() if v == "ok")
     bad = {k: v for k, v in report.items() if v != "ok"}
     logger.info("sglang-ctxprof: profiling on in pid %d (sglang %s): %d hooks installed; not hooked: %s",
@@ -146,38 +147,11 @@ def install_scheduler() -> None:
                                                     for k in bad) or "none")
 
 
-def instrument_timing() -> dict[str, str]:
-    report = hooks.INSTRUMENTOR.instrument(adapter.TARGETS, hooks.HOOKS, adapter.SIGNATURES, groups=["timing"])
-    if hooks.PROFILER is not None:
-        hooks.PROFILER.hook_report = {k: v for k, v in report.items()}
-    return report
+def _exporters(profiler):
+    """The session's exporter factory: OTel spans, structlog events and live Prometheus metrics."""
+    from .views.exporters import install
 
+    def metrics_enabled() -> bool:
+        return adapter.metrics_enabled(getattr(profiler.scheduler, "server_args", None))
 
-def _start_selfcheck(directory: str) -> None:
-    """Test aid (``SGLANG_CTXPROF_SELFCHECK=<dir>``): a scheduler process periodically writes which
-    hook targets carry our wrapper marker, so a test can prove "flag off installs nothing" from
-    inside the real scheduler.  Does nothing in other processes and nothing without the variable."""
-    if process_role() != "scheduler":
-        return
-    import json
-    import threading
-    import time
-
-    from .collect.instrumentor import is_wrapper, resolve
-
-    def loop() -> None:
-        while True:
-            time.sleep(2.0)
-            report = {}
-            for t in adapter.TARGETS:
-                try:
-                    report[t.path] = bool(is_wrapper(resolve(t.path)[2]))
-                except Exception:  # noqa: BLE001
-                    report[t.path] = None
-            os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".selfcheck-{os.getpid()}.tmp")
-            with open(tmp, "w") as f:
-                json.dump({"pid": os.getpid(), "wrapped": report, "profiler": hooks.PROFILER is not None}, f)
-            os.replace(tmp, os.path.join(directory, f"selfcheck-{os.getpid()}.json"))
-
-    threading.Thread(target=loop, name="ctxprof-selfcheck", daemon=True).start()
+    return install(profiler, metrics_enabled=metrics_enabled)

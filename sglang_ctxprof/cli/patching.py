@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-PATCH_DIR = Path(__file__).resolve().parent / "data" / "patches"
+PATCH_DIR = Path(__file__).resolve().parents[1] / "data" / "patches"
 
 APPLIED, NOT_APPLIED, CONFLICT = "applied", "not applied", "does not apply"
 

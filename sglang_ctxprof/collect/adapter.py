@@ -338,6 +338,20 @@ def control_rid(recv_req: Any) -> Optional[str]:
     return rid if isinstance(rid, str) else None
 
 
+def http_app() -> Any:
+    """SGLang's FastAPI app (HTTP process)."""
+    from sglang.srt.entrypoints.http_server import app
+
+    return app
+
+
+def tokenizer_manager() -> Any:
+    """The HTTP process's tokenizer manager, which carries control requests to the schedulers."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    return get_global_state().tokenizer_manager
+
+
 def make_control_request(rid: str) -> Any:
     from sglang.srt.managers.io_struct import GetInternalStateReq
 

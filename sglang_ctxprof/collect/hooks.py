@@ -1,12 +1,16 @@
 """Thin hook functions.  Each calls SGLang's original exactly once, outside any guard.
 
 Our own work before and after the original runs inside ``try`` blocks that report to the
-profiler's :class:`~sglang_ctxprof.model.guard.Guard`; a failure disables the ``hooks`` component and
-SGLang continues as if we were not there.  Nothing here synchronizes a device or reads a GPU
+profiler's :class:`~sglang_ctxprof.model.guard.Guard`; a failure disables the ``hooks`` component
+and SGLang continues as if we were not there.  Nothing here synchronizes a device or reads a GPU
 tensor: marks come from the profiler's clock, and results are read in ``process_batch_result``
 after SGLang's own ``copy_done.synchronize()``.
 
-``PROFILER`` is set by the plugin in the scheduler process only; ``None`` means off.
+``SESSION`` is the one handle: the process's
+:class:`~sglang_ctxprof.collect.session.CtxProfSession`, set and cleared only by its
+``instrument()``/``uninstrument()``; ``None`` means off.  Every timed region (the step span, the
+phases, the attention/MoE regions, and ``sglang_ctxprof.phase()`` blocks) goes through one guarded
+mark -> call -> mark pair: :func:`enter` and :func:`leave`.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional
 
-from . import adapter
 from ..model.names import Phase
+from ..control.protocol import is_control_rid
+from . import adapter
 
-PROFILER: Optional[Any] = None  # runtime.Profiler, set by plugin.install_scheduler()
-INSTRUMENTOR: Optional[Any] = None
+SESSION: Optional[Any] = None  # the CtxProfSession of this process (set only by it)
 
 _VERIFY = Phase.VERIFY.value
+
+# What a timed region writes into the step: the step span, a phase, or a region inside verify.
+SPAN, PHASE, SUB = 0, 1, 2
 
 
 def _never() -> bool:
@@ -28,23 +35,78 @@ def _never() -> bool:
 
 
 # Block hooks step aside while torch.compile traces (dynamo folds this check to a constant), so a
-# compiled region never contains our Python.  torch is already loaded wherever SGLang runs.
-_torch = sys.modules.get("torch")
-IS_COMPILING = getattr(getattr(_torch, "compiler", None), "is_compiling", None) or _never
+# compiled region never contains our Python.  Resolved when a session instruments (torch is loaded
+# by then wherever SGLang runs), not at import, so import order does not matter.
+IS_COMPILING = _never
+
+
+def resolve_compiling() -> None:
+    global IS_COMPILING
+    torch = sys.modules.get("torch")
+    IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
+
+
+def profiler() -> Any:
+    """The profiler behind the handle, or None when no session is instrumented."""
+    s = SESSION
+    return s.profiler if s is not None else None
 
 
 def _fail(p: Any, exc: BaseException) -> None:
     p.guard.fail("hooks", exc)
 
 
+def enter(p: Any, b: Any, kind: int, name: str) -> Optional[Any]:
+    """Open a timed region of step ``b``: its start mark, or None if our code failed (guarded)."""
+    try:
+        t0 = p.clock.mark()
+        if kind == PHASE:
+            b.open.append(name)
+        elif kind == SUB:
+            b.sub_depth += 1
+        return t0
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+        return None
+
+
+def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
+    """Close the region opened by :func:`enter` (guarded)."""
+    try:
+        t1 = p.clock.mark()
+        if kind == SPAN:
+            b.span = (t0, t1)
+            return
+        if kind == PHASE:
+            b.open.pop()
+        else:
+            b.sub_depth -= 1
+        b.add(name, t0, t1)
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+
+
+def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+    t0 = enter(p, b, kind, name)
+    if t0 is None:
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        leave(p, b, kind, name, t0)
+
+
 def run_batch(original, self, batch, *args, **kwargs):
-    p = PROFILER
+    s = SESSION
+    p = s.profiler if s is not None else None
     b = None
     if p is not None and p.active and p.guard.ok("hooks"):
         try:
             b = p.begin_step(self, batch)
             if b is not None and p.wrapped_worker is not getattr(self, "model_worker", None):
-                _wrap_worker(p, self)
+                worker = getattr(self, "model_worker", None)
+                if worker is not None:
+                    s.wrap_worker(worker)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
             b = None
@@ -58,37 +120,17 @@ def run_batch(original, self, batch, *args, **kwargs):
                 _fail(p, exc)
 
 
-def _wrap_worker(p: Any, scheduler: Any) -> None:
-    """Wrap the worker's forward_batch_generation once (not every step); the runtime toggle's
-    ``uninstrument`` removes the wrapper and clears ``p.wrapped_worker`` so it is re-applied."""
-    worker = getattr(scheduler, "model_worker", None)
-    if worker is not None and INSTRUMENTOR is not None:
-        INSTRUMENTOR.wrap_instance(worker, "forward_batch_generation", step_span)
-        p.wrapped_worker = worker
-
-
 def step_span(original, *args, **kwargs):
     """Instance wrapper of the (speculative) worker's forward_batch_generation: the step span."""
-    p = PROFILER
+    p = profiler()
     b = p.current() if p is not None else None
     if b is None or b.span is not None:
         return original(*args, **kwargs)
-    try:
-        t0 = p.clock.mark()
-    except Exception as exc:  # noqa: BLE001
-        _fail(p, exc)
-        return original(*args, **kwargs)
-    try:
-        return original(*args, **kwargs)
-    finally:
-        try:
-            b.span = (t0, p.clock.mark())
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
+    return _around(p, b, SPAN, "", original, args, kwargs)
 
 
 def process_batch_result(original, self, batch, result, *args, **kwargs):
-    p = PROFILER
+    p = profiler()
     b = None
     if p is not None and p.guard.ok("hooks") and p.pending:
         try:
@@ -107,24 +149,11 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
 
 def _timed(name: str, original, args, kwargs):
     """Time ``original`` as phase ``name`` of the current step (outermost occurrence wins)."""
-    p = PROFILER
+    p = profiler()
     b = p.current() if p is not None else None
     if b is None or b.in_phase(name):
         return original(*args, **kwargs)
-    try:
-        t0 = p.clock.mark()
-        b.open.append(name)
-    except Exception as exc:  # noqa: BLE001
-        _fail(p, exc)
-        return original(*args, **kwargs)
-    try:
-        return original(*args, **kwargs)
-    finally:
-        try:
-            b.open.pop()
-            b.add(name, t0, p.clock.mark())
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
+    return _around(p, b, PHASE, name, original, args, kwargs)
 
 
 def draft(original, *args, **kwargs):
@@ -144,30 +173,17 @@ def verify(original, *args, **kwargs):
 def _sub(name: str, original, args, kwargs):
     """Attention / MoE regions inside verify; only the outermost region of a call counts.
 
-    During CUDA-graph capture the region gets an external event pair instead (graph_timing)."""
-    p = PROFILER
+    During CUDA-graph capture the region gets an external event pair instead (graph_clock)."""
+    p = profiler()
     if p is None or IS_COMPILING():
         return original(*args, **kwargs)
     g = p.graph
-    if g is not None and g._capture_key is not None and g.capturing():
+    if g is not None and g.capturing():
         return g.region(name, original, args, kwargs)
     b = p.current()
     if b is None or b.sub_depth or not b.in_phase(_VERIFY):
         return original(*args, **kwargs)
-    try:
-        t0 = p.clock.mark()
-        b.sub_depth += 1
-    except Exception as exc:  # noqa: BLE001
-        _fail(p, exc)
-        return original(*args, **kwargs)
-    try:
-        return original(*args, **kwargs)
-    finally:
-        try:
-            b.sub_depth -= 1
-            b.add(name, t0, p.clock.mark())
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
+    return _around(p, b, SUB, name, original, args, kwargs)
 
 
 def attn(original, *args, **kwargs):
@@ -184,7 +200,7 @@ def _graph(p: Any) -> Any:
 
 def graph_capture(original, self, shape_key, *args, **kwargs):
     """AROUND a graph backend's capture_one: key the external events of this graph."""
-    p = PROFILER
+    p = profiler()
     g = p.ensure_graph() if p is not None and p.guard.ok("hooks") else None
     key = None
     if g is not None:
@@ -192,7 +208,7 @@ def graph_capture(original, self, shape_key, *args, **kwargs):
             key = adapter.graph_key(self, shape_key)
             g.capture_begin(key)
         except Exception as exc:  # noqa: BLE001
-            _fail(PROFILER, exc)
+            _fail(p, exc)
             key = None
     try:
         return original(self, shape_key, *args, **kwargs)
@@ -201,12 +217,12 @@ def graph_capture(original, self, shape_key, *args, **kwargs):
             try:
                 g.capture_end(key)
             except Exception as exc:  # noqa: BLE001
-                _fail(PROFILER, exc)
+                _fail(p, exc)
 
 
 def graph_replay(original, self, shape_key, *args, **kwargs):
     """BEFORE a graph replay: attach its events to a sampled verify step, else mark the split unknown."""
-    p = PROFILER
+    p = profiler()
     g = _graph(p)
     if g is not None:
         try:
@@ -222,13 +238,14 @@ def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
     out = original(self, batch, last_batch, *args, **kwargs)
     if out:
         return out
-    g = _graph(PROFILER)
+    p = profiler()
+    g = _graph(p)
     if g is not None:
         try:
             if g.hold_overlap(adapter.batch_step_id(last_batch)):
                 return True
         except Exception as exc:  # noqa: BLE001
-            _fail(PROFILER, exc)
+            _fail(p, exc)
     return out
 
 
@@ -238,7 +255,7 @@ def graph_eager_fallback(original, self, *args, **kwargs):
     out = original(self, *args, **kwargs)
     if not out:
         return out
-    p = PROFILER
+    p = profiler()
     g = _graph(p)
     if g is not None:
         try:
@@ -252,13 +269,10 @@ def graph_eager_fallback(original, self, *args, **kwargs):
 def control(original, self, recv_req, *args, **kwargs):
     """Answer our own control requests on SGLang's GetInternalStateReq channel; pass others on."""
     rid = adapter.control_rid(recv_req)
-    from ..model.names import CONTROL_RID_PREFIX
-
-    if rid is None or not rid.startswith(CONTROL_RID_PREFIX):
+    s = SESSION
+    if s is None or not is_control_rid(rid):
         return original(self, recv_req, *args, **kwargs)
-    from ..control.handler import handle
-
-    return adapter.make_control_reply(handle(rid, self))
+    return adapter.make_control_reply(s.handle_control(rid, self))
 
 
 HOOKS = {

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 from . import adapter
-from ..aggregate.aggregator import Aggregator, summarize
+from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
 from ..model.names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
 from ..model.records import StepRecord
@@ -59,6 +59,7 @@ class Profiler:
         self.scheduler = None
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
+        self.sinks: Any = None  # views.exporters.Sinks, built by the session's exporter factory
         self.graph: Any = None  # graph_timing.GraphTimer on CUDA
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
@@ -95,7 +96,6 @@ class Profiler:
         return getattr(self.tls, "step", None)
 
     def begin_step(self, scheduler: Any, batch: Any) -> Optional[StepBuilder]:
-        self.guard.check_fault("hooks")
         self.bind(scheduler)
         kind = adapter.batch_kind(batch)
         if kind is None:
@@ -115,6 +115,11 @@ class Profiler:
             _, old = self.pending.popitem(last=False)
             release(old, self.clock)
             self.pending_evicted += 1
+
+    def drop_pending(self) -> None:
+        """Forget the steps still waiting for their results (the runtime toggle turned off)."""
+        while self.pending:
+            release(self.pending.popitem(last=False)[1], self.clock)
 
     def before_result(self, batch: Any) -> Optional[StepBuilder]:
         b = self.pending.get(adapter.step_id(batch))
@@ -220,7 +225,7 @@ class Profiler:
             "unresolved": self.unresolved,
             "degraded": self.guard.status(),
             "hooks": self.hook_report,
-            "exporters": self.sinks.status() if getattr(self, "sinks", None) is not None else None,
+            "exporters": self.sinks.status() if self.sinks is not None else None,
         }
 
     def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
@@ -231,6 +236,3 @@ class Profiler:
 
     def reset(self) -> None:
         self.recorder.with_aggregator(lambda a: a.reset())
-
-    def summary(self) -> dict[str, Any]:
-        return summarize(self.state()["state"])

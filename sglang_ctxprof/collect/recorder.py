@@ -61,20 +61,11 @@ class Recorder:
                 self._consume(rec)
 
     def _consume(self, rec: StepRecord) -> None:
-        self.guard.run("recorder", self.guard.check_fault, "recorder")
-        if self.guard.ok("aggregator"):
-            self.guard.run("aggregator", self._observe, rec)
+        if not self.guard.ok("recorder"):
+            return
+        self.guard.run("aggregator", self.aggregator.observe, rec)
         for name, sink in self.sinks:
-            if self.guard.ok(name):
-                self.guard.run(name, self._sink, name, sink, rec)
-
-    def _sink(self, name: str, sink: Sink, rec: StepRecord) -> None:
-        self.guard.check_fault(name)
-        sink(rec)
-
-    def _observe(self, rec: StepRecord) -> None:
-        self.guard.check_fault("aggregator")
-        self.aggregator.observe(rec)
+            self.guard.run(name, sink, rec)
 
     def flush(self) -> None:
         with self._lock:

@@ -1,49 +1,32 @@
 """Scheduler-side handler of ctxprof control requests.
 
-Requests arrive on SGLang's own control channel as ``GetInternalStateReq(rid="__ctx_profile__:{json}")``
-(see ``hooks.control``); the JSON carries ``cmd`` and its arguments.  The reply is a msgpack-safe
-dict (str keys, builtins only) under ``internal_state["ctx_profile"]``.  A failure here never
-raises into SGLang: the tokenizer manager is waiting for exactly one reply per rank, so we always
-answer, with ``{"error": ...}`` if need be.
+A request arrives on SGLang's own control channel (``GetInternalStateReq`` with a control rid, see
+``control.protocol``); the ``control`` hook passes it here with the scheduler and the process's
+:class:`~sglang_ctxprof.collect.session.CtxProfSession`.  The handler imports neither: it reads the
+session's ``profiler`` and calls its ``enable()``/``disable()``.  A failure here never raises into
+SGLang: the tokenizer manager waits for exactly one reply per rank, so we always answer, with
+``{"error": ...}`` if need be.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N or one ``rid``), and the test-only ``fault`` switch.
+``requests`` (``slowest`` N or one ``rid``), ``trace_policy``, and the test-only ``fault`` switch.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
-from ..collect import hooks
-from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CONTROL_KEY, CONTROL_RID_PREFIX)
+from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_REQUESTS, CMD_RESET, CMD_SNAPSHOT,
+                           CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY)
+from .protocol import decode
 
 logger = logging.getLogger(__name__)
 
-CMD_REQUESTS = "requests"
-CMD_TRACE_POLICY = "trace_policy"  # issue 4: names.CMD_TRACE_POLICY
-CMD_FAULT = "fault"  # test only: see safety.Guard.set_fault
 
-
-def encode(cmd: str, **args: Any) -> str:
-    return CONTROL_RID_PREFIX + ":" + json.dumps({"cmd": cmd, **args}, separators=(",", ":"))
-
-
-def decode(rid: str) -> dict[str, Any]:
-    body = rid[len(CONTROL_RID_PREFIX):].lstrip(":")
-    if not body:
-        return {"cmd": CMD_SNAPSHOT}
-    d = json.loads(body)
-    if not isinstance(d, dict) or "cmd" not in d:
-        raise ValueError("control request without a cmd")
-    return d
-
-
-def handle(rid: str, scheduler: Any) -> dict[str, Any]:
+def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
     """Answer one control request.  A failure of ours marks the ``control`` component degraded
     (one warning with traceback, via the guard) and is answered as ``{"error", "degraded"}``."""
-    p = hooks.PROFILER
+    p = getattr(session, "profiler", None)
     try:
         req = decode(rid)
         if req.get("cmd") == CMD_FAULT:
@@ -51,7 +34,8 @@ def handle(rid: str, scheduler: Any) -> dict[str, Any]:
         if p is not None and not p.guard.ok("control"):
             return {CONTROL_KEY: {"error": "ctx profiler control disabled after a failure",
                                   "degraded": p.guard.status()}}
-        return {CONTROL_KEY: _handle(req, scheduler)}
+        return {CONTROL_KEY: p.guard.run("control", _handle, req, scheduler, session) if p is not None
+                else {"error": "ctx profiler is not installed in this scheduler"}}
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
         if p is None:
             logger.warning("sglang-ctxprof: control request failed: %r", exc)
@@ -71,14 +55,11 @@ def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"status": p.status()}
 
 
-def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
-    p = hooks.PROFILER
-    if p is None:
-        return {"error": "ctx profiler is not installed in this scheduler"}
-    p.bind(scheduler)
-    p.guard.check_fault("control")
+def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]:
+    p = session.profiler
     cmd = req["cmd"]
     if cmd == CMD_SNAPSHOT:
+        p.bind(scheduler)
         return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
     if cmd == CMD_STATUS:
         return {"status": p.status()}
@@ -86,10 +67,10 @@ def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
         p.reset()
         return {"status": p.status(), "reset": True}
     if cmd == CMD_ENABLE:
-        _set_active(p, True)
+        session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
-        _set_active(p, False)
+        session.disable()
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:
         return _requests(p, req)
@@ -99,8 +80,8 @@ def _handle(req: dict[str, Any], scheduler: Any) -> dict[str, Any]:
 
 
 def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
-    """Read (no ``set``) or change the tail-sampling policy (issue 4); bad values answer an error."""
-    sinks = getattr(p, "sinks", None)
+    """Read (no ``set``) or change the tail-sampling policy; bad values answer an error."""
+    sinks = p.sinks
     if sinks is None:
         return {"error": "tracing sinks are not installed in this scheduler"}
     if req.get("set"):
@@ -118,18 +99,3 @@ def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     n = int(req.get("slowest", 10))
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))
     return {"requests": rows}
-
-
-def _set_active(p: Any, on: bool) -> None:
-    """Runtime toggle: off removes every timing hook (so off costs nothing), on re-installs them."""
-    from .. import plugin
-
-    if on and not p.active:
-        plugin.instrument_timing()
-        p.active = True
-    elif not on and p.active:
-        p.active = False
-        if hooks.INSTRUMENTOR is not None:
-            hooks.INSTRUMENTOR.uninstrument(groups=["timing"])
-        p.wrapped_worker = None
-        p.pending.clear()

@@ -5,10 +5,14 @@ Each component (``hooks``, ``recorder``, ``aggregator``, ``exporter``, ``http``)
 with the traceback (never one per step) and is reported as ``degraded`` in ``/ctx_profile``.
 SGLang's own calls never run inside a guard, so its exceptions and return values pass untouched.
 
-``SGLANG_CTXPROF_FAULT=<component>`` (test only) makes :meth:`Guard.check_fault` raise inside that
-component, so tests can prove the isolation on a real server.  ``SGLANG_CTXPROF_FAULT=runtime``
-breaks nothing at start but lets a test pick the component later (:meth:`Guard.set_fault`, reached
-through the test-only ``POST /ctx_profile/fault`` route), so one server can prove every component.
+Every component asks :meth:`Guard.ok` before its work (or runs it through :meth:`Guard.run`,
+which asks), and that is the only place a fault plan is checked: call sites never mention it.
+``SGLANG_CTXPROF_FAULT=<component>`` (test only) makes that component fail at its first check,
+with an :class:`InjectedFault` and its traceback, so tests can prove the isolation on a real
+server.  ``SGLANG_CTXPROF_FAULT=runtime`` breaks nothing at start but lets a test pick the
+component later (:meth:`Guard.set_fault`, reached through the test-only ``POST /ctx_profile/fault``
+route), so one server can prove every component.  Without a plan at start ``ok`` is the plain
+membership test: the plan costs nothing in production.
 """
 
 from __future__ import annotations
@@ -34,13 +38,20 @@ class Guard:
         self.disabled: dict[str, str] = {}
         self.fault = fault
         self.switchable = fault == FAULT_RUNTIME
+        if fault:  # a fault plan was set at start: only then does ok() look at it
+            self.ok = self._ok_or_inject  # type: ignore[method-assign]
 
     def ok(self, component: str) -> bool:
+        """May ``component`` do its work?  False once it has failed."""
         return component not in self.disabled
 
-    def check_fault(self, component: str) -> None:
-        if self.fault == component:
-            raise InjectedFault(f"injected fault in {component} (SGLANG_CTXPROF_FAULT)")
+    def _ok_or_inject(self, component: str) -> bool:
+        if self.fault == component and component not in self.disabled:
+            try:
+                raise InjectedFault(f"injected fault in {component} (SGLANG_CTXPROF_FAULT)")
+            except InjectedFault as exc:
+                self.fail(component, exc)
+        return component not in self.disabled
 
     def set_fault(self, component: str) -> None:
         """Test-only runtime switch: break ``component`` from now on ("" heals and re-enables all)."""
@@ -64,7 +75,7 @@ class Guard:
 
     def run(self, component: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run our code ``fn``; on failure disable ``component`` and return None."""
-        if component in self.disabled:
+        if not self.ok(component):
             return None
         try:
             return fn(*args, **kwargs)

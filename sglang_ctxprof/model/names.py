@@ -85,7 +85,6 @@ ENV_REQUEST_RING = "SGLANG_CTXPROF_REQUEST_RING"
 ENV_STEP_RING = "SGLANG_CTXPROF_STEP_RING"
 ENV_TRACE = "SGLANG_CTXPROF_TRACE"
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
-ENV_SELFCHECK = "SGLANG_CTXPROF_SELFCHECK"  # test-only: scheduler writes its hook report to this dir
 
 # ---- CLI flag ---------------------------------------------------------------------------------
 CLI_FLAG = "--enable-ctx-profile"
@@ -99,6 +98,9 @@ CMD_RESET = "reset"
 CMD_ENABLE = "enable"
 CMD_DISABLE = "disable"
 CMD_STATUS = "status"
+CMD_REQUESTS = "requests"  # the slowest N requests, or one by rid, with their steps
+CMD_TRACE_POLICY = "trace_policy"  # read or change the tail-sampling policy
+CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAULT=runtime at start)
 CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
 
 # ---- HTTP routes --------------------------------------------------------------------------------
@@ -165,8 +167,7 @@ ENV_LOG_LEVEL = "SGLANG_CTXPROF_LOG_LEVEL"  # debug | info | warning
 ENV_LOG_SUMMARY_S = "SGLANG_CTXPROF_LOG_SUMMARY_S"
 ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
 LOGGER_NAME = "sglang_ctxprof.events"
-# control command + route to read / change the trace policy at run time.
-CMD_TRACE_POLICY = "trace_policy"
+# route to read / change the trace policy at run time.
 ROUTE_TRACE_POLICY = "/ctx_profile/trace_policy"
 
 # ---- issue 5: GPU timing (CUDA-graph block split, roofline) -----------------------------------

@@ -21,7 +21,6 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
-from ..collect import adapter
 from ..model import names
 from ..model.records import StepRecord
 from ..aggregate.requests import RequestLog
@@ -154,8 +153,12 @@ class Sinks:
             self.otel.shutdown()
 
 
-def build(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Sinks:
-    """Sinks for one scheduler's Profiler, from the environment (bad values raise ValueError)."""
+def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
+          metrics_enabled: Callable[[], bool] = lambda: False) -> Sinks:
+    """Sinks for one scheduler's Profiler, from the environment (bad values raise ValueError).
+
+    ``metrics_enabled`` says whether SGLang runs with ``--enable-metrics`` (asked on first need,
+    since the server arguments are known only once the profiler is bound)."""
     env = os.environ if env is None else env
     policy = TracePolicy.from_env(env)
     logs = None
@@ -173,25 +176,23 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Sinks:
         r = getattr(profiler, "rank", None)
         return r is None or r.tp == 0
 
-    def metrics_on() -> bool:
-        return adapter.metrics_enabled(getattr(getattr(profiler, "scheduler", None), "server_args", None))
-
     s = Sinks(profiler.config.bucketing(), policy, env=env, logs=logs, primary=primary,
-              metrics_enabled=metrics_on, max_open=_int_env(env, names.ENV_TRACE_MAX_OPEN, 4096))
+              metrics_enabled=metrics_enabled, max_open=_int_env(env, names.ENV_TRACE_MAX_OPEN, 4096))
     sinks_ref.append(s)
     if logs is not None:
         logs.start()
     return s
 
 
-def install(profiler: Any, env: Optional[Mapping[str, str]] = None) -> Optional[Sinks]:
-    """Build the sinks and register them on ``profiler.recorder``; never raises into SGLang."""
+def install(profiler: Any, env: Optional[Mapping[str, str]] = None,
+            metrics_enabled: Callable[[], bool] = lambda: False) -> Optional[Sinks]:
+    """Build the sinks and register them on ``profiler.recorder``; never raises into SGLang.
+    Returns them (the session keeps them as ``profiler.sinks``), or None."""
     try:
-        s = build(profiler, env)
+        s = build(profiler, env, metrics_enabled)
     except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the profiler
         logger.warning("sglang-ctxprof: tracing sinks not installed: %s", exc)
         return None
-    profiler.sinks = s
     profiler.recorder.sinks.extend(s.entries())
     return s
 

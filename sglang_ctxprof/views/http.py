@@ -32,7 +32,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..control import handler as control
 from ..model import names
 from ..aggregate.aggregator import merge_states, summarize
 from ..model.guard import COMPONENTS, Guard
@@ -70,7 +69,6 @@ def _guarded(handler):
         if not g.ok("http"):
             return _error(503, "ctx profile endpoint disabled after a failure", degraded=[g.status()])
         try:
-            g.check_fault("http")
             return await handler(request)
         except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
             g.fail("http", exc)
@@ -79,20 +77,12 @@ def _guarded(handler):
     return endpoint
 
 
+_CLIENT: Any = None  # control.client.ControlClient, given by install_routes
+
+
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
     """Send one control command to every DP group and return their ctx_profile payloads."""
-    from sglang.srt.entrypoints.http_server import get_global_state
-
-    from ..collect.adapter import make_control_request
-
-    tm = get_global_state().tokenizer_manager
-    tm.auto_create_handle_loop()
-    outs = await tm.get_internal_state_communicator(make_control_request(control.encode(cmd, **args)))
-    payloads = []
-    for o in outs:
-        st = getattr(o, "internal_state", None) or {}
-        payloads.append(st.get(names.CONTROL_KEY) or {"error": "ctx profiler not active in this scheduler"})
-    return payloads
+    return await _CLIENT.ask(cmd, **args)
 
 
 def build_profile(payloads: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,7 +183,7 @@ async def get_requests(request: Request):
         return _error(400, f"slowest must be an integer, got {raw!r}")
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
-    payloads = await _ask(control.CMD_REQUESTS, slowest=n)
+    payloads = await _ask(names.CMD_REQUESTS, slowest=n)
     rows = [r for p in payloads for r in p.get("requests", [])]
     rows.sort(key=lambda r: r.get("decode_tok_s", 0.0))
     return {"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]}
@@ -203,7 +193,7 @@ async def get_request(request: Request):
     rid = request.path_params.get("rid", "")
     if not _RID_RE.match(rid):
         return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-    payloads = await _ask(control.CMD_REQUESTS, rid=rid)
+    payloads = await _ask(names.CMD_REQUESTS, rid=rid)
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:
         errors = [p["error"] for p in payloads if "error" in p]
@@ -224,7 +214,7 @@ async def post_fault(request: Request):
         return _error(400, f'body must be {{"component": one of {", ".join(COMPONENTS)} or ""}}')
     g = guard()
     g.set_fault("http" if comp == "http" else "")
-    ranks = await _ask(control.CMD_FAULT, component="" if comp == "http" else comp)
+    ranks = await _ask(names.CMD_FAULT, component="" if comp == "http" else comp)
     errors = [p["error"] for p in ranks if "error" in p]
     if errors:
         return _error(503, "; ".join(errors))
@@ -243,7 +233,7 @@ async def trace_policy(request: Request):
             return _error(400, "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
         if not isinstance(changes, dict) or not changes:
             return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
-    payloads = await _ask(control.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
+    payloads = await _ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
     bad = [p["error"] for p in payloads if p.get("bad_request")]
     if bad:
         return _error(400, bad[0])
@@ -254,11 +244,12 @@ async def trace_policy(request: Request):
             "ranks": [p.get("exporters") for p in payloads]}
 
 
-def install_routes(app: Any = None) -> None:
+def install_routes(app: Any, client: Any) -> None:
+    """Add the routes to SGLang's FastAPI ``app``; ``client`` (a ControlClient) reaches the schedulers."""
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
-    if app is None:
-        from sglang.srt.entrypoints.http_server import app
+    global _CLIENT
+    _CLIENT = client
     if any(getattr(r, "path", None) == names.ROUTE for r in app.router.routes):
         return
     admin = auth_level(AuthLevel.ADMIN_OPTIONAL)

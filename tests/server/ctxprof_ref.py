@@ -15,10 +15,11 @@ import concurrent.futures as cf
 import glob
 import json
 import os
+import sys
 import tempfile
 import time
 
-from conftest import generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny
 from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args
 
@@ -62,9 +63,19 @@ def route_statuses(url: str) -> dict[str, int]:
     }
 
 
+SELFCHECK_PLUGIN = ROOT / "tests" / "plugins" / "ctxprof_selfcheck"
+
+
 def selfcheck_env() -> tuple[str, dict]:
+    """A fresh report directory, and the env that path-loads the test-only selfcheck plugin."""
     d = tempfile.mkdtemp(prefix="ctxprof-selfcheck-")
-    return d, {names.ENV_SELFCHECK: d}
+    sys.path.insert(0, str(SELFCHECK_PLUGIN))
+    try:
+        import ctxprof_selfcheck
+    finally:
+        sys.path.remove(str(SELFCHECK_PLUGIN))
+    ctxprof_selfcheck.write_dist_info(d)
+    return d, {ctxprof_selfcheck.ENV: d, "PYTHONPATH": f"{SELFCHECK_PLUGIN}:{d}"}
 
 
 def flag_off() -> dict:

@@ -51,9 +51,20 @@ def test_fault_switch_needs_runtime_mode():
     with pytest.raises(ValueError):
         g.set_fault("nope")
     g.set_fault("recorder")
-    with pytest.raises(InjectedFault):
-        g.check_fault("recorder")
-    g.check_fault("hooks")  # other components are untouched
+    assert not g.ok("recorder")  # the plan is checked at the component's own ok()
+    assert "InjectedFault" in g.status()["components"]["recorder"]
+    assert g.ok("hooks")  # other components are untouched
+    calls = []
+    assert g.run("recorder", calls.append, 1) is None and calls == []
+
+
+def test_no_fault_plan_means_the_plain_check():
+    """Without SGLANG_CTXPROF_FAULT at start, ok() is the class's plain membership test."""
+    g = Guard("")
+    assert "ok" not in vars(g) and g.ok("hooks")
+    g = Guard("hooks")
+    assert "ok" in vars(g) and not g.ok("hooks") and g.ok("recorder")
+    assert InjectedFault.__name__ in g.status()["components"]["hooks"]
 
 
 def test_guard_logs_once_and_heals(caplog):
@@ -61,7 +72,7 @@ def test_guard_logs_once_and_heals(caplog):
     g.set_fault("aggregator")
     with caplog.at_level(logging.WARNING, logger="sglang_ctxprof.model.guard"):
         for _ in range(50):
-            g.run("aggregator", g.check_fault, "aggregator")
+            g.run("aggregator", lambda: None)
     warnings = [r for r in caplog.records if "failed and is now disabled" in r.getMessage()]
     assert len(warnings) == 1 and "Traceback" in warnings[0].getMessage()
     assert "InjectedFault" in g.status()["components"]["aggregator"]

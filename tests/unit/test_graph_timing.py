@@ -19,7 +19,7 @@ from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
-from sglang_ctxprof.collect.profiler import Profiler
+from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.collect.clocks import CudaEventClock
 
 K = 4
@@ -27,12 +27,10 @@ K = 4
 
 def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True):
     dev = gf.reset(supports_external=external)
-    p = Profiler(CtxProfConfig())
-    inst = CtxProfInstrumentor()
-    monkeypatch.setattr(hooks, "PROFILER", p)
-    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
     targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC if gate or hook != "overlap_gate"]
-    assert set(inst.instrument(targets, hooks.HOOKS).values()) == {"ok"}
+    session = CtxProfSession(CtxProfConfig(), targets=targets)
+    assert set(session.instrument().values()) == {"ok"}
+    p = session.profiler
     sched = gf.Scheduler(None, device_sync=device_sync)
     p.bind(sched)
     p.clock = CudaEventClock(event_factory=lambda: gf.DEV.Event(enable_timing=True))
@@ -40,7 +38,7 @@ def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="of
     p.graph = GraphTimer(factory, lambda: gf.DEV.is_current_stream_capturing(), sample_every=K,
                          fallback=fallback, reason=reason)
     sched.model_worker = gf.Worker(use_graph=use_graph)  # model init: CUDA-graph capture happens here
-    return p, inst, sched
+    return p, session, sched
 
 
 def records(p):
@@ -52,9 +50,8 @@ def records(p):
 def cleanup():
     made = []
     yield made
-    for p, inst in made:
-        inst.uninstrument()
-        p.recorder.stop()
+    for _, session in made:
+        session.uninstrument()
 
 
 def traffic(sched, n=13):

@@ -14,6 +14,7 @@ from sglang_ctxprof.aggregate.aggregator import summarize
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, is_wrapper
 from sglang_ctxprof.collect.profiler import Profiler
+from sglang_ctxprof.testing.session import instrumented
 
 M = "fakes"
 TARGETS = (
@@ -30,16 +31,10 @@ ORIGINALS = {t.path: fakes.__dict__[t.path.split(".")[1]].__dict__[t.path.split(
 
 
 @pytest.fixture
-def prof(monkeypatch):
-    p = Profiler(CtxProfConfig())
-    inst = CtxProfInstrumentor()
-    monkeypatch.setattr(hooks, "PROFILER", p)
-    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
-    report = inst.instrument(TARGETS, hooks.HOOKS)
-    assert set(report.values()) == {"ok"}
-    yield p
-    inst.uninstrument()
-    p.recorder.stop()
+def prof():
+    with instrumented(TARGETS) as session:
+        assert set(session.instrumentor.report.values()) == {"ok"}
+        yield session.profiler
 
 
 def run_steps(n=3, sleep=0.002, reqs=None):
@@ -133,7 +128,7 @@ def test_control_passthrough_and_runtime_disable(prof, monkeypatch):
     sched = fakes.Scheduler(fakes.Worker())
     assert sched.get_internal_state(object()) == {"internal": True}
     monkeypatch.setattr("sglang_ctxprof.collect.adapter.make_control_reply", lambda payload: payload)
-    from sglang_ctxprof.control.handler import handler as control
+    from sglang_ctxprof.control import protocol as control
 
     class Req:
         rid = control.encode("status")
@@ -147,12 +142,46 @@ def test_control_passthrough_and_runtime_disable(prof, monkeypatch):
     assert "error" in sched.get_internal_state(Req())["ctx_profile"]
 
 
-def test_public_phase_api_is_noop_when_off(monkeypatch):
-    monkeypatch.setattr(hooks, "PROFILER", None)
-    with api.phase("draft"):
-        pass
+def test_public_phase_api_is_noop_without_a_session():
+    assert hooks.SESSION is None
+    assert api.phase("draft") is api._NULL  # the shared no-op: no allocation, no clock read
     with pytest.raises(ValueError, match="unknown phase"):
         api.phase("nonsense")
+
+
+def test_nothing_at_all_is_recorded_after_uninstrument():
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        run_steps(2)
+        p.recorder.flush()
+        submitted, records = p.recorder.submitted, p.aggregator.records
+        assert submitted == records == 2 and p.recorder._thread is not None
+    # the exact mirror: every original back, the handle cleared, the drain thread stopped
+    assert hooks.SESSION is None and session.profiler is None
+    for t in TARGETS:
+        owner = fakes.__dict__[t.path.split(".")[1]]
+        assert owner.__dict__[t.path.split(".")[2]] is ORIGINALS[t.path], t.path
+    assert p.recorder._thread is None
+    sched, _ = run_steps(2)
+    assert not is_wrapper(sched.model_worker.forward_batch_generation)
+    assert api.phase("draft") is api._NULL
+    assert p.recorder.submitted == submitted and p.aggregator.records == records
+
+
+def test_phase_api_is_guarded_and_stops_after_a_failure(prof):
+    sched = fakes.Scheduler(fakes.Worker())
+    b = prof.begin_step(sched, fakes.Batch([fakes.Req("a", 10)]))
+    assert b is not None and api.phase("draft") is not api._NULL
+
+    def broken():
+        raise RuntimeError("clock broke")
+
+    prof.clock.mark = broken
+    with api.phase("draft"):  # our clock fails: the custom worker's block still runs, nothing raises
+        ran = True
+    assert ran and "clock broke" in prof.guard.status()["components"]["hooks"]
+    assert api.phase("verify") is api._NULL  # hooks disabled after our failure: no more recording
+    prof.tls.step = None
 
 
 def test_overlap_order_keys_results_by_forward_iter(prof):

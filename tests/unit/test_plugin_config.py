@@ -32,7 +32,7 @@ def test_good_config_exports_the_switch(monkeypatch):
     monkeypatch.setattr(plugin, "_register_cli_hooks", lambda: None)
     monkeypatch.setattr(plugin, "_BAD_CONFIG", None)
     monkeypatch.setattr("sys.argv", ["launch_server", names.CLI_FLAG])
-    monkeypatch.setattr("sglang_ctxprof.views.http.install_routes", lambda: None)
+    monkeypatch.setattr("sglang_ctxprof.plugin.install_http_routes", lambda app=None: None)
     monkeypatch.setenv(names.ENV_ENABLE, "")  # recorded, so teardown removes what register() sets
     monkeypatch.setenv(names.ENV_SGLANG_APP_PATH, "")
     monkeypatch.delenv(names.ENV_SGLANG_APP_PATH)

@@ -20,7 +20,7 @@ from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor
-from sglang_ctxprof.collect.profiler import Profiler
+from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
 
 NOW = [10**12]
@@ -86,11 +86,9 @@ TARGETS = [Target(f"{M}.{p}", h) for p, h in (
 
 def test_cpu_clock_is_exact_against_injected_monotonic_clock(monkeypatch):
     monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
-    p = Profiler(CtxProfConfig())
-    inst = CtxProfInstrumentor()
-    monkeypatch.setattr(hooks, "PROFILER", p)
-    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
-    assert set(inst.instrument(TARGETS, hooks.HOOKS).values()) == {"ok"}
+    session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
+    assert set(session.instrument().values()) == {"ok"}
+    p = session.profiler
     try:
         s = Sched()
         for _ in range(3):
@@ -99,8 +97,7 @@ def test_cpu_clock_is_exact_against_injected_monotonic_clock(monkeypatch):
         p.recorder.flush()
         recs = list(p.aggregator.recent)
     finally:
-        inst.uninstrument()
-        p.recorder.stop()
+        session.uninstrument()
     assert len(recs) == 3 and all(r.timing == "cpu" for r in recs)
     for r in recs:
         ph = r.phases_ms
@@ -174,12 +171,10 @@ def test_parked_fifo_retry_and_overflow():
 
 def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
     monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
-    monkeypatch.setattr(hooks, "IS_COMPILING", lambda: True)
-    p = Profiler(CtxProfConfig())
-    inst = CtxProfInstrumentor()
-    monkeypatch.setattr(hooks, "PROFILER", p)
-    monkeypatch.setattr(hooks, "INSTRUMENTOR", inst)
-    inst.instrument(TARGETS, hooks.HOOKS)
+    session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
+    session.instrument()
+    p = session.profiler
+    monkeypatch.setattr(hooks, "IS_COMPILING", lambda: True)  # after instrument(), which resolves it
     try:
         s = Sched()
         b = Batch([Req("a", 50)])
@@ -187,6 +182,5 @@ def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
         p.recorder.flush()
         (r,) = list(p.aggregator.recent)
     finally:
-        inst.uninstrument()
-        p.recorder.stop()
+        session.uninstrument()
     assert r.phases_ms["verify_attn"] == 0.0 and r.phases_ms["verify_rest"] == r.phases_ms["verify"] == 7.0

@@ -1,0 +1,116 @@
+"""The one object that owns profiling in a scheduler process (OTel's ``BaseInstrumentor`` shape).
+
+:class:`CtxProfSession` builds the :class:`~sglang_ctxprof.collect.profiler.Profiler` (with its
+recorder and aggregator), the :class:`~sglang_ctxprof.collect.instrumentor.CtxProfInstrumentor`
+and, through a factory the plugin passes in, the exporters.  It is the only writer of the hooks'
+handle (``hooks.SESSION``), which ``sglang_ctxprof.phase()`` reads too.
+
+* ``instrument()`` builds everything, sets the handle, installs the ``control`` hooks (always on)
+  and then the ``timing`` hooks (``enable()``).
+* ``disable()`` / ``enable()`` are the runtime toggle: off removes every timing hook and the
+  per-worker wrapper, so off costs nothing; on puts them back.  The profiler's data is kept.
+* ``uninstrument()`` is the exact mirror of ``instrument()``: it restores every wrapper, stops the
+  recorder's drain thread and the exporters (log thread, OTel provider), and clears the handle.
+  After it nothing at all is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable, Optional
+
+from ..control.handler import handle
+from ..model.config import CtxProfConfig
+from . import hooks
+from .instrumentor import CtxProfInstrumentor
+from .profiler import Profiler
+
+logger = logging.getLogger(__name__)
+
+GROUP_CONTROL = "control"
+GROUP_TIMING = "timing"
+
+ExporterFactory = Callable[[Profiler], Optional[Any]]
+
+
+class CtxProfSession:
+    def __init__(self, config: Optional[CtxProfConfig] = None, *, targets: Optional[Iterable[Any]] = None,
+                 signatures: Optional[dict[str, tuple[str, ...]]] = None,
+                 exporters: Optional[ExporterFactory] = None) -> None:
+        from . import adapter
+
+        self.config = config if config is not None else CtxProfConfig.from_env()
+        self.targets = list(adapter.TARGETS if targets is None else targets)
+        self.signatures = adapter.SIGNATURES if signatures is None and targets is None else (signatures or {})
+        self._exporters = exporters
+        self.profiler: Optional[Profiler] = None
+        self.instrumentor: Optional[CtxProfInstrumentor] = None
+
+    @property
+    def instrumented(self) -> bool:
+        return self.profiler is not None
+
+    @property
+    def enabled(self) -> bool:
+        return self.profiler is not None and self.profiler.active
+
+    def instrument(self) -> dict[str, str]:
+        """Build the profiler and install every hook; returns the instrumentor's report (path -> ok/why)."""
+        if self.profiler is not None:
+            logger.warning("sglang-ctxprof: session already instrumented; ignoring the second call")
+            return dict(self.instrumentor.report) if self.instrumentor else {}
+        if hooks.SESSION is not None:
+            logger.warning("sglang-ctxprof: another session holds this process's hooks; not instrumenting")
+            return {}
+        p = Profiler(self.config)
+        p.active = False
+        self.profiler, self.instrumentor = p, CtxProfInstrumentor()
+        if self._exporters is not None:
+            p.sinks = self._exporters(p)
+        hooks.resolve_compiling()
+        hooks.SESSION = self
+        self.instrumentor.instrument(self.targets, hooks.HOOKS, self.signatures, groups=[GROUP_CONTROL])
+        self.enable()
+        return dict(self.instrumentor.report)
+
+    def enable(self) -> None:
+        """Install the timing hooks (again); a no-op when already on."""
+        p = self.profiler
+        if p is None or p.active:
+            return
+        report = self.instrumentor.instrument(self.targets, hooks.HOOKS, self.signatures, groups=[GROUP_TIMING])
+        p.hook_report = dict(report)
+        p.active = True
+
+    def disable(self) -> None:
+        """Remove every timing hook and the worker wrapper; recorded data stays readable."""
+        p = self.profiler
+        if p is None or not p.active:
+            return
+        p.active = False
+        self.instrumentor.uninstrument(groups=[GROUP_TIMING])
+        p.wrapped_worker = None
+        p.drop_pending()
+
+    def uninstrument(self) -> None:
+        """The mirror of :meth:`instrument`: restore SGLang, stop our threads, clear the handle."""
+        p = self.profiler
+        if p is None:
+            return
+        self.disable()
+        self.instrumentor.uninstrument()
+        if hooks.SESSION is self:
+            hooks.SESSION = None
+        p.recorder.stop()
+        if p.sinks is not None:
+            p.sinks.stop()
+        self.profiler = self.instrumentor = None
+
+    def wrap_worker(self, worker: Any) -> None:
+        """Wrap one worker object's ``forward_batch_generation`` (the step span); removed by disable()."""
+        if self.instrumentor is not None:
+            self.instrumentor.wrap_instance(worker, "forward_batch_generation", hooks.step_span)
+            self.profiler.wrapped_worker = worker  # also when it was wrapped already: try once
+
+    def handle_control(self, rid: str, scheduler: Any) -> dict[str, Any]:
+        return handle(rid, scheduler, self)

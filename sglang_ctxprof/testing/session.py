@@ -1,0 +1,26 @@
+"""Instrument in set-up, uninstrument in tear-down: the one fixture tests and benches share.
+
+``with instrumented(targets) as session:`` builds a
+:class:`~sglang_ctxprof.collect.session.CtxProfSession` over the given hook targets (fake
+SGLang-shaped classes in tests), instruments, and always uninstruments on the way out, so no hook,
+thread or handle outlives the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, Optional
+
+from ..collect.session import CtxProfSession
+from ..model.config import CtxProfConfig
+
+
+@contextlib.contextmanager
+def instrumented(targets: Iterable[Any], config: Optional[CtxProfConfig] = None,
+                 **kwargs: Any) -> Iterator[CtxProfSession]:
+    session = CtxProfSession(config if config is not None else CtxProfConfig(), targets=targets, **kwargs)
+    session.instrument()
+    try:
+        yield session
+    finally:
+        session.uninstrument()
