@@ -11,7 +11,7 @@ latency of what ``GET /ctx_profile`` costs on the profiler side: the control han
 (flush + ``Aggregator.state(with_requests=False)``), a JSON round trip standing in for the control
 channel, and the HTTP side's ``merge_states`` + ``summarize``; and the same for
 ``GET /ctx_profile/requests?slowest=10``.
-Goals (issue 6): RSS growth flat and < 64 MB; snapshot p99 < 50 ms at 10^6.
+Goals: RSS growth flat and < 64 MB; snapshot p99 < 50 ms at 10^6.
 
     python bench/soak.py [--records 1000000] [--snapshots 30] [--json out.json]
 """

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 
 def add_cli_args(ap) -> None:
@@ -14,20 +12,9 @@ def add_cli_args(ap) -> None:
 
 
 def fetch(url: str, api_key: str | None = None, timeout: float = 30.0) -> dict:
-    from .main import CliError
+    from .client import ServerClient
 
-    req = urllib.request.Request(url.rstrip("/") + "/ctx_profile")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise CliError(f"{url} has no /ctx_profile: start SGLang with --enable-ctx-profile") from None
-        raise CliError(f"{url}/ctx_profile answered HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    return ServerClient(url, api_key, timeout).require_profile()
 
 
 def run(ns) -> int:

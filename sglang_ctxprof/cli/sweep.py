@@ -25,7 +25,7 @@ from pathlib import Path
 from . import sweep_results as res
 from .main import CliError
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
-from .sweep_client import SweepClient, SweepError
+from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
 
 RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window")
@@ -113,7 +113,7 @@ def run_args(args: SweepArgs, after=None) -> int:
     """Run a sweep; ``after(args, client)``, if given, runs while a launched server is still up."""
     args.validate()
     if not args.launch:
-        return sweep(args, SweepClient(args.url, args.api_key, args.timeout))
+        return sweep(args, ServerClient(args.url, args.api_key, args.timeout))
     from .server import ServerError, ServerProcess
 
     sargs = list(args.server_args)
@@ -129,7 +129,7 @@ def run_args(args: SweepArgs, after=None) -> int:
         raise CliError(f"{str(exc).splitlines()[0]} (see {log})") from None
     try:
         print(f"server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
-        client = SweepClient(srv.url, args.api_key, args.timeout)
+        client = ServerClient(srv.url, args.api_key, args.timeout)
         rc = sweep(args, client, server=srv)
         if after is not None and rc == 0:
             after(args, client)
@@ -163,7 +163,7 @@ def _prepare_out(args: SweepArgs, meta: dict) -> Path | None:
     return out
 
 
-def sweep(args: SweepArgs, client: SweepClient, server=None) -> int:
+def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -215,8 +215,8 @@ def sweep(args: SweepArgs, client: SweepClient, server=None) -> int:
                     r = two_point(client, ctx, rep, plan, args.short, args.long, has_profile)
                 else:
                     r = sustained(client, ctx, args.sustained, args.window, plan, has_profile)
-            except SweepError as exc:
-                raise SweepError(_failure(exc, kind, ctx, rep, ran, out, server)) from None
+            except ClientError as exc:
+                raise ClientError(_failure(exc, kind, ctx, rep, ran, out, server)) from None
             ran += 1
             (done_points if kind == "point" else done_sus).append(r)
             if path is not None:

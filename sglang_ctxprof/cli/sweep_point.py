@@ -88,7 +88,7 @@ def _server_request(client, rid: str | None) -> dict[str, Any] | None:
 
 def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
               has_profile: bool) -> dict[str, Any]:
-    """Measure one (ctx, repeat) point; raises SweepError if the server fails."""
+    """Measure one (ctx, repeat) point; raises ClientError if the server fails."""
     if has_profile:
         client.profile_reset()
     meta_a, t_a = client.generate(prompts.get(ctx, repeat, "short"), short)

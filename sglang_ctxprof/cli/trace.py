@@ -10,17 +10,15 @@ the raw answer.  No tracing backend needed.
 from __future__ import annotations
 
 import json
-import re
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any, Mapping
 
-_RID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
+from ..model.names import Phase
+
 COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
         ("step_ms", 9), ("draft", 8), ("verify", 8), ("v.attn", 8), ("v.moe", 8), ("v.rest", 8),
         ("d_ext", 8), ("other", 8))
-_PH = ("draft", "verify", "verify_attn", "verify_moe", "verify_rest", "draft_extend")
+_PH = tuple(p.value for p in (Phase.DRAFT, Phase.VERIFY, Phase.VERIFY_ATTN, Phase.VERIFY_MOE,
+                             Phase.VERIFY_REST, Phase.DRAFT_EXTEND))
 
 
 def add_cli_args(ap) -> None:
@@ -34,42 +32,16 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
 
 
-def _get(url: str, path: str, api_key: str | None) -> Any:
-    from .main import CliError
-
-    req = urllib.request.Request(url.rstrip("/") + path)
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            msg = json.loads(exc.read()).get("error", "")
-        except Exception:  # noqa: BLE001
-            msg = ""
-        if exc.code == 404 and not msg:
-            raise CliError(f"{url} has no {path.split('?')[0]}: start SGLang with --enable-ctx-profile") from None
-        raise CliError(f"{url}{path} answered HTTP {exc.code}{': ' + msg if msg else ''}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    except ValueError:
-        raise CliError(f"{url}{path} did not answer JSON") from None
-
-
 def fetch(ns) -> list[dict[str, Any]]:
+    from .client import ServerClient
     from .main import CliError
 
     if ns.rid is not None and ns.slowest is not None:
         raise CliError("give either a RID or --slowest N, not both")
+    client = ServerClient(ns.url, ns.api_key, timeout=60)
     if ns.rid is not None:
-        if not _RID_RE.match(ns.rid):
-            raise CliError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
-        return [_get(ns.url, "/ctx_profile/requests/" + urllib.parse.quote(ns.rid, safe=""), ns.api_key)]
-    n = 1 if ns.slowest is None else ns.slowest
-    if not 1 <= n <= 1000:
-        raise CliError(f"--slowest must be between 1 and 1000, got {n}")
-    return list(_get(ns.url, f"/ctx_profile/requests?slowest={n}", ns.api_key).get("requests") or [])
+        return [client.require_request(ns.rid)]
+    return client.require_slowest(1 if ns.slowest is None else ns.slowest)
 
 
 def _f(v: Any, nd: int = 2) -> str:

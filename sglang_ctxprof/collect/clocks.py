@@ -134,7 +134,3 @@ class Parked:
             self._q.popleft()
             done += 1
         return done
-
-    def clear(self, on_evict: Callable[[Any], None]) -> None:
-        while self._q:
-            on_evict(self._q.popleft())

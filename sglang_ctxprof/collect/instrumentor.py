@@ -76,10 +76,6 @@ class CtxProfInstrumentor:
         self._patched: list[tuple[Any, str, Any, Any, str]] = []
         self.report: dict[str, str] = {}
 
-    @property
-    def is_instrumented(self) -> bool:
-        return bool(self._patched)
-
     def groups(self) -> set[str]:
         return {g for *_, g in self._patched}
 

@@ -195,7 +195,7 @@ class Profiler:
                 acc.append(0)
                 com.append(0)
                 fin.append(adapter.req_finished(req))
-            tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # issue 4: client trace context
+            tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
             if any(tps):
                 extra["trace_parents"] = tps
         if not rids:

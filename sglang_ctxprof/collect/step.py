@@ -40,10 +40,6 @@ class StepBuilder:
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
         self.split: Any = None
 
-    @property
-    def current(self) -> Optional[str]:
-        return self.open[-1] if self.open else None
-
     def in_phase(self, name: str) -> bool:
         return name in self.open
 

@@ -76,7 +76,7 @@ FULL_PHASE_ALGORITHMS: frozenset[str] = frozenset(
     {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN"}
 )
 
-# ---- environment variables (read once, by config.CtxProfConfig.from_env) -------------------
+# ---- environment variables (all parsed in model.config; the README lists them) ---------------
 ENV_ENABLE = "SGLANG_CTX_PROFILE"
 ENV_BUCKETS = "SGLANG_CTXPROF_BUCKETS"  # "pow2" | "fixed:<width>" | "edges:64,128,..."
 ENV_MAX_CTX = "SGLANG_CTXPROF_MAX_CTX"
@@ -85,13 +85,25 @@ ENV_REQUEST_RING = "SGLANG_CTXPROF_REQUEST_RING"
 ENV_STEP_RING = "SGLANG_CTXPROF_STEP_RING"
 ENV_TRACE = "SGLANG_CTXPROF_TRACE"
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
+ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"
+ENV_TRACE_SLOW_STEP_MS = "SGLANG_CTXPROF_SLOW_STEP_MS"
+ENV_TRACE_MAX_OPEN = "SGLANG_CTXPROF_TRACE_MAX_OPEN"
+ENV_OTEL_QUEUE = "SGLANG_CTXPROF_OTEL_QUEUE"
+ENV_LOG = "SGLANG_CTXPROF_LOG"  # off | text | json
+ENV_LOG_FILE = "SGLANG_CTXPROF_LOG_FILE"  # path, "stderr" or "stdout"
+ENV_LOG_LEVEL = "SGLANG_CTXPROF_LOG_LEVEL"  # debug | info | warning
+ENV_LOG_SUMMARY_S = "SGLANG_CTXPROF_LOG_SUMMARY_S"
+ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
+ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
+ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
+ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s
 
-# ---- CLI flag ---------------------------------------------------------------------------------
+# ---- the server flag -------------------------------------------------------------------------
 CLI_FLAG = "--enable-ctx-profile"
 CLI_DEST = "enable_ctx_profile"
 SERVER_ARGS_ATTR = "_ctx_profile"
 
-# ---- control channel (GetInternalStateReq.rid markers) -------------------------------------------
+# ---- control channel: GetInternalStateReq rid marker, commands, reply key --------------------
 CONTROL_RID_PREFIX = "__ctx_profile__"
 CMD_SNAPSHOT = "snapshot"
 CMD_RESET = "reset"
@@ -103,17 +115,30 @@ CMD_TRACE_POLICY = "trace_policy"  # read or change the tail-sampling policy
 CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAULT=runtime at start)
 CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
 
-# ---- HTTP routes --------------------------------------------------------------------------------
+# ---- HTTP routes on SGLang's port, and the app path multi-tokenizer workers import -----------
 ROUTE = "/ctx_profile"
+ROUTE_STATUS = ROUTE + "/status"
+ROUTE_REQUESTS = ROUTE + "/requests"  # ?slowest=N, or /{rid}
+ROUTE_RESET = ROUTE + "/reset"
+ROUTE_ENABLE = ROUTE + "/enable"
+ROUTE_DISABLE = ROUTE + "/disable"
+ROUTE_FAULT = ROUTE + "/fault"  # test only
+ROUTE_TRACE_POLICY = ROUTE + "/trace_policy"
+RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}$"  # a request id the routes accept
+MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
+ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
+HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
 
-# ---- wrapper marker (instrumentor) ----------------------------------------------------------------
+# ---- instrumentor: the marker every wrapper carries ------------------------------------------
 WRAPPER_MARK = "__ctxprof_wrapper__"
 
-# ---- OTel span / attribute names --------------------------------------------------------------
+# ---- OTel spans and attributes ---------------------------------------------------------------
 TRACER_NAME = "sglang_ctxprof"
 SPAN_REQUEST = "ctxprof.request"
 SPAN_STEP = "ctxprof.step"
-ATTR_RID = "gen_ai.request.id"
+SPAN_PREFILL = "ctxprof.prefill"
+SPAN_PHASE_PREFIX = "ctxprof."  # phase spans are "ctxprof.draft", "ctxprof.verify", "ctxprof.verify_attn", ...
+ATTR_RID = "gen_ai.response.id"  # the request id SGLang returns as the response id
 ATTR_PROMPT_TOKENS = "gen_ai.usage.input_tokens"
 ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 ATTR_CTX_LEN = "ctxprof.ctx_len"
@@ -126,51 +151,21 @@ ATTR_ACCEPTED = "ctxprof.accepted_tokens"
 ATTR_ACCEPT_MEAN = "ctxprof.accepted_per_step"
 ATTR_DECODE_TOK_S = "ctxprof.decode_tok_s"
 ATTR_STEP_MS = "ctxprof.step_ms"
-ATTR_ALGORITHM = "ctxprof.spec_algorithm"
-
-# ---- metric names (Prometheus) ----------------------------------------------------------------
-METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"
-METRIC_ACCEPTED = "sglang_ctxprof_accepted_tokens"
-METRIC_STEPS = "sglang_ctxprof_steps"
-
-# ---- log events ----------------------------------------------------------------------------------
-EVENT_SLOW_STEP = "slow_step"
-EVENT_SLOW_REQUEST = "slow_request"
-EVENT_SUMMARY = "ctx_profile_summary"
-EVENT_DEGRADED = "ctx_profile_degraded"
-
-# ---- multi-tokenizer HTTP workers (SGLang imports the app by this path; see http_app.py) ---------
-ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
-HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
-
-# ---- issue 4: tracing slow requests (OTel spans, structlog events, Prometheus metrics) ------------
-SPAN_PREFILL = "ctxprof.prefill"
-SPAN_PHASE_PREFIX = "ctxprof."  # phase spans are "ctxprof.draft", "ctxprof.verify", "ctxprof.verify_attn", ...
 ATTR_STEPS = "ctxprof.steps"
 ATTR_STEPS_TRUNCATED = "ctxprof.steps_truncated"
 ATTR_COMMITTED = "ctxprof.committed_tokens"
 ATTR_SLOW_REASON = "ctxprof.slow_reason"
-ATTR_TIMING = "ctxprof.timing"
 ATTR_LAYOUT = "ctxprof.phase_layout"  # "sequential": phase spans laid back to back (see views/otel.py)
 ATTR_DECODE_MS = "ctxprof.decode_ms"
 ATTR_FINISHED = "ctxprof.finished"
-# Sampling policy and thresholds (tracing_policy.py documents the defaults).
-ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"
-ENV_TRACE_SLOW_STEP_MS = "SGLANG_CTXPROF_SLOW_STEP_MS"
-ENV_TRACE_MAX_OPEN = "SGLANG_CTXPROF_TRACE_MAX_OPEN"
-# OTel export queue (standard OTEL_BSP_* variables are honoured too).
-ENV_OTEL_QUEUE = "SGLANG_CTXPROF_OTEL_QUEUE"
-# structlog events.
-ENV_LOG = "SGLANG_CTXPROF_LOG"  # off | text | json
-ENV_LOG_FILE = "SGLANG_CTXPROF_LOG_FILE"  # path, "stderr" or "stdout"
-ENV_LOG_LEVEL = "SGLANG_CTXPROF_LOG_LEVEL"  # debug | info | warning
-ENV_LOG_SUMMARY_S = "SGLANG_CTXPROF_LOG_SUMMARY_S"
-ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
-LOGGER_NAME = "sglang_ctxprof.events"
-# route to read / change the trace policy at run time.
-ROUTE_TRACE_POLICY = "/ctx_profile/trace_policy"
 
-# ---- issue 5: GPU timing (CUDA-graph block split, roofline) -----------------------------------
-ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
-ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
-ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s
+# ---- Prometheus metrics ----------------------------------------------------------------------
+METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"
+METRIC_ACCEPTED = "sglang_ctxprof_accepted_tokens"
+METRIC_STEPS = "sglang_ctxprof_steps"
+
+# ---- log events ------------------------------------------------------------------------------
+LOGGER_NAME = "sglang_ctxprof.events"
+EVENT_SLOW_STEP = "slow_step"
+EVENT_SLOW_REQUEST = "slow_request"
+EVENT_SUMMARY = "ctx_profile_summary"

@@ -11,7 +11,7 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``POST /ctx_profile/reset``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N`` and ``GET /ctx_profile/requests/{rid}``;
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
-* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks (issue 4).
+* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks .
 
 Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard: a
 failure of ours gets a 500 JSON error with ``degraded``, logs one warning with the traceback and
@@ -39,8 +39,8 @@ from ..model.guard import COMPONENTS, Guard
 logger = logging.getLogger(__name__)
 
 FORMATS = ("json", "text", "prometheus")
-MAX_SLOWEST = 1000
-_RID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,256}$")
+MAX_SLOWEST = names.MAX_SLOWEST
+_RID_RE = re.compile(names.RID_PATTERN)
 
 
 _GUARD: Guard | None = None
@@ -255,13 +255,13 @@ def install_routes(app: Any, client: Any) -> None:
     admin = auth_level(AuthLevel.ADMIN_OPTIONAL)
     r = names.ROUTE
     app.add_api_route(r, _guarded(get_profile), methods=["GET"])
-    app.add_api_route(f"{r}/reset", admin(_guarded(post_reset)), methods=["POST"])
-    app.add_api_route(f"{r}/enable", admin(_guarded(post_enable)), methods=["POST"])
-    app.add_api_route(f"{r}/disable", admin(_guarded(post_disable)), methods=["POST"])
-    app.add_api_route(f"{r}/status", _guarded(get_status), methods=["GET"])
-    app.add_api_route(f"{r}/requests", _guarded(get_requests), methods=["GET"])
-    app.add_api_route(f"{r}/requests/{{rid}}", _guarded(get_request), methods=["GET"])
+    app.add_api_route(names.ROUTE_RESET, admin(_guarded(post_reset)), methods=["POST"])
+    app.add_api_route(names.ROUTE_ENABLE, admin(_guarded(post_enable)), methods=["POST"])
+    app.add_api_route(names.ROUTE_DISABLE, admin(_guarded(post_disable)), methods=["POST"])
+    app.add_api_route(names.ROUTE_STATUS, _guarded(get_status), methods=["GET"])
+    app.add_api_route(names.ROUTE_REQUESTS, _guarded(get_requests), methods=["GET"])
+    app.add_api_route(names.ROUTE_REQUESTS + "/{rid}", _guarded(get_request), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
     if guard().switchable:  # test only, never in production (see module docstring)
-        app.add_api_route(f"{r}/fault", admin(post_fault), methods=["POST"])
+        app.add_api_route(names.ROUTE_FAULT, admin(post_fault), methods=["POST"])

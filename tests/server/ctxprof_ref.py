@@ -1,4 +1,4 @@
-"""Reference runs shared by the server tests of issue 6 (fault isolation, flag off).
+"""Reference runs shared by the fault-isolation and flag-off server tests.
 
 One pytest session starts the flag-off reference server at most once: :func:`flag_off` starts it,
 records the greedy outputs of :data:`PROMPTS`, what the scheduler's self-check saw (which hook

@@ -1,4 +1,4 @@
-"""Issue 6, auth: ``/ctx_profile`` follows SGLang's own auth levels, on a real CPU server.
+"""Auth: ``/ctx_profile`` follows SGLang's own auth levels, on a real CPU server.
 
 The server runs with both ``--api-key`` and ``--admin-api-key``.  SGLang's rules
 (``sglang.srt.utils.auth.decide_request_auth``): NORMAL routes need the api key (the admin key is

@@ -1,4 +1,4 @@
-"""Issue 6, bad input, against a real CPU server (tiny DeepSeek-V3 + EAGLE, profiling on).
+"""Bad input, against a real CPU server (tiny DeepSeek-V3 + EAGLE, profiling on).
 
 Every ``/ctx_profile`` route answers wrong parameters, out-of-range values, unknown formats, wrong
 methods, a huge ``slowest=N`` and malformed rids with a 4xx and a JSON error, and the server keeps

@@ -1,4 +1,4 @@
-"""Issue 2 on a real CPU server: tiny DeepSeek-V3 (MLA + MoE) with the identity EAGLE head.
+"""On a real CPU server: tiny DeepSeek-V3 (MLA + MoE) with the identity EAGLE head.
 
 Checks the per-bucket phase breakdown, that leaf phases add up to the step span, and that the
 profile reconciles exactly with what SGLang reported to the clients (meta_info), also for

@@ -1,4 +1,4 @@
-"""Issue 6, fault isolation, on a real CPU server with EAGLE speculative decoding.
+"""Fault isolation, on a real CPU server with EAGLE speculative decoding.
 
 One profiling server is started with ``SGLANG_CTXPROF_FAULT=runtime`` (test only): the
 ``POST /ctx_profile/fault`` switch then breaks one of our components at a time - the hooks, the

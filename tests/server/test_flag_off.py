@@ -1,4 +1,4 @@
-"""Issue 6, "flag off is truly off", on a real CPU server.
+""""flag off is truly off", on a real CPU server.
 
 With the plugin installed and neither ``--enable-ctx-profile`` nor ``SGLANG_CTX_PROFILE`` given:
 

@@ -1,4 +1,4 @@
-"""Issue 6, exact accounting under load, on a real CPU server with EAGLE speculative decoding.
+"""Exact accounting under load, on a real CPU server with EAGLE speculative decoding.
 
 32 concurrent greedy requests with contexts from 64 to 3072 tokens and output lengths from 1 to 64
 share batches that start and finish at different steps.  Afterwards the profile reconciles exactly

@@ -1,4 +1,4 @@
-"""Issue 3 on a real CPU server: ``sglang-ctxprof sweep`` / ``report`` against tiny DeepSeek-V3 + EAGLE.
+"""On a real CPU server: ``sglang-ctxprof sweep`` / ``report`` against tiny DeepSeek-V3 + EAGLE.
 
 One module-scoped server.  A 3-point sweep with ``--repeat 2`` (short 4 / long 40 new tokens) and a
 small sustained run; checks exact prompt lengths, the files (JSON per point, CSV, PNG), the server's

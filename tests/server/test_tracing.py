@@ -1,4 +1,4 @@
-"""Issue 4 on a real CPU server: tail-sampled OTel spans, trace context, structlog events, /metrics.
+"""On a real CPU server: tail-sampled OTel spans, trace context, structlog events, /metrics.
 
 A real OTLP/HTTP receiver runs in the test (decoding ``ExportTraceServiceRequest`` with the official
 ``opentelemetry-proto`` package).  The server runs the tiny DeepSeek-V3 + identity EAGLE head with

@@ -1,4 +1,4 @@
-"""Issue 6 units: the request log's global row budget, the fault guard's runtime switch, and the HTTP
+"""Units: the request log's global row budget, the fault guard's runtime switch, and the HTTP
 guard turning a failure of ours into a JSON 500 (then 503) while other routes keep working."""
 
 from __future__ import annotations

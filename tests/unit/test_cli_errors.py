@@ -1,4 +1,4 @@
-"""Issue 6, CLI bad input: every bad argument gets one ``error:`` line and a usage hint, exit code 2,
+"""CLI bad input: every bad argument gets one ``error:`` line and a usage hint, exit code 2,
 and never a traceback - through the installed ``sglang-ctxprof`` script and ``python -m``.
 
 Each case runs in a subprocess with a timeout, so a missing validation that would go on to build a

@@ -17,7 +17,7 @@ from sglang_ctxprof.collect import adapter, hooks
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
-from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, check_signature, resolve
+from sglang_ctxprof.collect.instrumentor import check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
 from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.collect.clocks import CudaEventClock

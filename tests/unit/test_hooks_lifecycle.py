@@ -11,9 +11,7 @@ from sglang_ctxprof import api
 from sglang_ctxprof.collect import hooks
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.aggregate.aggregator import summarize
-from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, is_wrapper
-from sglang_ctxprof.collect.profiler import Profiler
 from sglang_ctxprof.testing.session import instrumented
 
 M = "fakes"

@@ -19,7 +19,6 @@ from sglang_ctxprof.collect import hooks
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
-from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor
 from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
 

@@ -1,26 +1,34 @@
-"""A small HTTP client for the sweep: one place that turns network failures into one-line errors.
+"""The CLI's one HTTP client: every command that talks to a server (show, trace, sweep, demo) uses it.
 
-``SweepClient`` talks to one SGLang server: ``/model_info`` (is it SGLang?), ``/tokenize``,
-``/generate`` (plain and streamed), ``/ctx_profile`` (+ ``/reset``, ``/requests/{rid}``).  Every
-expected failure - unreachable URL, a server that is not SGLang, an HTTP error, a server that dies or
-times out mid-request - raises :class:`SweepError` (a ``CliError``) with a one-line message; the
-caller adds where in the sweep it happened and that the finished points are kept.
+``ServerClient`` talks to one SGLang server: ``/model_info`` (is it SGLang?), ``/tokenize``,
+``/generate`` (plain and streamed), and the ``/ctx_profile`` routes (named in ``model.names``).
+Every expected failure - unreachable URL, a server that is not SGLang, an HTTP error, a server that
+dies or times out mid-request - raises :class:`ClientError` (a ``CliError``) with a one-line
+message.  A server without the profiler raises :class:`NoProfile` from :meth:`call`; the
+``require_*`` readers turn that into the one line a user needs ("start SGLang with
+--enable-ctx-profile").  Standard library only.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Iterator
 
+from ..model import names
 from .main import CliError
 
+MAX_SLOWEST = names.MAX_SLOWEST
+RID_RE = re.compile(names.RID_PATTERN)
 
-class SweepError(CliError):
+
+class ClientError(CliError):
     pass
 
 
@@ -35,7 +43,7 @@ def _reason(exc: BaseException) -> str:
     return str(r) or type(r).__name__
 
 
-class SweepClient:
+class ServerClient:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
@@ -57,33 +65,37 @@ class SweepClient:
                 raw = r.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace").strip().replace("\n", " ")[:300]
-            if exc.code == 404 and path.startswith("/ctx_profile"):
-                raise NoProfile(path) from None
-            raise SweepError(f"{self.url}{path} answered HTTP {exc.code}: {detail}") from None
+            try:
+                msg = json.loads(detail).get("error", "")
+            except Exception:  # noqa: BLE001 - not our JSON error body
+                msg = ""
+            if exc.code == 404 and not msg and path.startswith(names.ROUTE):
+                raise NoProfile(path.split("?")[0]) from None
+            raise ClientError(f"{self.url}{path} answered HTTP {exc.code}: {msg or detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            raise SweepError(f"cannot reach {self.url} ({method} {path}): {_reason(exc)}") from None
+            raise ClientError(f"cannot reach {self.url} ({method} {path}): {_reason(exc)}") from None
         try:
             return json.loads(raw)
         except ValueError:
-            raise SweepError(f"{self.url}{path} did not answer JSON: is this an SGLang server?") from None
+            raise ClientError(f"{self.url}{path} did not answer JSON: is this an SGLang server?") from None
 
     # ------------------------------------------------------------------------------ SGLang API
     def model_info(self) -> dict:
         try:
             info = self.call("GET", "/model_info", timeout=30)
-        except SweepError as exc:
+        except ClientError as exc:
             if "HTTP 404" in str(exc):
-                raise SweepError(f"{self.url} is not an SGLang server (no /model_info)") from None
+                raise ClientError(f"{self.url} is not an SGLang server (no /model_info)") from None
             raise
         if not isinstance(info, dict) or "model_path" not in info:
-            raise SweepError(f"{self.url} is not an SGLang server (unexpected /model_info answer)")
+            raise ClientError(f"{self.url} is not an SGLang server (unexpected /model_info answer)")
         return info
 
     def tokenize(self, text: str) -> tuple[list[int], int]:
         """Token ids of ``text`` (no special tokens) and the server's max model length."""
         out = self.call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False}, timeout=120)
         if not isinstance(out, dict) or "tokens" not in out:
-            raise SweepError(f"{self.url}/tokenize gave an unexpected answer")
+            raise ClientError(f"{self.url}/tokenize gave an unexpected answer")
         return list(out["tokens"]), int(out.get("max_model_len") or 0)
 
     def generate(self, ids: list[int], max_new_tokens: int) -> tuple[dict, float]:
@@ -94,7 +106,7 @@ class SweepClient:
         out = self.call("POST", "/generate", body)
         dt = time.perf_counter() - t0
         if not isinstance(out, dict) or "meta_info" not in out:
-            raise SweepError(f"{self.url}/generate gave an unexpected answer")
+            raise ClientError(f"{self.url}/generate gave an unexpected answer")
         return out["meta_info"], dt
 
     def generate_stream(self, ids: list[int], max_new_tokens: int) -> Iterator[tuple[float, dict]]:
@@ -112,30 +124,52 @@ class SweepClient:
                         return
                     chunk = json.loads(payload)
                     if "error" in chunk:
-                        raise SweepError(f"{self.url}/generate stream error: {chunk['error']}")
+                        raise ClientError(f"{self.url}/generate stream error: {chunk['error']}")
                     yield time.perf_counter(), chunk.get("meta_info") or {}
         except urllib.error.HTTPError as exc:
-            raise SweepError(f"{self.url}/generate answered HTTP {exc.code}: "
+            raise ClientError(f"{self.url}/generate answered HTTP {exc.code}: "
                              f"{exc.read().decode(errors='replace')[:300]}") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-            raise SweepError(f"cannot reach {self.url} (streamed /generate): {_reason(exc)}") from None
+            raise ClientError(f"cannot reach {self.url} (streamed /generate): {_reason(exc)}") from None
 
     def profile_reset(self) -> bool:
         """Reset ``/ctx_profile``; False when the server has no profiler."""
         try:
-            self.call("POST", "/ctx_profile/reset", {}, timeout=60)
+            self.call("POST", names.ROUTE_RESET, {}, timeout=60)
             return True
         except NoProfile:
             return False
 
     def profile(self) -> dict | None:
         try:
-            return self.call("GET", "/ctx_profile", timeout=60)
+            return self.call("GET", names.ROUTE, timeout=60)
         except NoProfile:
             return None
 
     def profile_request(self, rid: str) -> dict | None:
         try:
-            return self.call("GET", f"/ctx_profile/requests/{rid}", timeout=60)
-        except (NoProfile, SweepError):
+            return self.call("GET", f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}", timeout=60)
+        except (NoProfile, ClientError):
             return None
+
+    # ------------------------------------------------------------------------------ show / trace
+    def _require(self, path: str) -> Any:
+        try:
+            return self.call("GET", path)
+        except NoProfile as exc:
+            raise ClientError(f"{self.url} has no {exc}: start SGLang with --enable-ctx-profile") from None
+
+    def require_profile(self) -> dict:
+        """``GET /ctx_profile``; a server without the profiler is an error."""
+        return self._require(names.ROUTE)
+
+    def require_request(self, rid: str) -> dict:
+        """One request's step-by-step story; a malformed rid is refused before any network call."""
+        if not RID_RE.match(rid):
+            raise ClientError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
+        return self._require(f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}")
+
+    def require_slowest(self, n: int) -> list[dict]:
+        if not 1 <= n <= MAX_SLOWEST:
+            raise ClientError(f"--slowest must be between 1 and {MAX_SLOWEST}, got {n}")
+        return list(self._require(f"{names.ROUTE_REQUESTS}?slowest={n}").get("requests") or [])
