@@ -35,9 +35,10 @@ from types import SimpleNamespace as NS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sglang_ctxprof.collect.adapter import Target  # noqa: E402
-from sglang_ctxprof.model.config import CtxProfConfig  # noqa: E402
+from sglang_ctxprof.model.config import CtxProfConfig, GraphSettings  # noqa: E402
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory  # noqa: E402
 from sglang_ctxprof.collect.session import CtxProfSession  # noqa: E402
+from sglang_ctxprof.testing.session import Capture  # noqa: E402
 from sglang_ctxprof.collect.clocks import CudaEventClock  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -151,9 +152,10 @@ TARGETS = [Target(f"{M}.{p}", h) for p, h in (
 
 def profiled_run(layers, steps, use_graph, dry, step_ctx=None):
     """Steps through our hooks; returns (records, profiler)."""
-    session = CtxProfSession(CtxProfConfig(graph_sample_every=1), targets=TARGETS)
+    session = CtxProfSession(CtxProfConfig(graph=GraphSettings(sample_every=1)), targets=TARGETS)
     session.instrument()
     p = session.profiler
+    cap = Capture(p)
     try:
         if dry:
             f, why = external_event_factory(DEV.Event)
@@ -170,8 +172,7 @@ def profiled_run(layers, steps, use_graph, dry, step_ctx=None):
             for _ in range(steps):
                 b = Batch(reqs)
                 sched.process_batch_result(b, sched.run_batch(b))
-        p.recorder.flush()
-        return list(p.aggregator.recent), p
+        return cap.records(), p
     finally:
         session.uninstrument()
 

@@ -67,10 +67,7 @@ def _register() -> None:
     if role == "main":
         _register_cli_hooks()  # first: the flag must parse even if the configuration below is bad
         try:
-            CtxProfConfig.from_env()
-            from .views.exporters import validate_env
-
-            validate_env()  # tracing/log settings too
+            CtxProfConfig.from_env()  # every SGLANG_CTXPROF_* variable
         except ValueError as exc:
             # Checked once, here, before any scheduler is spawned: profiling stays off everywhere
             # (the schedulers do not inherit the switch) and SGLang serves as without the plugin.

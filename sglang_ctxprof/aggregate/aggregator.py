@@ -8,7 +8,7 @@
 * per phase: a least-squares fit of phase ms against the batch's *summed* context in thousands
   of tokens (the KV the step attends over), so ``slope`` reads "ms per extra 1k tokens of context";
 * prefill batches in their own buckets (never mixed into decode);
-* a bounded request log and a bounded ring of recent raw steps.
+* a bounded request log.
 
 ``state()`` exports mergeable builtins (str keys, msgpack-safe) and ``summarize(state)`` turns one
 state, or ``merge_states`` of several ranks, into the public ``/ctx_profile`` JSON, with verify
@@ -18,7 +18,6 @@ bounded whatever the run length.  Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
@@ -55,11 +54,10 @@ class _Bucket:
 
 class Aggregator:
     def __init__(self, bucketing: Bucketing | None = None, request_capacity: int = 4096,
-                 step_ring: int = 256, max_steps_per_request: int = 4096) -> None:
+                 max_steps_per_request: int = 4096) -> None:
         self.bucketing = bucketing or Bucketing.parse("pow2")
         self._request_capacity = request_capacity
         self._max_steps = max_steps_per_request
-        self._step_ring_len = step_ring
         self.reset()
 
     def reset(self) -> None:
@@ -67,7 +65,6 @@ class Aggregator:
         self.prefill: dict[int, _Bucket] = {}
         self.fits: dict[str, LinearFit] = {}
         self.requests = RequestLog(self._request_capacity, self._max_steps)
-        self.recent: deque = deque(maxlen=self._step_ring_len)
         self.meta: dict[str, Any] = {"algorithms": {}, "timing": None}
         self.records = 0
 
@@ -103,8 +100,6 @@ class Aggregator:
         else:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
         self.requests.observe(rec)
-        if rec.kind == KIND_DECODE:
-            self.recent.append(rec)
 
     @staticmethod
     def _stat(b: _Bucket, name: str) -> DurationStats:

@@ -44,8 +44,7 @@ class Profiler:
     def __init__(self, config: CtxProfConfig) -> None:
         self.config = config
         self.guard = Guard(config.fault)
-        self.aggregator = Aggregator(config.bucketing(), request_capacity=config.request_ring,
-                                     step_ring=config.step_ring)
+        self.aggregator = Aggregator(config.bucketing(), request_capacity=config.request_ring)
         self.recorder = Recorder(self.aggregator, self.guard, maxsize=config.queue_size)
         self.clock: Any = CpuClock()
         self.tls = threading.local()
@@ -75,12 +74,13 @@ class Profiler:
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
         if self.graph is None:
-            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph_sample_every,
-                                          self.config.graph_fallback)
+            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph.sample_every,
+                                          self.config.graph.fallback)
         try:
             from ..model.roofline import hw_meta
 
-            self.hw = hw_meta(adapter.model_facts(scheduler), adapter.device_name(scheduler), os.environ)
+            self.hw = hw_meta(adapter.model_facts(scheduler), adapter.device_name(scheduler),
+                           self.config.roofline.hbm_gbps)
         except Exception as exc:  # noqa: BLE001 - the roofline is then reported unavailable
             self.hw = {"device": None, "hbm_gbps": None, "source": f"facts unavailable: {exc!r}"}
         self.recorder.start()
@@ -88,7 +88,7 @@ class Profiler:
     def ensure_graph(self) -> Any:
         """The graph timer; built on the first CUDA-graph capture (model init runs before bind)."""
         if self.graph is None:
-            self.graph = make_graph_timer("cuda", self.config.graph_sample_every, self.config.graph_fallback)
+            self.graph = make_graph_timer("cuda", self.config.graph.sample_every, self.config.graph.fallback)
         return self.graph
 
     # ---- step life cycle ------------------------------------------------------------------------------

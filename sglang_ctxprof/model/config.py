@@ -1,4 +1,11 @@
-"""Configuration, read once from the environment when profiling starts.
+"""The one configuration: every ``SGLANG_CTXPROF_*`` variable is parsed here, and only here.
+
+:meth:`CtxProfConfig.from_env` reads the environment once into a frozen object with nested parts
+(``trace``, ``logs``, ``export``, ``graph``, ``roofline``); explicit keyword overrides beat the
+environment.  The plugin calls it in SGLang's main process before any scheduler is spawned, so a
+bad value of any variable is one clear error line there (and profiling stays off), never a
+surprise later in a scheduler.  The schedulers parse the same environment again, and the views
+receive values from the parts instead of reading the environment.
 
 Environment variables (all optional):
 
@@ -12,42 +19,102 @@ Environment variables (all optional):
     Bound of the hand-off queue between hooks and aggregator; overflow is counted as drops.
 ``SGLANG_CTXPROF_REQUEST_RING`` (default 4096)
     How many recent requests keep totals and step-by-step rows.
-``SGLANG_CTXPROF_STEP_RING`` (default 256)
-    How many recent raw decode steps are kept.
-``SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY`` (default 64)
-    Under CUDA graphs, read the in-graph attention/MoE events on every K-th step (the scheduler
-    processes that step's result before launching the next batch; see ``graph_timing``).
-``SGLANG_CTXPROF_GRAPH_FALLBACK`` (default ``off``)
+``SGLANG_CTXPROF_TRACE`` (default ``off``) - ``trace``
+    ``off``: no spans; ``slow``: export the requests the policy calls slow; ``all``: every request.
+``SGLANG_CTXPROF_SLOW_TOK_S`` (default 20) - ``trace``
+    A request is slow below this decode speed (tokens/s); ``0`` disables the criterion.
+``SGLANG_CTXPROF_SLOW_STEP_MS`` (default 250) - ``trace``
+    A request is slow if one decode step took longer (also a ``slow_step`` event); ``0`` disables.
+``SGLANG_CTXPROF_TRACE_MAX_OPEN`` (default 4096) - ``trace``
+    Unfinished requests the exporters follow at once (the oldest is dropped beyond it).
+``SGLANG_CTXPROF_OTEL_QUEUE`` (default 8192; else ``OTEL_BSP_MAX_QUEUE_SIZE``) - ``export``
+    Spans queued for the OTLP exporter; beyond it spans are dropped and counted.
+``SGLANG_CTXPROF_LOG`` (default ``text``) - ``logs``
+    structlog events: ``off``, ``text`` or ``json``.
+``SGLANG_CTXPROF_LOG_FILE`` (default ``stderr``) - ``logs``
+    A path, ``stderr`` or ``stdout``.
+``SGLANG_CTXPROF_LOG_LEVEL`` (default ``info``) - ``logs``
+    ``debug``, ``info`` or ``warning``.
+``SGLANG_CTXPROF_LOG_SUMMARY_S`` (default 60) - ``logs``
+    Seconds between ``ctx_profile_summary`` events (``0``: none).
+``SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN`` (default 6) - ``logs``
+    At most this many ``slow_step`` events a minute.
+``SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY`` (default 64) - ``graph``
+    Under CUDA graphs, read the in-graph attention/MoE events on every K-th step.
+``SGLANG_CTXPROF_GRAPH_FALLBACK`` (default ``off``) - ``graph``
     Without ``Event(external=True)``: ``off`` reports the split unavailable under graphs,
     ``eager`` runs sampled verify steps without their graph and times the blocks with plain events.
-``SGLANG_CTXPROF_HBM_GBPS``
+``SGLANG_CTXPROF_HBM_GBPS`` - ``roofline``
     Memory bandwidth (GB/s) for the verify-attention roofline, overriding the GPU table.
 ``SGLANG_CTXPROF_FAULT`` (test only)
-    Name of one component (``hooks``, ``recorder``, ``aggregator``, ``http``) that raises on purpose,
-    to prove fault isolation.  Never set it in production.
+    A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
+    ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional
 
 from . import names
 from .buckets import DEFAULT_MAX_CTX, Bucketing
 
+TRACE_MODES = ("off", "slow", "all")
+LOG_FORMATS = ("off", "text", "json")
+LOG_LEVELS = ("debug", "info", "warning")
+GRAPH_FALLBACKS = ("off", "eager")
+DEFAULT_OTEL_QUEUE = 8192
 
-def _int(env: Mapping[str, str], key: str, default: int, lo: int = 1) -> int:
+
+def _raw(env: Mapping[str, str], key: str) -> Optional[str]:
     raw = env.get(key)
-    if raw is None or raw == "":
-        return default
+    return None if raw is None or str(raw).strip() == "" else str(raw).strip()
+
+
+def parse_int(key: str, raw: Any, lo: int = 1) -> int:
     try:
         v = int(raw)
-    except ValueError:
+    except (TypeError, ValueError):
         raise ValueError(f"{key}={raw!r} is not an integer") from None
     if v < lo:
         raise ValueError(f"{key}={raw!r} must be >= {lo}")
     return v
+
+
+def parse_float(key: str, raw: Any, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 with ``positive``); bad input raises ValueError naming ``key``."""
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}={raw!r} is not a number") from None
+    if positive and not v > 0:
+        raise ValueError(f"{key}={raw!r} must be > 0")
+    if not v >= 0 or v == float("inf"):
+        raise ValueError(f"{key}={raw!r} must be a finite number >= 0")
+    return v
+
+
+def parse_choice(key: str, raw: Any, choices: tuple[str, ...]) -> str:
+    v = str(raw).strip().lower()
+    if v not in choices:
+        raise ValueError(f"{key}={raw!r}: use one of {', '.join(choices)}")
+    return v
+
+
+def _int(env: Mapping[str, str], key: str, default: int, lo: int = 1) -> int:
+    raw = _raw(env, key)
+    return default if raw is None else parse_int(key, raw, lo)
+
+
+def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = _raw(env, key)
+    return default if raw is None else parse_float(key, raw)
+
+
+def _choice(env: Mapping[str, str], key: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = _raw(env, key)
+    return default if raw is None else parse_choice(key, raw, choices)
 
 
 def env_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -56,31 +123,90 @@ def env_enabled(env: Mapping[str, str] | None = None) -> bool:
 
 
 @dataclass(frozen=True)
+class TraceSettings:
+    """Tail-based sampling of finished requests (the initial ``views.policy.TracePolicy``)."""
+    mode: str = "off"
+    slow_tok_s: float = 20.0
+    slow_step_ms: float = 250.0
+    max_open: int = 4096
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """structlog events (``views.logs``)."""
+    fmt: str = "text"
+    dest: str = "stderr"
+    level: str = "info"
+    summary_s: float = 60.0
+    slow_steps_per_min: int = 6
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """The OTLP span exporter (the standard ``OTEL_*`` variables choose its endpoint and protocol)."""
+    otel_queue: int = DEFAULT_OTEL_QUEUE
+
+
+@dataclass(frozen=True)
+class GraphSettings:
+    """The verify attention/MoE split under CUDA graphs (``collect.graph_clock``)."""
+    sample_every: int = 64
+    fallback: str = "off"
+
+
+@dataclass(frozen=True)
+class RooflineSettings:
+    """The verify-attention roofline: ``hbm_gbps`` overrides the GPU table (None: use the table)."""
+    hbm_gbps: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class CtxProfConfig:
     buckets: str = "pow2"
     max_ctx: int = DEFAULT_MAX_CTX
     queue_size: int = 8192
     request_ring: int = 4096
-    step_ring: int = 256
     fault: str = ""
-    graph_sample_every: int = 64
-    graph_fallback: str = "off"
+    trace: TraceSettings = field(default_factory=TraceSettings)
+    logs: LogSettings = field(default_factory=LogSettings)
+    export: ExportSettings = field(default_factory=ExportSettings)
+    graph: GraphSettings = field(default_factory=GraphSettings)
+    roofline: RooflineSettings = field(default_factory=RooflineSettings)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "CtxProfConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "CtxProfConfig":
+        """Parse every variable (bad values raise ValueError naming the variable)."""
         env = os.environ if env is None else env
+        otel_queue = _raw(env, names.ENV_OTEL_QUEUE)
+        key = names.ENV_OTEL_QUEUE
+        if otel_queue is None and _raw(env, "OTEL_BSP_MAX_QUEUE_SIZE") is not None:
+            otel_queue, key = _raw(env, "OTEL_BSP_MAX_QUEUE_SIZE"), "OTEL_BSP_MAX_QUEUE_SIZE"
+        hbm = _raw(env, names.ENV_HBM_GBPS)
         cfg = cls(
-            buckets=env.get(names.ENV_BUCKETS, "pow2") or "pow2",
+            buckets=_raw(env, names.ENV_BUCKETS) or "pow2",
             max_ctx=_int(env, names.ENV_MAX_CTX, DEFAULT_MAX_CTX),
             queue_size=_int(env, names.ENV_QUEUE_SIZE, 8192),
             request_ring=_int(env, names.ENV_REQUEST_RING, 4096),
-            step_ring=_int(env, names.ENV_STEP_RING, 256, lo=0),
-            fault=env.get(names.ENV_FAULT, ""),
-            graph_sample_every=_int(env, names.ENV_GRAPH_SAMPLE_EVERY, 64),
-            graph_fallback=env.get(names.ENV_GRAPH_FALLBACK, "off") or "off",
+            fault=env.get(names.ENV_FAULT, "") or "",
+            trace=TraceSettings(
+                mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),
+                slow_tok_s=_float(env, names.ENV_TRACE_SLOW_TOK_S, 20.0),
+                slow_step_ms=_float(env, names.ENV_TRACE_SLOW_STEP_MS, 250.0),
+                max_open=_int(env, names.ENV_TRACE_MAX_OPEN, 4096)),
+            logs=LogSettings(
+                fmt=_choice(env, names.ENV_LOG, "text", LOG_FORMATS),
+                dest=_raw(env, names.ENV_LOG_FILE) or "stderr",
+                level=_choice(env, names.ENV_LOG_LEVEL, "info", LOG_LEVELS),
+                summary_s=_float(env, names.ENV_LOG_SUMMARY_S, 60.0),
+                slow_steps_per_min=_int(env, names.ENV_LOG_SLOW_STEP_PER_MIN, 6, lo=0)),
+            export=ExportSettings(
+                otel_queue=DEFAULT_OTEL_QUEUE if otel_queue is None else parse_int(key, otel_queue)),
+            graph=GraphSettings(
+                sample_every=_int(env, names.ENV_GRAPH_SAMPLE_EVERY, 64),
+                fallback=_choice(env, names.ENV_GRAPH_FALLBACK, "off", GRAPH_FALLBACKS)),
+            roofline=RooflineSettings(
+                hbm_gbps=None if hbm is None else parse_float(names.ENV_HBM_GBPS, hbm, positive=True)),
         )
-        if cfg.graph_fallback not in ("off", "eager"):
-            raise ValueError(f"{names.ENV_GRAPH_FALLBACK}={cfg.graph_fallback!r} must be 'off' or 'eager'")
         cfg = replace(cfg, **overrides) if overrides else cfg
         cfg.bucketing()  # validate early: a bad spec is a clear error at start-up
         return cfg

@@ -60,17 +60,11 @@ def kv_bytes_per_step(facts: Mapping[str, Any], ctx_sum: float) -> float:
     return kv_bytes_per_token(facts) * float(ctx_sum)
 
 
-def bandwidth_gbps(device_name: Optional[str], env: Mapping[str, str] | None = None) -> tuple[Optional[float], str]:
-    """(GB/s or None, where it came from / why not)."""
-    raw = (env or {}).get(ENV_HBM_GBPS, "")
-    if raw:
-        try:
-            v = float(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_HBM_GBPS}={raw!r} is not a number (GB/s)") from None
-        if v <= 0:
-            raise ValueError(f"{ENV_HBM_GBPS}={raw!r} must be > 0")
-        return v, f"override {ENV_HBM_GBPS}"
+def bandwidth_gbps(device_name: Optional[str], override: Optional[float] = None) -> tuple[Optional[float], str]:
+    """(GB/s or None, where it came from / why not).  ``override`` is the configured
+    ``SGLANG_CTXPROF_HBM_GBPS`` (parsed and checked by ``model.config``)."""
+    if override:
+        return float(override), f"override {ENV_HBM_GBPS}"
     if not device_name:
         return None, "no GPU (CPU run): HBM roofline unavailable"
     up = device_name.upper()
@@ -86,12 +80,9 @@ def percent_of_roofline(bytes_per_step: float, attn_ms: float, gbps: float) -> f
 
 
 def hw_meta(facts: Optional[Mapping[str, Any]], device_name: Optional[str],
-            env: Mapping[str, str] | None = None) -> dict[str, Any]:
+            hbm_gbps: Optional[float] = None) -> dict[str, Any]:
     """What a scheduler puts into its state's ``meta["hw"]`` (msgpack-safe builtins)."""
-    try:
-        gbps, source = bandwidth_gbps(device_name, env)
-    except ValueError as exc:
-        gbps, source = None, str(exc)
+    gbps, source = bandwidth_gbps(device_name, hbm_gbps)
     out: dict[str, Any] = {"device": device_name or "cpu", "hbm_gbps": gbps, "source": source,
                            "model": dict(facts) if facts else None}
     if facts:

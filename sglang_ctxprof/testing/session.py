@@ -24,3 +24,17 @@ def instrumented(targets: Iterable[Any], config: Optional[CtxProfConfig] = None,
         yield session
     finally:
         session.uninstrument()
+
+
+class Capture:
+    """A sink that keeps every record the profiler's recorder drains (what tests read instead of a
+    production ring): ``Capture(profiler).records()`` flushes, then returns them in order."""
+
+    def __init__(self, profiler: Any) -> None:
+        self._profiler = profiler
+        self._got: list[Any] = []
+        profiler.recorder.sinks.append(("capture", self._got.append))
+
+    def records(self) -> list[Any]:
+        self._profiler.recorder.flush()
+        return list(self._got)

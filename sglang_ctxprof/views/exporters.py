@@ -1,4 +1,4 @@
-"""Builds the tracing sinks from the environment and registers them on the Profiler's Recorder.
+"""Builds the tracing sinks from the configuration and registers them on the Profiler's Recorder.
 
 Three sinks run on the recorder's drain thread (never on the scheduler's hot path), each under its
 own fault-guard component:
@@ -24,32 +24,21 @@ from typing import Any, Callable, Mapping, Optional
 from ..model import names
 from ..model.records import StepRecord
 from ..aggregate.requests import RequestLog
+from ..model.config import DEFAULT_OTEL_QUEUE
 from .policy import TracePolicy
 
 logger = logging.getLogger(__name__)
 
 
-def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
-    raw = env.get(key)
-    if not raw:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not an integer") from None
-    if v < 1:
-        raise ValueError(f"{key}={raw!r} must be >= 1")
-    return v
-
-
 class Sinks:
     def __init__(self, bucketing: Any, policy: TracePolicy, *, env: Optional[Mapping[str, str]] = None,
                  logs: Any = None, otel: Any = None, max_open: int = 4096, max_steps: int = 4096,
-                 primary: Callable[[], bool] = lambda: True,
+                 otel_queue: int = DEFAULT_OTEL_QUEUE, primary: Callable[[], bool] = lambda: True,
                  metrics_enabled: Callable[[], bool] = lambda: False) -> None:
         self.bucketing = bucketing
         self.policy = policy
-        self.env = dict(os.environ if env is None else env)
+        self.env = dict(os.environ if env is None else env)  # the standard OTEL_* exporter variables
+        self.otel_queue = otel_queue
         self.logs = logs
         self.otel = otel
         self.otel_error: Optional[str] = None
@@ -70,7 +59,7 @@ class Sinks:
         try:
             from .otel import OtelView, build_provider
 
-            provider, stats = build_provider(self.env)
+            provider, stats = build_provider(self.env, queue=self.otel_queue)
             bk = self.bucketing
             self.otel = OtelView(provider, stats, bucket_label=lambda c: bk.label(bk.index(c)))
         except Exception as exc:  # noqa: BLE001 - no OTel: tracing off, profiling goes on
@@ -155,20 +144,20 @@ class Sinks:
 
 def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
           metrics_enabled: Callable[[], bool] = lambda: False) -> Sinks:
-    """Sinks for one scheduler's Profiler, from the environment (bad values raise ValueError).
+    """Sinks for one scheduler's Profiler, configured by ``profiler.config`` (its ``trace``,
+    ``logs`` and ``export`` parts); ``env`` holds only the standard ``OTEL_*`` exporter variables.
 
     ``metrics_enabled`` says whether SGLang runs with ``--enable-metrics`` (asked on first need,
     since the server arguments are known only once the profiler is bound)."""
-    env = os.environ if env is None else env
-    policy = TracePolicy.from_env(env)
+    cfg = profiler.config
+    policy = TracePolicy.from_settings(cfg.trace)
     logs = None
-    from .logs import LogConfig, LogView
-
-    lcfg = LogConfig.from_env(env)
     sinks_ref: list[Sinks] = []
-    if lcfg.fmt != "off":
+    if cfg.logs.fmt != "off":
+        from .logs import LogView
+
         try:
-            logs = LogView(lcfg, lambda: sinks_ref[0].policy)
+            logs = LogView(cfg.logs, lambda: sinks_ref[0].policy)
         except ImportError:
             logger.warning("sglang-ctxprof: structlog is not installed; %s is ignored", names.ENV_LOG)
 
@@ -176,8 +165,8 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
         r = getattr(profiler, "rank", None)
         return r is None or r.tp == 0
 
-    s = Sinks(profiler.config.bucketing(), policy, env=env, logs=logs, primary=primary,
-              metrics_enabled=metrics_enabled, max_open=_int_env(env, names.ENV_TRACE_MAX_OPEN, 4096))
+    s = Sinks(cfg.bucketing(), policy, env=env, logs=logs, primary=primary, metrics_enabled=metrics_enabled,
+              max_open=cfg.trace.max_open, otel_queue=cfg.export.otel_queue)
     sinks_ref.append(s)
     if logs is not None:
         logs.start()
@@ -195,13 +184,3 @@ def install(profiler: Any, env: Optional[Mapping[str, str]] = None,
         return None
     profiler.recorder.sinks.extend(s.entries())
     return s
-
-
-def validate_env(env: Optional[Mapping[str, str]] = None) -> None:
-    """Check every tracing/log setting (main process, before start): a bad value raises ValueError."""
-    env = os.environ if env is None else env
-    from .logs import LogConfig
-
-    TracePolicy.from_env(env)
-    LogConfig.from_env(env)
-    _int_env(env, names.ENV_TRACE_MAX_OPEN, 4096)

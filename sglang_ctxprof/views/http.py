@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 from typing import Any
 
@@ -34,6 +33,7 @@ from starlette.requests import Request
 
 from ..model import names
 from ..aggregate.aggregator import merge_states, summarize
+from ..model.config import CtxProfConfig
 from ..model.guard import COMPONENTS, Guard
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def guard() -> Guard:
     """The HTTP process's own fault guard (component ``http``)."""
     global _GUARD
     if _GUARD is None:
-        _GUARD = Guard(os.environ.get(names.ENV_FAULT, ""))
+        _GUARD = Guard(CtxProfConfig.from_env().fault)
     return _GUARD
 
 

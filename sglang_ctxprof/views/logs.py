@@ -9,6 +9,7 @@ Events (names in ``names.py``):
 * ``ctx_profile_summary``: every ``SGLANG_CTXPROF_LOG_SUMMARY_S`` seconds (default 60, 0 = off) the
   window's steps, requests, slow counts, step times and tok/s; at ``debug`` level when idle.
 
+Configured by the configuration's ``logs`` part (:class:`~sglang_ctxprof.model.config.LogSettings`).
 Output: ``SGLANG_CTXPROF_LOG=json`` (one JSON object a line) or ``text`` (key=value, the default) or
 ``off``; to ``SGLANG_CTXPROF_LOG_FILE`` (a path, ``stderr`` (default) or ``stdout``); minimum level
 ``SGLANG_CTXPROF_LOG_LEVEL`` (default ``info``).
@@ -20,47 +21,15 @@ SGLang's log format stays exactly as it was.  Imports structlog lazily (optional
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ..model import names
+from ..model.config import LogSettings
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
-
-LEVELS = ("debug", "info", "warning")
-FORMATS = ("off", "text", "json")
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    fmt: str = "text"
-    dest: str = "stderr"
-    level: str = "info"
-    summary_s: float = 60.0
-    slow_steps_per_min: int = 6
-
-    @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "LogConfig":
-        env = os.environ if env is None else env
-        fmt = (env.get(names.ENV_LOG) or "text").strip().lower()
-        if fmt not in FORMATS:
-            raise ValueError(f"{names.ENV_LOG}={fmt!r}: use one of {', '.join(FORMATS)}")
-        level = (env.get(names.ENV_LOG_LEVEL) or "info").strip().lower()
-        if level not in LEVELS:
-            raise ValueError(f"{names.ENV_LOG_LEVEL}={level!r}: use one of {', '.join(LEVELS)}")
-        try:
-            summary_s = float(env.get(names.ENV_LOG_SUMMARY_S) or 60.0)
-            per_min = int(env.get(names.ENV_LOG_SLOW_STEP_PER_MIN) or 6)
-        except ValueError as exc:
-            raise ValueError(f"bad {names.ENV_LOG_SUMMARY_S} or {names.ENV_LOG_SLOW_STEP_PER_MIN}: {exc}") from None
-        if summary_s < 0 or per_min < 0:
-            raise ValueError(f"{names.ENV_LOG_SUMMARY_S} and {names.ENV_LOG_SLOW_STEP_PER_MIN} must be >= 0")
-        return cls(fmt, (env.get(names.ENV_LOG_FILE) or "stderr").strip(), level, summary_s, per_min)
-
 
 def _open(dest: str) -> Any:
     if dest == "stderr":
@@ -70,7 +39,7 @@ def _open(dest: str) -> Any:
     return open(dest, "a", buffering=1)  # line-buffered: one event per line, readable at once
 
 
-def make_logger(cfg: LogConfig, renderer: Any = None, file: Any = None) -> Any:
+def make_logger(cfg: LogSettings, renderer: Any = None, file: Any = None) -> Any:
     """A structlog logger with our own processors only (no global configuration)."""
     import structlog
 
@@ -100,7 +69,7 @@ class _Window:
 
 
 class LogView:
-    def __init__(self, cfg: LogConfig, policy: Callable[[], Any], logger: Any = None,
+    def __init__(self, cfg: LogSettings, policy: Callable[[], Any], logger: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.policy = policy

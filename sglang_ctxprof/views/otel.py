@@ -40,12 +40,13 @@ import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..model import names
+from ..model.config import DEFAULT_OTEL_QUEUE
 from ..model.names import Phase
 
 _VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
 _TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)
 _REST = (Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
-DEFAULT_QUEUE = 8192
+DEFAULT_QUEUE = DEFAULT_OTEL_QUEUE
 logger = logging.getLogger(__name__)
 # Loggers where the OTLP exporters report each failed batch.  A filter drops those lines when they
 # come from *our* export thread only (SGLang's own --enable-trace exporter logs as before): a down
@@ -172,20 +173,16 @@ def make_exporter(env: Mapping[str, str]) -> Any:
     raise ValueError(f"OTLP protocol {proto!r} is not supported: use grpc or http/protobuf")
 
 
-def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None) -> tuple[Any, ExportStats]:
-    """Our own TracerProvider (never installed globally) and its export counters."""
+def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None,
+                   queue: int = DEFAULT_QUEUE) -> tuple[Any, ExportStats]:
+    """Our own TracerProvider (never installed globally) and its export counters.  ``queue`` is
+    the configured span queue (``export.otel_queue``); ``env`` holds the standard ``OTEL_*``
+    exporter variables."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     env = os.environ if env is None else env
-    raw = env.get(names.ENV_OTEL_QUEUE) or env.get("OTEL_BSP_MAX_QUEUE_SIZE") or str(DEFAULT_QUEUE)
-    try:
-        queue = int(raw)
-    except ValueError:
-        raise ValueError(f"{names.ENV_OTEL_QUEUE}={raw!r} is not an integer") from None
-    if queue < 1:
-        raise ValueError(f"{names.ENV_OTEL_QUEUE}={raw!r} must be >= 1")
     stats = ExportStats(max_queue=queue)
     attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "sglang"}
     provider = TracerProvider(resource=Resource.create(attrs))

@@ -3,66 +3,34 @@
 The decision is taken when a request *finishes*, from its whole history, so a ``slow`` policy exports
 exactly the slow requests, each with all its steps (head-based sampling could not know).
 
-Environment (read once at start-up; ``POST /ctx_profile/trace_policy`` changes it at run time):
-
-``SGLANG_CTXPROF_TRACE`` (default ``off``)
-    ``off``: no spans; ``slow``: export the requests this policy calls slow; ``all``: every request.
-``SGLANG_CTXPROF_SLOW_TOK_S`` (default ``20``)
-    A request is slow if its decode speed (committed tokens / summed decode step time) is below this
-    many tokens per second.  ``0`` disables this criterion.
-``SGLANG_CTXPROF_SLOW_STEP_MS`` (default ``250``)
-    A request is slow if one of its decode steps took longer than this; a step this long is also a
-    ``slow_step`` log event.  ``0`` disables this criterion.
-
-A request with no decode step (it finished at prefill) is never slow by the tok/s criterion.
-Pure: imports only the standard library and the package vocabulary.
+The initial policy comes from the configuration's ``trace`` part (``SGLANG_CTXPROF_TRACE``,
+``SGLANG_CTXPROF_SLOW_TOK_S``, ``SGLANG_CTXPROF_SLOW_STEP_MS``: see ``model.config``);
+``POST /ctx_profile/trace_policy`` changes it at run time.  A request is slow if its decode speed
+(committed tokens / summed decode step time) is below ``slow_tok_s``, or if one of its decode steps
+took longer than ``slow_step_ms``; ``0`` disables a criterion.  A request with no decode step (it
+finished at prefill) is never slow by the tok/s criterion.  Pure: imports only ``model``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
-from ..model import names
+from ..model.config import TRACE_MODES, TraceSettings, parse_choice, parse_float
 
-MODES = ("off", "slow", "all")
-DEFAULT_SLOW_TOK_S = 20.0
-DEFAULT_SLOW_STEP_MS = 250.0
-
-
-def _float(env: Mapping[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None or str(raw).strip() == "":
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a number") from None
-    if not v >= 0 or v == float("inf"):
-        raise ValueError(f"{key}={raw!r} must be a finite number >= 0")
-    return v
-
-
-def _mode(raw: Any, key: str = names.ENV_TRACE) -> str:
-    m = str(raw or "off").strip().lower()
-    if m not in MODES:
-        raise ValueError(f"{key}={raw!r}: use one of {', '.join(MODES)}")
-    return m
+MODES = TRACE_MODES
+_DEFAULT = TraceSettings()
 
 
 @dataclass(frozen=True)
 class TracePolicy:
-    mode: str = "off"
-    slow_tok_s: float = DEFAULT_SLOW_TOK_S
-    slow_step_ms: float = DEFAULT_SLOW_STEP_MS
+    mode: str = _DEFAULT.mode
+    slow_tok_s: float = _DEFAULT.slow_tok_s
+    slow_step_ms: float = _DEFAULT.slow_step_ms
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TracePolicy":
-        env = os.environ if env is None else env
-        return cls(mode=_mode(env.get(names.ENV_TRACE)),
-                   slow_tok_s=_float(env, names.ENV_TRACE_SLOW_TOK_S, DEFAULT_SLOW_TOK_S),
-                   slow_step_ms=_float(env, names.ENV_TRACE_SLOW_STEP_MS, DEFAULT_SLOW_STEP_MS))
+    def from_settings(cls, t: TraceSettings) -> "TracePolicy":
+        return cls(mode=t.mode, slow_tok_s=t.slow_tok_s, slow_step_ms=t.slow_step_ms)
 
     def updated(self, changes: Mapping[str, Any]) -> "TracePolicy":
         """A copy with ``changes`` applied (keys: mode, slow_tok_s, slow_step_ms); bad input raises."""
@@ -71,10 +39,10 @@ class TracePolicy:
             raise ValueError(f"unknown trace policy field(s): {', '.join(sorted(unknown))}")
         kw: dict[str, Any] = {}
         if "mode" in changes:
-            kw["mode"] = _mode(changes["mode"], "mode")
+            kw["mode"] = parse_choice("mode", changes["mode"], MODES)
         for k in ("slow_tok_s", "slow_step_ms"):
             if k in changes:
-                kw[k] = _float({k: str(changes[k])}, k, 0.0)
+                kw[k] = parse_float(k, changes[k])
         return replace(self, **kw)
 
     def to_dict(self) -> dict[str, Any]:

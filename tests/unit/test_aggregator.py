@@ -162,14 +162,13 @@ def test_record_roundtrip_and_validation():
 
 
 def test_memory_bounded_request_ring_and_reset():
-    agg = Aggregator(request_capacity=10, step_ring=5, max_steps_per_request=3)
+    agg = Aggregator(request_capacity=10, max_steps_per_request=3)
     for i in range(20):
         agg.observe(rec(i, [100], rids=(f"r{i}",)))
     for i in range(5):
         agg.observe(rec(20 + i, [101 + i], rids=("r19",)))
     assert len(agg.requests) == 10 and agg.requests.evicted == 10
     assert agg.requests.get("r0") is None
-    assert len(agg.recent) == 5
     row = agg.requests.get("r19")
     assert row["steps"] == 6 and len(row["step_rows"]) == 3 and row["steps_truncated"] == 3
     agg.reset()

@@ -20,6 +20,7 @@ from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factor
 from sglang_ctxprof.collect.instrumentor import check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
 from sglang_ctxprof.collect.session import CtxProfSession
+from sglang_ctxprof.testing.session import Capture
 from sglang_ctxprof.collect.clocks import CudaEventClock
 
 K = 4
@@ -31,6 +32,7 @@ def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="of
     session = CtxProfSession(CtxProfConfig(), targets=targets)
     assert set(session.instrument().values()) == {"ok"}
     p = session.profiler
+    CAPTURES[id(p)] = Capture(p)
     sched = gf.Scheduler(None, device_sync=device_sync)
     p.bind(sched)
     p.clock = CudaEventClock(event_factory=lambda: gf.DEV.Event(enable_timing=True))
@@ -41,9 +43,11 @@ def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="of
     return p, session, sched
 
 
+CAPTURES: dict[int, Capture] = {}  # profiler id -> the test's record capture
+
+
 def records(p):
-    p.recorder.flush()
-    return list(p.aggregator.recent)
+    return CAPTURES[id(p)].records()
 
 
 @pytest.fixture

@@ -12,7 +12,12 @@ from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.views.exporters import Sinks
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.views.policy import TracePolicy
-from sglang_ctxprof.views.logs import LogConfig, LogView, make_logger
+from sglang_ctxprof.model.config import CtxProfConfig, LogSettings
+from sglang_ctxprof.views.logs import LogView, make_logger
+
+
+def _logs(env):
+    return CtxProfConfig.from_env(env).logs
 
 
 def _step(i, ms, rid="a", fin=False, kind="decode"):
@@ -28,7 +33,7 @@ class Clock:
         return self.t
 
 
-def _view(cfg=LogConfig(slow_steps_per_min=2), policy=TracePolicy(mode="slow", slow_tok_s=50, slow_step_ms=100)):
+def _view(cfg=LogSettings(slow_steps_per_min=2), policy=TracePolicy(mode="slow", slow_tok_s=50, slow_step_ms=100)):
     cap = LogCapture()
     clock = Clock()
     view = LogView(cfg, lambda: policy, logger=make_logger(cfg, renderer=cap, file=open("/dev/null", "w")),
@@ -78,7 +83,7 @@ def test_json_file_output_and_no_global_logging_change(tmp_path):
     root_handlers = list(logging.getLogger().handlers)
     cfg_before = structlog.get_config()["processors"][:]
     path = tmp_path / "ev.jsonl"
-    cfg = LogConfig.from_env({"SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": str(path),
+    cfg = _logs({"SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": str(path),
                               "SGLANG_CTXPROF_LOG_LEVEL": "info"})
     view = LogView(cfg, lambda: TracePolicy(slow_tok_s=50))
     view.on_request({"rid": "r9", "steps": 2, "decode_tok_s": 3.0, "step_rows": [{"step_ms": 1.0}]},
@@ -100,4 +105,4 @@ def test_bad_log_settings():
     for env in ({"SGLANG_CTXPROF_LOG": "xml"}, {"SGLANG_CTXPROF_LOG_LEVEL": "loud"},
                 {"SGLANG_CTXPROF_LOG_SUMMARY_S": "often"}):
         with pytest.raises(ValueError):
-            LogConfig.from_env(env)
+            _logs(env)

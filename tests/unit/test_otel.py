@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.aggregate.requests import RequestLog
+from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.views.otel import OtelView, build_provider
 
 T0 = 1_700_000_000_000_000_000
@@ -118,7 +119,8 @@ class _Down(SpanExporter):
 
 def test_bounded_queue_counts_drops_and_never_blocks():
     exp = _Blocking()
-    prov, stats = build_provider({"SGLANG_CTXPROF_OTEL_QUEUE": "4", "OTEL_SERVICE_NAME": "t"}, exporter=exp)
+    queue = CtxProfConfig.from_env({"SGLANG_CTXPROF_OTEL_QUEUE": "4"}).export.otel_queue
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=queue)
     view = OtelView(prov, stats)
     view.export_request(_request(3))  # 1 + 1 + 3 * 8 = 26 spans into a queue of 4, exporter stuck
     d = stats.to_dict()
@@ -144,7 +146,10 @@ def test_collector_down_counts_every_span_as_dropped():
 
 def test_bad_settings_are_clear_errors():
     with pytest.raises(ValueError, match="SGLANG_CTXPROF_OTEL_QUEUE"):
-        build_provider({"SGLANG_CTXPROF_OTEL_QUEUE": "many"}, exporter=_Down())
+        CtxProfConfig.from_env({"SGLANG_CTXPROF_OTEL_QUEUE": "many"})
+    with pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE"):
+        CtxProfConfig.from_env({"OTEL_BSP_MAX_QUEUE_SIZE": "0"})
+    assert CtxProfConfig.from_env({"OTEL_BSP_MAX_QUEUE_SIZE": "7"}).export.otel_queue == 7
     with pytest.raises(ValueError, match="not supported"):
         build_provider({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "carrier-pigeon"})
 

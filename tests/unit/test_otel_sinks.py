@@ -9,7 +9,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.records import RankId, StepRecord
-from sglang_ctxprof.views.exporters import Sinks, validate_env
+from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.views.exporters import Sinks
 from sglang_ctxprof.views.policy import TracePolicy
 from sglang_ctxprof.views.otel import OtelView
 
@@ -67,12 +68,12 @@ def test_only_the_primary_rank_emits_and_metrics_need_enable_metrics():
     assert _exported(exp) == [] and s.metrics is None and s.status()["metrics"] is None
 
 
-def test_validate_env_names_the_bad_variable():
+def test_config_names_the_bad_variable():
     import pytest
 
     for env, name in (({"SGLANG_CTXPROF_TRACE": "yes"}, "SGLANG_CTXPROF_TRACE"),
                       ({"SGLANG_CTXPROF_LOG": "yaml"}, "SGLANG_CTXPROF_LOG"),
                       ({"SGLANG_CTXPROF_TRACE_MAX_OPEN": "0"}, "SGLANG_CTXPROF_TRACE_MAX_OPEN")):
         with pytest.raises(ValueError, match=name):
-            validate_env(env)
-    validate_env({})
+            CtxProfConfig.from_env(env)
+    CtxProfConfig.from_env({})

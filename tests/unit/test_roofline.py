@@ -46,19 +46,24 @@ def test_percent_by_hand():
     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 1792.0),
 ])
 def test_bandwidth_table(name, gbps):
-    assert rl.bandwidth_gbps(name, {})[0] == gbps
+    assert rl.bandwidth_gbps(name)[0] == gbps
 
 
 def test_bandwidth_override_cpu_and_errors():
-    assert rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "4000"}) == (4000.0, "override SGLANG_CTXPROF_HBM_GBPS")
-    gbps, why = rl.bandwidth_gbps(None, {})
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    def hbm(raw):
+        return CtxProfConfig.from_env({"SGLANG_CTXPROF_HBM_GBPS": raw}).roofline.hbm_gbps
+
+    assert rl.bandwidth_gbps("NVIDIA H200", hbm("4000")) == (4000.0, "override SGLANG_CTXPROF_HBM_GBPS")
+    gbps, why = rl.bandwidth_gbps(None)
     assert gbps is None and "CPU" in why
-    gbps, why = rl.bandwidth_gbps("NVIDIA A10G", {})
+    gbps, why = rl.bandwidth_gbps("NVIDIA A10G")
     assert gbps is None and "SGLANG_CTXPROF_HBM_GBPS" in why
-    with pytest.raises(ValueError, match="not a number"):
-        rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "fast"})
+    with pytest.raises(ValueError, match="SGLANG_CTXPROF_HBM_GBPS.*not a number"):
+        hbm("fast")
     with pytest.raises(ValueError, match="> 0"):
-        rl.bandwidth_gbps("NVIDIA H200", {"SGLANG_CTXPROF_HBM_GBPS": "-1"})
+        hbm("-1")
     with pytest.raises(ValueError, match="unknown KV dtype"):
         rl.dtype_bytes("int3")
     bad = rl.hw_meta({"attention": "gqa"}, "NVIDIA H200")
@@ -81,7 +86,7 @@ def _state(hw, attn_ms=1.0, ctx=(4096,) * 8):
 
 
 def test_summarize_renders_roofline_per_bucket():
-    hw = rl.hw_meta(DSV3, "NVIDIA H200", {})
+    hw = rl.hw_meta(DSV3, "NVIDIA H200")
     body = summarize(merge_states([_state(hw), _state(None)]))  # the rank with facts wins the merge
     (b,) = body["buckets"]
     assert b["roofline"]["available"] is True
@@ -92,12 +97,12 @@ def test_summarize_renders_roofline_per_bucket():
 
 
 def test_summarize_cpu_is_unavailable_with_reason():
-    body = summarize(_state(rl.hw_meta(DSV3, None, {})))
+    body = summarize(_state(rl.hw_meta(DSV3, None)))
     r = body["buckets"][0]["roofline"]
     assert r == {"available": False, "reason": "no GPU (CPU run): HBM roofline unavailable"}
     body = summarize(_state(None))
     assert body["buckets"][0]["roofline"]["available"] is False
-    body = summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200", {}), attn_ms=0.0))
+    body = summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200"), attn_ms=0.0))
     assert "no verify attention" in body["buckets"][0]["roofline"]["reason"]
 
 
@@ -132,9 +137,9 @@ def test_adapter_model_facts_from_sglang_model_config():
 def test_text_view_shows_roofline_or_why_not():
     from sglang_ctxprof.views.text import render
 
-    gpu = render(summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200", {}))))
+    gpu = render(summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200"))))
     assert "attn %HBM" in gpu and "48.0" in gpu
-    cpu = render(summarize(_state(rl.hw_meta(DSV3, None, {}))))
+    cpu = render(summarize(_state(rl.hw_meta(DSV3, None))))
     assert "attn %HBM" not in cpu and "unavailable (no GPU (CPU run)" in cpu
 
 
@@ -143,7 +148,7 @@ def test_profiler_ships_hw_facts_in_its_state(monkeypatch):
     from sglang_ctxprof.collect.profiler import Profiler
 
     monkeypatch.setenv("SGLANG_CTXPROF_HBM_GBPS", "1000")  # even with an override, a CPU has model facts
-    p = Profiler(CtxProfConfig())
+    p = Profiler(CtxProfConfig.from_env())
     sched = _sched("AttentionArch.MLA", layers=61, kv_lora_rank=512, qk_rope_head_dim=64)
     sched.server_args.speculative_algorithm = "EAGLE"
     try:

@@ -20,6 +20,7 @@ from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
 from sglang_ctxprof.collect.session import CtxProfSession
+from sglang_ctxprof.testing.session import Capture
 from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
 
 NOW = [10**12]
@@ -88,13 +89,13 @@ def test_cpu_clock_is_exact_against_injected_monotonic_clock(monkeypatch):
     session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
     assert set(session.instrument().values()) == {"ok"}
     p = session.profiler
+    cap = Capture(p)
     try:
         s = Sched()
         for _ in range(3):
             b = Batch([Req("a", 50)])
             s.process_batch_result(b, s.run_batch(b))
-        p.recorder.flush()
-        recs = list(p.aggregator.recent)
+        recs = cap.records()
     finally:
         session.uninstrument()
     assert len(recs) == 3 and all(r.timing == "cpu" for r in recs)
@@ -173,13 +174,13 @@ def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
     session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
     session.instrument()
     p = session.profiler
+    cap = Capture(p)
     monkeypatch.setattr(hooks, "IS_COMPILING", lambda: True)  # after instrument(), which resolves it
     try:
         s = Sched()
         b = Batch([Req("a", 50)])
         s.process_batch_result(b, s.run_batch(b))
-        p.recorder.flush()
-        (r,) = list(p.aggregator.recent)
+        (r,) = cap.records()
     finally:
         session.uninstrument()
     assert r.phases_ms["verify_attn"] == 0.0 and r.phases_ms["verify_rest"] == r.phases_ms["verify"] == 7.0

@@ -1,10 +1,17 @@
-"""tracing_policy.py: env parsing, tail-based decisions, run-time updates."""
+"""views/policy.py: the policy from the configured trace part, tail-based decisions, run-time updates."""
 
 from __future__ import annotations
 
 import pytest
 
-from sglang_ctxprof.views.policy import DEFAULT_SLOW_STEP_MS, DEFAULT_SLOW_TOK_S, TracePolicy
+from sglang_ctxprof.model.config import CtxProfConfig, TraceSettings
+from sglang_ctxprof.views.policy import TracePolicy
+
+DEFAULT_SLOW_TOK_S, DEFAULT_SLOW_STEP_MS = TraceSettings().slow_tok_s, TraceSettings().slow_step_ms
+
+
+def _policy(env):
+    return TracePolicy.from_settings(CtxProfConfig.from_env(env).trace)
 
 
 def _req(tok_s, steps=4, worst=10.0):
@@ -13,13 +20,13 @@ def _req(tok_s, steps=4, worst=10.0):
 
 
 def test_defaults_are_documented_values():
-    p = TracePolicy.from_env({})
+    p = _policy({})
     assert (p.mode, p.slow_tok_s, p.slow_step_ms) == ("off", DEFAULT_SLOW_TOK_S, DEFAULT_SLOW_STEP_MS)
     assert p.should_export(_req(0.1)) == (False, "decode_tok_s 0.1 < 20")
 
 
 def test_slow_mode_exports_exactly_the_slow_ones():
-    p = TracePolicy.from_env({"SGLANG_CTXPROF_TRACE": "slow", "SGLANG_CTXPROF_SLOW_TOK_S": "50",
+    p = _policy({"SGLANG_CTXPROF_TRACE": "slow", "SGLANG_CTXPROF_SLOW_TOK_S": "50",
                               "SGLANG_CTXPROF_SLOW_STEP_MS": "100"})
     assert p.should_export(_req(100.0))[0] is False
     ok, why = p.should_export(_req(10.0))
@@ -30,7 +37,7 @@ def test_slow_mode_exports_exactly_the_slow_ones():
 
 
 def test_all_mode_exports_everything_and_zero_disables_criteria():
-    p = TracePolicy.from_env({"SGLANG_CTXPROF_TRACE": "ALL", "SGLANG_CTXPROF_SLOW_TOK_S": "0",
+    p = _policy({"SGLANG_CTXPROF_TRACE": "ALL", "SGLANG_CTXPROF_SLOW_TOK_S": "0",
                               "SGLANG_CTXPROF_SLOW_STEP_MS": "0"})
     assert p.should_export(_req(0.5, worst=1e6)) == (True, "")
     assert not p.step_is_slow(1e9)
@@ -44,7 +51,7 @@ def test_all_mode_exports_everything_and_zero_disables_criteria():
 ])
 def test_bad_env_is_a_clear_error(env, match):
     with pytest.raises(ValueError, match=match):
-        TracePolicy.from_env(env)
+        _policy(env)
 
 
 def test_runtime_update():
