@@ -92,7 +92,8 @@ def install_http_routes(app=None) -> None:
 
     if app is None:
         app = adapter.http_app()
-    install_routes(app, ControlClient(adapter.tokenizer_manager, adapter.make_control_request))
+    install_routes(app, ControlClient(adapter.tokenizer_manager, adapter.make_control_request),
+                   adapter.admin_auth())
 
 
 def _register_cli_hooks() -> None:

@@ -345,6 +345,13 @@ def http_app() -> Any:
     return app
 
 
+def admin_auth() -> Any:
+    """SGLang's ADMIN_OPTIONAL auth decorator (``--admin-api-key`` protects what it wraps)."""
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    return auth_level(AuthLevel.ADMIN_OPTIONAL)
+
+
 def tokenizer_manager() -> Any:
     """The HTTP process's tokenizer manager, which carries control requests to the schedulers."""
     from sglang.srt.entrypoints.http_server import get_global_state

@@ -244,15 +244,14 @@ async def trace_policy(request: Request):
             "ranks": [p.get("exporters") for p in payloads]}
 
 
-def install_routes(app: Any, client: Any) -> None:
-    """Add the routes to SGLang's FastAPI ``app``; ``client`` (a ControlClient) reaches the schedulers."""
-    from sglang.srt.utils.auth import AuthLevel, auth_level
-
+def install_routes(app: Any, client: Any, admin: Any) -> None:
+    """Add the routes to SGLang's FastAPI ``app``.  ``client`` (a ControlClient) reaches the
+    schedulers; ``admin`` wraps a write route in SGLang's ADMIN_OPTIONAL auth level (given by the
+    wiring from the adapter, so this module imports nothing of SGLang's internals)."""
     global _CLIENT
     _CLIENT = client
     if any(getattr(r, "path", None) == names.ROUTE for r in app.router.routes):
         return
-    admin = auth_level(AuthLevel.ADMIN_OPTIONAL)
     r = names.ROUTE
     app.add_api_route(r, _guarded(get_profile), methods=["GET"])
     app.add_api_route(names.ROUTE_RESET, admin(_guarded(post_reset)), methods=["POST"])
