@@ -103,10 +103,9 @@ def run_batch(original, self, batch, *args, **kwargs):
     if p is not None and p.active and p.guard.ok("hooks"):
         try:
             b = p.begin_step(self, batch)
-            if b is not None and p.wrapped_worker is not getattr(self, "model_worker", None):
-                worker = getattr(self, "model_worker", None)
-                if worker is not None:
-                    s.wrap_worker(worker)
+            worker = getattr(self, "model_worker", None)
+            if b is not None and worker is not None and p.wrapped_worker is not worker:
+                s.wrap_worker(worker)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
             b = None
@@ -173,9 +172,13 @@ def verify(original, *args, **kwargs):
 def _sub(name: str, original, args, kwargs):
     """Attention / MoE regions inside verify; only the outermost region of a call counts.
 
-    During CUDA-graph capture the region gets an external event pair instead (graph_clock)."""
-    p = profiler()
-    if p is None or IS_COMPILING():
+    During CUDA-graph capture the region gets an external event pair instead (graph_clock).
+    Runs for every attention and MoE block of every layer, so the handle is read inline."""
+    s = SESSION
+    if s is None or IS_COMPILING():
+        return original(*args, **kwargs)
+    p = s.profiler
+    if p is None:
         return original(*args, **kwargs)
     g = p.graph
     if g is not None and g.capturing():

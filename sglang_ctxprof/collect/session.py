@@ -41,18 +41,11 @@ class CtxProfSession:
 
         self.config = config if config is not None else CtxProfConfig.from_env()
         self.targets = list(adapter.TARGETS if targets is None else targets)
-        self.signatures = adapter.SIGNATURES if signatures is None and targets is None else (signatures or {})
+        # the adapter's signature checks belong to the adapter's targets; given targets bring their own
+        self.signatures = signatures if signatures is not None else ({} if targets is not None else adapter.SIGNATURES)
         self._exporters = exporters
         self.profiler: Optional[Profiler] = None
         self.instrumentor: Optional[CtxProfInstrumentor] = None
-
-    @property
-    def instrumented(self) -> bool:
-        return self.profiler is not None
-
-    @property
-    def enabled(self) -> bool:
-        return self.profiler is not None and self.profiler.active
 
     def instrument(self) -> dict[str, str]:
         """Build the profiler and install every hook; returns the instrumentor's report (path -> ok/why)."""

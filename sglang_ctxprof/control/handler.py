@@ -34,8 +34,9 @@ def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
         if p is not None and not p.guard.ok("control"):
             return {CONTROL_KEY: {"error": "ctx profiler control disabled after a failure",
                                   "degraded": p.guard.status()}}
-        return {CONTROL_KEY: p.guard.run("control", _handle, req, scheduler, session) if p is not None
-                else {"error": "ctx profiler is not installed in this scheduler"}}
+        if p is None:
+            return {CONTROL_KEY: {"error": "ctx profiler is not installed in this scheduler"}}
+        return {CONTROL_KEY: _handle(req, scheduler, session)}  # a failure is answered below
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
         if p is None:
             logger.warning("sglang-ctxprof: control request failed: %r", exc)
