@@ -30,7 +30,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize  # noqa: E402
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states  # noqa: E402
+from sglang_ctxprof.views.profile import summarize  # noqa: E402
 from sglang_ctxprof.model.names import KIND_DECODE, KIND_PREFILL  # noqa: E402
 from sglang_ctxprof.model.records import RankId, StepRecord  # noqa: E402
 from sglang_ctxprof.collect.recorder import Recorder  # noqa: E402

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
@@ -181,12 +181,4 @@ def summarize(r: Mapping[str, Any], with_steps: bool) -> dict[str, Any]:
     out["decode_tok_s"] = _tok_s(r)
     if with_steps:
         out["step_rows"] = [row_dict(t) for t in r["step_rows"]]
-    return out
-
-
-def merge_request_lists(lists: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Requests seen by several DP ranks never overlap; TP ranks do not answer.  Concatenate."""
-    out: list[dict[str, Any]] = []
-    for lst in lists:
-        out.extend(lst)
     return out

@@ -22,7 +22,8 @@ def run(ns) -> int:
     if ns.json:
         print(json.dumps(body, indent=2))
     else:
+        from ..views.profile import Profile
         from ..views.text import render
 
-        print(render(body), end="")
+        print(render(Profile.from_dict(body)), end="")
     return 0

@@ -21,6 +21,7 @@ import time
 from typing import Any, Mapping
 
 from ..model.names import LEAF_PHASES, Phase
+from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
 BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.STEP.value)
@@ -28,21 +29,22 @@ NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with -
 
 
 def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance."""
+    """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance
+    (from the buckets' exact counts)."""
     if not body or not body.get("buckets"):
         return None
-    buckets = body["buckets"]
-    steps = sum(b["steps"] for b in buckets)
-    req_steps = sum(b["mean_batch_size"] * b["steps"] for b in buckets)
+    prof = Profile.from_dict(body)
+    buckets = prof.buckets
+    steps = sum(b.steps for b in buckets)
+    req_steps = sum(b.req_steps for b in buckets)
     if not steps or not req_steps:
         return None
     ms = {}
     for p in BREAKDOWN_PHASES:
-        total = sum(b["phases"][p]["total_ms"] for b in buckets if p in b["phases"])
-        if any(p in b["phases"] for b in buckets):
-            ms[p] = total / steps
-    acc = sum(b["accepted_per_step"] * b["mean_batch_size"] * b["steps"] for b in buckets) / req_steps
-    com = sum(b["committed_per_step"] * b["mean_batch_size"] * b["steps"] for b in buckets) / req_steps
+        if any(p in b.phases for b in buckets):
+            ms[p] = sum(b.phases[p].total_ms for b in buckets if p in b.phases) / steps
+    acc = sum(b.accepted for b in buckets) / req_steps
+    com = sum(b.committed for b in buckets) / req_steps
     step_s = ms.get(Phase.STEP.value, 0.0) / 1e3
     return {
         "steps": steps,
@@ -52,12 +54,12 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "phases_ms": ms,
         "server_tok_s": com / step_s if step_s > 0 else None,
         "server_accepted_tok_s": acc / step_s if step_s > 0 else None,
-        "algorithms": body.get("algorithms"),
-        "timing": body.get("timing"),
-        "buckets": [{"label": b["label"], "mean_ctx": b["mean_ctx"], "steps": b["steps"],
-                     "accepted_per_step": b["accepted_per_step"],
-                     "step_ms": b["phases"].get(Phase.STEP.value, {}).get("mean_ms"),
-                     "phases_ms": {p: b["phases"][p]["mean_ms"] for p in LEAF_PHASES if p in b["phases"]}}
+        "algorithms": list(prof.algorithms),
+        "timing": prof.timing,
+        "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
+                     "accepted_per_step": b.accepted_per_step,
+                     "step_ms": b.mean_ms(Phase.STEP.value),
+                     "phases_ms": {p: b.phases[p].mean_ms for p in LEAF_PHASES if p in b.phases}}
                     for b in buckets],
     }
 

@@ -229,9 +229,9 @@ class Profiler:
         }
 
     def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
-        st = self.recorder.with_aggregator(lambda a: a.state(with_request_steps=with_request_steps,
-                                                             with_requests=with_requests))
-        st.setdefault("meta", {})["hw"] = self.hw
+        snap = self.recorder.with_aggregator(lambda a: a.snapshot(with_request_steps=with_request_steps,
+                                                                   with_requests=with_requests))
+        st = snap.with_hw(self.hw).to_dict()
         return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st}
 
     def reset(self) -> None:

@@ -25,8 +25,6 @@ Environment variables (all optional):
     A request is slow below this decode speed (tokens/s); ``0`` disables the criterion.
 ``SGLANG_CTXPROF_SLOW_STEP_MS`` (default 250) - ``trace``
     A request is slow if one decode step took longer (also a ``slow_step`` event); ``0`` disables.
-``SGLANG_CTXPROF_TRACE_MAX_OPEN`` (default 4096) - ``trace``
-    Unfinished requests the exporters follow at once (the oldest is dropped beyond it).
 ``SGLANG_CTXPROF_OTEL_QUEUE`` (default 8192; else ``OTEL_BSP_MAX_QUEUE_SIZE``) - ``export``
     Spans queued for the OTLP exporter; beyond it spans are dropped and counted.
 ``SGLANG_CTXPROF_LOG`` (default ``text``) - ``logs``
@@ -128,7 +126,6 @@ class TraceSettings:
     mode: str = "off"
     slow_tok_s: float = 20.0
     slow_step_ms: float = 250.0
-    max_open: int = 4096
 
 
 @dataclass(frozen=True)
@@ -177,6 +174,9 @@ class CtxProfConfig:
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "CtxProfConfig":
         """Parse every variable (bad values raise ValueError naming the variable)."""
         env = os.environ if env is None else env
+        for key, why in names.ENV_REMOVED.items():
+            if _raw(env, key) is not None:
+                raise ValueError(f"{key} is no longer used: {why}; unset it")
         otel_queue = _raw(env, names.ENV_OTEL_QUEUE)
         key = names.ENV_OTEL_QUEUE
         if otel_queue is None and _raw(env, "OTEL_BSP_MAX_QUEUE_SIZE") is not None:
@@ -191,8 +191,7 @@ class CtxProfConfig:
             trace=TraceSettings(
                 mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),
                 slow_tok_s=_float(env, names.ENV_TRACE_SLOW_TOK_S, 20.0),
-                slow_step_ms=_float(env, names.ENV_TRACE_SLOW_STEP_MS, 250.0),
-                max_open=_int(env, names.ENV_TRACE_MAX_OPEN, 4096)),
+                slow_step_ms=_float(env, names.ENV_TRACE_SLOW_STEP_MS, 250.0)),
             logs=LogSettings(
                 fmt=_choice(env, names.ENV_LOG, "text", LOG_FORMATS),
                 dest=_raw(env, names.ENV_LOG_FILE) or "stderr",

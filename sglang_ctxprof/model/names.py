@@ -86,7 +86,11 @@ ENV_TRACE = "SGLANG_CTXPROF_TRACE"
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
 ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"
 ENV_TRACE_SLOW_STEP_MS = "SGLANG_CTXPROF_SLOW_STEP_MS"
-ENV_TRACE_MAX_OPEN = "SGLANG_CTXPROF_TRACE_MAX_OPEN"
+# Variables that no longer exist, with what replaced them (a set one is a clear start-up error).
+ENV_REMOVED = {
+    "SGLANG_CTXPROF_TRACE_MAX_OPEN": "the exporters read finished requests from the one request "
+                                     "history, sized by SGLANG_CTXPROF_REQUEST_RING",
+}
 ENV_OTEL_QUEUE = "SGLANG_CTXPROF_OTEL_QUEUE"
 ENV_LOG = "SGLANG_CTXPROF_LOG"  # off | text | json
 ENV_LOG_FILE = "SGLANG_CTXPROF_LOG_FILE"  # path, "stderr" or "stdout"

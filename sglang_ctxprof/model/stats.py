@@ -86,6 +86,11 @@ class DurationStats:
         for b, c in other.bins.items():
             self.bins[b] = self.bins.get(b, 0) + c
 
+    def copy(self) -> "DurationStats":
+        d = DurationStats()
+        d.count, d.total, d.min, d.max, d.bins = self.count, self.total, self.min, self.max, dict(self.bins)
+        return d
+
     def to_state(self) -> dict[str, Any]:
         return {
             "n": self.count,
@@ -144,6 +149,11 @@ class LinearFit:
         ss_res = self.syy - intercept * self.sy - slope * self.sxy
         r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
         return {"slope": slope, "intercept": intercept, "r2": max(0.0, min(1.0, r2)), "n": self.n}
+
+    def copy(self) -> "LinearFit":
+        f = LinearFit()
+        f.merge(self)
+        return f
 
     def to_state(self) -> dict[str, float]:
         return {"n": self.n, "sx": self.sx, "sy": self.sy, "sxx": self.sxx, "sxy": self.sxy, "syy": self.syy}

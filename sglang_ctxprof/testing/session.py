@@ -9,8 +9,9 @@ thread or handle outlives the block.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
+from ..aggregate.aggregator import Aggregator
 from ..collect.session import CtxProfSession
 from ..model.config import CtxProfConfig
 
@@ -38,3 +39,18 @@ class Capture:
     def records(self) -> list[Any]:
         self._profiler.recorder.flush()
         return list(self._got)
+
+
+def fed(make: Callable[[Aggregator], Any]) -> Any:
+    """Exporter sinks built by ``make(aggregator)`` whose ``on_record`` first feeds that aggregator,
+    as the recorder's drain thread does (the sinks read finished requests from its history)."""
+    agg = Aggregator()
+    sinks = make(agg)
+    sink = sinks.on_record
+
+    def on_record(rec: Any) -> None:
+        agg.observe(rec)
+        sink(rec)
+
+    sinks.on_record = on_record
+    return sinks

@@ -3,9 +3,11 @@
 Three sinks run on the recorder's drain thread (never on the scheduler's hot path), each under its
 own fault-guard component:
 
-* ``exporter``: follows every request through a bounded open-request log (``request_log``), and when
-  a request finishes takes the tail-based decision (``tracing_policy``) -> OTel spans
-  (``views/otel``) and the ``slow_request`` log event (``views/logs``);
+* ``exporter``: when a record says a request finished, reads that request, with its step rows,
+  from the aggregator's one request history (the recorder feeds the aggregator before any sink),
+  takes the tail-based decision (``views/policy``) -> OTel spans (``views/otel``) and the
+  ``slow_request`` log event (``views/logs``).  A request that was in flight across a
+  ``/ctx_profile/reset`` is exported with the steps recorded since the reset;
 * ``logs``: ``slow_step`` events and the window counters of ``ctx_profile_summary``;
 * ``metrics``: the live Prometheus histogram and counters (``views/metrics``), only when SGLang runs
   with ``--enable-metrics``.
@@ -19,22 +21,30 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from typing import Any, Callable, Mapping, Optional
 
 from ..model import names
 from ..model.records import StepRecord
-from ..aggregate.requests import RequestLog
 from ..model.config import DEFAULT_OTEL_QUEUE
 from .policy import TracePolicy
 
 logger = logging.getLogger(__name__)
 
 
+History = Callable[[str], Optional[Mapping[str, Any]]]
+
+# Finished request ids remembered so that a request is decided once even if a later record repeats
+# its finish (bounded; the oldest ids are forgotten first).
+MAX_DECIDED = 4096
+
+
 class Sinks:
-    def __init__(self, bucketing: Any, policy: TracePolicy, *, env: Optional[Mapping[str, str]] = None,
-                 logs: Any = None, otel: Any = None, max_open: int = 4096, max_steps: int = 4096,
+    def __init__(self, bucketing: Any, policy: TracePolicy, *, history: History,
+                 env: Optional[Mapping[str, str]] = None, logs: Any = None, otel: Any = None,
                  otel_queue: int = DEFAULT_OTEL_QUEUE, primary: Callable[[], bool] = lambda: True,
                  metrics_enabled: Callable[[], bool] = lambda: False) -> None:
+        """``history(rid)`` returns a request's summary with its step rows (the aggregator's)."""
         self.bucketing = bucketing
         self.policy = policy
         self.env = dict(os.environ if env is None else env)  # the standard OTEL_* exporter variables
@@ -42,7 +52,8 @@ class Sinks:
         self.logs = logs
         self.otel = otel
         self.otel_error: Optional[str] = None
-        self.open = RequestLog(max_open, max_steps)
+        self.history = history
+        self._decided: "OrderedDict[str, None]" = OrderedDict()
         self.primary = primary
         self._metrics_enabled = metrics_enabled
         self.metrics: Any = None
@@ -84,11 +95,13 @@ class Sinks:
     def on_record(self, rec: StepRecord) -> None:
         if not self._tracking() or not self.primary():
             return
-        self.open.observe(rec)
         for i, rid in enumerate(rec.rids):
-            if rec.finished[i]:
-                req = self.open.pop(rid)
+            if rec.finished[i] and rid not in self._decided:
+                req = self.history(rid)
                 if req is not None:
+                    self._decided[rid] = None
+                    if len(self._decided) > MAX_DECIDED:
+                        self._decided.popitem(last=False)
                     self.finish(req)
 
     def finish(self, req: Mapping[str, Any]) -> None:
@@ -126,8 +139,6 @@ class Sinks:
             "policy": self.policy.to_dict(),
             "requests_finished": self.finished,
             "requests_traced": self.traced,
-            "open_requests": len(self.open),
-            "open_evicted": self.open.evicted,
             "otel": self.otel.stats.to_dict() if self.otel is not None else None,
             "otel_error": self.otel_error,
             "spans_dropped": self.dropped(),
@@ -165,8 +176,11 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
         r = getattr(profiler, "rank", None)
         return r is None or r.tp == 0
 
-    s = Sinks(cfg.bucketing(), policy, env=env, logs=logs, primary=primary, metrics_enabled=metrics_enabled,
-              max_open=cfg.trace.max_open, otel_queue=cfg.export.otel_queue)
+    def history(rid: str) -> Optional[Mapping[str, Any]]:
+        return profiler.recorder.aggregator.request(rid)
+
+    s = Sinks(cfg.bucketing(), policy, history=history, env=env, logs=logs, primary=primary,
+              metrics_enabled=metrics_enabled, otel_queue=cfg.export.otel_queue)
     sinks_ref.append(s)
     if logs is not None:
         logs.start()

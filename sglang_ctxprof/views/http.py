@@ -32,9 +32,10 @@ from typing import Any
 from starlette.requests import Request
 
 from ..model import names
-from ..aggregate.aggregator import merge_states, summarize
+from ..aggregate.snapshot import Snapshot, merge
 from ..model.config import CtxProfConfig
 from ..model.guard import COMPONENTS, Guard
+from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
 
@@ -85,30 +86,28 @@ async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
     return await _CLIENT.ask(cmd, **args)
 
 
-def build_profile(payloads: list[dict[str, Any]]) -> dict[str, Any]:
-    """Merge rank answers into the public JSON: merged view at the top, per-rank views in ``ranks``."""
-    good = [p for p in payloads if "state" in p]
-    ranks = []
+def served_profile(payloads: list[dict[str, Any]]) -> Profile:
+    """Merge rank answers into the served profile: merged view at the top, per-rank views in ``ranks``."""
+    ranks: list[dict[str, Any]] = []
+    snaps = []
     for p in payloads:
         if "state" not in p:
             ranks.append({"error": p.get("error", "no answer")})
             continue
-        ranks.append({"status": p["status"], "profile": summarize(p["state"])})
-    merged = summarize(merge_states([p["state"] for p in good])) if good else None
-    statuses = [p["status"] for p in good]
+        snap = Snapshot.from_dict(p["state"])
+        snaps.append(snap)
+        ranks.append({"status": p["status"], "profile": build_profile(snap).to_dict(envelope=False)})
+    merged = build_profile(merge(snaps)) if snaps else Profile(bucketing={})
+    statuses = [p["status"] for p in payloads if "state" in p]
     degraded = [s["degraded"] for s in statuses if s.get("degraded")]
     degraded += [p["degraded"] for p in payloads if "state" not in p and p.get("degraded")]
-    out: dict[str, Any] = {
-        "schema_version": names.SCHEMA_VERSION,
-        "enabled": bool(statuses) and all(s.get("enabled") for s in statuses),
-        "degraded": degraded or None,
-        "dropped": sum(int(s.get("dropped", 0)) for s in statuses),
-        "spans_dropped": sum(int((s.get("exporters") or {}).get("spans_dropped", 0)) for s in statuses),
-        "ranks": ranks,
-    }
-    if merged is not None:
-        out.update(merged)
-    return out
+    return merged.served(
+        enabled=bool(statuses) and all(s.get("enabled") for s in statuses),
+        degraded=degraded or None,
+        dropped=sum(int(s.get("dropped", 0)) for s in statuses),
+        spans_dropped=sum(int((s.get("exporters") or {}).get("spans_dropped", 0)) for s in statuses),
+        ranks=tuple(ranks),
+    )
 
 
 async def get_profile(request: Request):
@@ -119,24 +118,24 @@ async def get_profile(request: Request):
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
     try:
-        body = build_profile(await _ask(names.CMD_SNAPSHOT))
+        profile = served_profile(await _ask(names.CMD_SNAPSHOT))
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
-    if not any("error" not in r for r in body["ranks"]):
-        return _error(503, "; ".join(r["error"] for r in body["ranks"]) or "no scheduler answered",
-                      degraded=body["degraded"])
+    if not any("error" not in r for r in profile.ranks):
+        return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered",
+                      degraded=profile.degraded)
     if fmt == "json":
-        return body
+        return profile.to_dict()
     from fastapi.responses import PlainTextResponse
 
     if fmt == "text":
         from .text import render
 
-        return PlainTextResponse(render(body))
+        return PlainTextResponse(render(profile))
     from .prometheus import render as render_prom
 
-    return PlainTextResponse(render_prom(body), media_type="text/plain; version=0.0.4")
+    return PlainTextResponse(render_prom(profile), media_type="text/plain; version=0.0.4")
 
 
 async def _command(request: Request, cmd: str):

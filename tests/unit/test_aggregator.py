@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states
+from sglang_ctxprof.views.profile import summarize
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.records import RankId, StepRecord, validate
 from sglang_ctxprof.model.stats import DurationStats, LinearFit

@@ -1,16 +1,17 @@
-"""Instrumentor and hook life cycle against fake SGLang-shaped classes (injected sleeps)."""
+"""Instrumentor and hook life cycle against fake SGLang-shaped classes (sleeps on a patched clock)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
 import fakes
+from sglang_ctxprof.views.profile import summarize
 from sglang_ctxprof import api
 from sglang_ctxprof.collect import hooks
 from sglang_ctxprof.collect.adapter import Target
-from sglang_ctxprof.aggregate.aggregator import summarize
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, is_wrapper
 from sglang_ctxprof.testing.session import instrumented
 
@@ -71,19 +72,22 @@ def test_missing_and_incompatible_targets_are_reported_not_fatal(caplog):
     inst.uninstrument()
 
 
-def test_step_record_phases_add_up_and_timing_is_exact(prof):
+def test_step_record_phases_add_up_and_timing_is_exact(prof, monkeypatch):
+    now = [10**12]  # the fakes "sleep" by advancing the clock the CPU timer reads: exact, no tolerance
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+    monkeypatch.setattr(fakes.time, "sleep", lambda s: now.__setitem__(0, now[0] + round(s * 1e9)))
     run_steps(3, sleep=0.01)
     body = summarize(prof.state()["state"])
     (b,) = body["buckets"]
     ph = b["phases"]
-    assert b["steps"] == 3 and b["accepted_per_step"] == 3
-    # injected sleeps: draft, draft_extend 10 ms; verify = attn 10 + moe 10 + 10 rest
+    assert b["steps"] == 3 and b["accepted_per_step"] == 3 and b["accepted"] == 9
+    # draft, draft_extend 10 ms; verify = attn 10 + moe 10 + 10 rest
     for name, want in (("draft", 10), ("draft_extend", 10), ("verify_attn", 10), ("verify_moe", 10),
-                       ("verify_rest", 10), ("verify", 30)):
-        assert want <= ph[name]["mean_ms"] < want + 8, (name, ph[name])
+                       ("verify_rest", 10), ("verify", 30), ("step", 50)):
+        assert ph[name]["mean_ms"] == pytest.approx(want, abs=1e-9), (name, ph[name])
     leaves = sum(ph[p]["total_ms"] for p in body["leaf_phases"] if p in ph)
     assert leaves == pytest.approx(ph["step"]["total_ms"])
-    assert 0 <= ph["overhead"]["mean_ms"] < 5
+    assert ph["overhead"]["mean_ms"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_accounting_and_overshoot_rows(prof):

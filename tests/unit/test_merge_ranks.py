@@ -1,8 +1,8 @@
-"""Merging per-rank snapshots (aggregator.merge_states, http_route.build_profile).
+"""Merging per-rank snapshots (aggregator.merge_states, views.http.served_profile).
 
 Each rank's snapshot is a real ``Aggregator`` state, sent through JSON as it travels over SGLang's
 control channel.  The merged view must equal what a single aggregator that saw every rank's steps
-reports (counts and histograms exactly, float sums to rounding), and build_profile must keep the
+reports (counts and histograms exactly, float sums to rounding), and served_profile must keep the
 per-rank views, their errors and flags.  The live multi-rank server check is
 tests/server/test_multirank.py (--dp-size 2 and --tp-size 2 on this CPU).
 """
@@ -15,11 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
-from sglang_ctxprof.views.http import build_profile
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states
+from sglang_ctxprof.views.profile import summarize
+from sglang_ctxprof.views.http import served_profile
 from sglang_ctxprof.model.records import RankId, StepRecord
 
 LEAVES = ("draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead")
+
+
+def served(payloads):
+    return served_profile(payloads).to_dict()
 
 
 def _record(rank: RankId, i: int, ctx: list[int], acc: list[int], times: list[float], alg="EAGLE") -> StepRecord:
@@ -77,7 +82,7 @@ def test_merged_equals_single_aggregator(per_rank):
     want = summarize(json.loads(json.dumps(single.state())))
     merged.pop("hw", None), want.pop("hw", None)
     _close(merged, want)
-    body = build_profile(snaps)
+    body = served(snaps)
     assert [r["status"]["rank"]["dp"] for r in body["ranks"]] == list(range(len(per_rank)))
     assert body["totals"]["decode_steps"] == sum(len(s) for s in per_rank)
     assert body["enabled"] is True
@@ -90,7 +95,7 @@ def test_build_profile_keeps_rank_errors_and_flags():
         b.observe(_record(RankId(0, 1, 0), i, [3000], [2], [2.0] * 6, alg="NGRAM"))
     snaps = [_snapshot(a, RankId(0, 0, 0), dropped=2), _snapshot(b, RankId(0, 1, 0), enabled=False, dropped=1),
              {"error": "ctx profiler not active in this scheduler"}]
-    body = build_profile(snaps)
+    body = served(snaps)
     assert body["ranks"][2] == {"error": "ctx profiler not active in this scheduler"}
     assert [r["profile"]["totals"]["decode_steps"] for r in body["ranks"][:2]] == [5, 5]
     assert body["enabled"] is False  # one rank is disabled
@@ -101,6 +106,6 @@ def test_build_profile_keeps_rank_errors_and_flags():
 
 
 def test_build_profile_with_no_good_rank():
-    body = build_profile([{"error": "x"}, {"error": "y"}])
-    assert body["enabled"] is False and "buckets" not in body
+    body = served([{"error": "x"}, {"error": "y"}])
+    assert body["enabled"] is False and body["buckets"] == [] and body["totals"]["decode_steps"] == 0
     assert [r["error"] for r in body["ranks"]] == ["x", "y"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_ctxprof.aggregate.aggregator import Aggregator, summarize
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.views.profile import build_profile
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.names import REPORTED_PHASES
 from sglang_ctxprof.model.records import RankId, StepRecord
@@ -58,7 +59,7 @@ def test_format_prometheus_text_parses_and_matches_live_counters():
     agg = Aggregator(Bucketing.parse("pow2"))
     for r in _recs():
         agg.observe(r)
-    text = render(summarize(agg.state()))
+    text = render(build_profile(agg.snapshot()))
     fam = _families(text)
     steps = {s.labels["ctx_bucket"]: s.value for s in fam["sglang_ctxprof_steps"].samples}
     assert steps == {"64-127": 2, "2048-4095": 3, "524288-1048575": 1, "1048576+": 1}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sglang_ctxprof.model import roofline as rl
-from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states, summarize
+from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states
+from sglang_ctxprof.aggregate.snapshot import Snapshot
+from sglang_ctxprof.views.profile import build_profile, summarize
 from sglang_ctxprof.model.records import RankId, StepRecord
 
 # DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers, bf16 KV.
@@ -137,9 +139,9 @@ def test_adapter_model_facts_from_sglang_model_config():
 def test_text_view_shows_roofline_or_why_not():
     from sglang_ctxprof.views.text import render
 
-    gpu = render(summarize(_state(rl.hw_meta(DSV3, "NVIDIA H200"))))
+    gpu = render(build_profile(Snapshot.from_dict(_state(rl.hw_meta(DSV3, "NVIDIA H200")))))
     assert "attn %HBM" in gpu and "48.0" in gpu
-    cpu = render(summarize(_state(rl.hw_meta(DSV3, None))))
+    cpu = render(build_profile(Snapshot.from_dict(_state(rl.hw_meta(DSV3, None)))))
     assert "attn %HBM" not in cpu and "unavailable (no GPU (CPU run)" in cpu
 
 

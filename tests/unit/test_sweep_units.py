@@ -43,7 +43,9 @@ def test_prompt_mode_checked():
 
 
 def _bucket(label, steps, bs, acc, com, phases):
-    return {"label": label, "steps": steps, "mean_batch_size": bs, "mean_ctx": 100.0, "accepted_per_step": acc,
+    """A bucket as a server without exact counts sent it (they are rebuilt from the means)."""
+    lo = int(label.split("-")[0])
+    return {"label": label, "lo": lo, "hi": 2 * lo, "steps": steps, "mean_batch_size": bs, "mean_ctx": 100.0, "accepted_per_step": acc,
             "committed_per_step": com,
             "phases": {p: {"mean_ms": ms, "total_ms": ms * steps, "count": steps} for p, ms in phases.items()}}
 

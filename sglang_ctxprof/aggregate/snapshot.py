@@ -1,0 +1,147 @@
+"""The aggregator's state as typed, frozen data: what one rank answers and what ranks merge into.
+
+A :class:`Snapshot` holds, per context bucket, a :class:`BucketState` with the exact integer counts
+(steps, request-steps, accepted, committed and draft tokens, summed context) and one
+:class:`~sglang_ctxprof.model.stats.DurationStats` per phase; per phase a
+:class:`~sglang_ctxprof.model.stats.LinearFit`; the request summaries; and the run's meta (timing
+mode, algorithms seen, device facts).  Nothing in it is rounded: the public profile
+(``views/profile``) derives its means from these counts.
+
+``to_dict()`` gives builtins with string keys (msgpack-safe: this is what crosses SGLang's control
+channel) and ``from_dict()`` reads them back; ``merge`` adds ranks exactly (counts, histogram bins
+and fit sums add).  Pure: imports nothing of SGLang, torch or OTel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Optional
+
+from ..model.buckets import Bucketing
+from ..model.names import SCHEMA_VERSION
+from ..model.stats import DurationStats, LinearFit
+
+COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """Exact counts of one bucket.  For prefill buckets ``steps`` counts batches, ``req_steps``
+    requests and ``ctx_sum`` prompt tokens; the acceptance counts stay 0."""
+
+    steps: int = 0
+    req_steps: int = 0
+    accepted: int = 0
+    committed: int = 0
+    draft_tokens: int = 0
+    ctx_sum: int = 0
+    phases: Mapping[str, DurationStats] = field(default_factory=dict)
+
+    def merged(self, other: "BucketState") -> "BucketState":
+        phases: dict[str, DurationStats] = {}
+        for src in (self.phases, other.phases):
+            for p, st in src.items():
+                cur = phases.get(p)
+                if cur is None:
+                    cur = phases[p] = DurationStats()
+                cur.merge(st)
+        return BucketState(*(getattr(self, k) + getattr(other, k) for k in COUNTS), phases=phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS}
+        out["phases"] = {p: s.to_state() for p, s in self.phases.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BucketState":
+        return cls(*(int(d.get(k, 0)) for k in COUNTS),
+                   phases={str(p): DurationStats.from_state(s) for p, s in (d.get("phases") or {}).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One rank's aggregate, or several ranks merged.  Bucket maps are keyed by bucket index."""
+
+    bucketing: Mapping[str, Any]
+    records: int = 0
+    algorithms: Mapping[str, int] = field(default_factory=dict)
+    timing: Optional[str] = None
+    hw: Optional[Mapping[str, Any]] = None
+    decode: Mapping[int, BucketState] = field(default_factory=dict)
+    prefill: Mapping[int, BucketState] = field(default_factory=dict)
+    fits: Mapping[str, LinearFit] = field(default_factory=dict)
+    requests: tuple[Mapping[str, Any], ...] = ()
+    requests_tracked: int = 0
+    requests_evicted: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    def with_hw(self, hw: Optional[Mapping[str, Any]]) -> "Snapshot":
+        return replace(self, hw=hw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "bucketing": dict(self.bucketing),
+            "records": self.records,
+            "meta": {"algorithms": dict(self.algorithms), "timing": self.timing, "hw": self.hw},
+            "decode": {str(i): b.to_dict() for i, b in self.decode.items()},
+            "prefill": {str(i): b.to_dict() for i, b in self.prefill.items()},
+            "fits": {p: f.to_state() for p, f in self.fits.items()},
+            "requests": [dict(r) for r in self.requests],
+            "requests_tracked": self.requests_tracked,
+            "requests_evicted": self.requests_evicted,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Snapshot":
+        """Read a state dict; raises ValueError naming what is wrong with it."""
+        try:
+            meta = d.get("meta") or {}
+            reqs = tuple(d.get("requests") or ())
+            return cls(
+                bucketing=dict(d["bucketing"]),
+                records=int(d.get("records", 0)),
+                algorithms={str(a): int(n) for a, n in (meta.get("algorithms") or {}).items()},
+                timing=meta.get("timing"),
+                hw=meta.get("hw"),
+                decode={int(k): BucketState.from_dict(b) for k, b in (d.get("decode") or {}).items()},
+                prefill={int(k): BucketState.from_dict(b) for k, b in (d.get("prefill") or {}).items()},
+                fits={str(p): LinearFit.from_state(f) for p, f in (d.get("fits") or {}).items()},
+                requests=reqs,
+                requests_tracked=int(d.get("requests_tracked", len(reqs))),
+                requests_evicted=int(d.get("requests_evicted", 0)),
+                schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a ctx profile state: {type(exc).__name__}: {exc}") from exc
+
+
+def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] = None) -> Snapshot:
+    """Merge rank snapshots (same bucketing) into one.  Requests seen by several DP ranks never
+    overlap (TP ranks do not answer), so their lists concatenate."""
+    snaps = list(snapshots)
+    if not snaps:
+        return Snapshot(bucketing=bucketing or Bucketing.parse("pow2").to_dict())
+    decode: dict[int, BucketState] = {}
+    prefill: dict[int, BucketState] = {}
+    fits: dict[str, LinearFit] = {}
+    algs: dict[str, int] = {}
+    for s in snaps:
+        for a, n in s.algorithms.items():
+            algs[a] = algs.get(a, 0) + n
+        for dst, src in ((decode, s.decode), (prefill, s.prefill)):
+            for i, b in src.items():
+                dst[i] = dst[i].merged(b) if i in dst else b.merged(BucketState())
+        for p, f in s.fits.items():
+            fits.setdefault(p, LinearFit()).merge(f)
+    return Snapshot(
+        bucketing=snaps[0].bucketing,
+        records=sum(s.records for s in snaps),
+        algorithms=algs,
+        timing=next((s.timing for s in snaps if s.timing), None),
+        hw=next((s.hw for s in snaps if s.hw), None),
+        decode=decode, prefill=prefill, fits=fits,
+        requests=tuple(r for s in snaps for r in s.requests),
+        requests_tracked=sum(s.requests_tracked for s in snaps),
+        requests_evicted=sum(s.requests_evicted for s in snaps),
+    )

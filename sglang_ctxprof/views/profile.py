@@ -1,0 +1,294 @@
+"""The public profile: typed, frozen views built from a :class:`~sglang_ctxprof.aggregate.snapshot.Snapshot`.
+
+:func:`build_profile` turns one snapshot (one rank, or ranks merged) into a :class:`Profile`:
+one :class:`BucketView` per decode context bucket, one :class:`PrefillView` per prefill bucket,
+one :class:`FitView` per phase ("ms per extra 1k tokens of context") and the run's
+:class:`Totals`.  Every view keeps the exact integer counts (steps, request-steps, accepted,
+committed and draft tokens, summed context) beside the means derived from them, so a renderer
+never rebuilds a count from a rounded average.
+
+``Profile.to_dict()`` is the documented ``/ctx_profile`` JSON (schema_version 1; the exact counts
+are additive keys of each bucket) and ``Profile.from_dict()`` reads it back, also from a server
+that predates the exact counts (they are then rebuilt from the means, to the nearest integer).
+The renderers (``views/text``, ``views/prometheus``, the CLI's ``show``) take a ``Profile``.
+Pure: imports nothing of SGLang, torch or OTel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Optional
+
+from ..aggregate.snapshot import Snapshot
+from ..model.buckets import Bucketing
+from ..model.names import LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
+from ..model.roofline import bucket_roofline
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseView:
+    count: int
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    total_ms: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PhaseView":
+        return cls(int(d.get("count", 0)), *(float(d.get(k, 0.0)) for k in
+                                            ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "total_ms")))
+
+
+@dataclass(frozen=True, slots=True)
+class BucketView:
+    label: str
+    lo: int
+    hi: Optional[int]
+    steps: int
+    req_steps: int
+    accepted: int
+    committed: int
+    draft_tokens: int
+    ctx_sum: int
+    phases: Mapping[str, PhaseView]
+    roofline: Mapping[str, Any]
+
+    @property
+    def mean_batch_size(self) -> float:
+        return _div(self.req_steps, self.steps)
+
+    @property
+    def mean_ctx(self) -> float:
+        return _div(self.ctx_sum, self.req_steps)
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Accepted tokens (incl. the bonus token) per request per step."""
+        return _div(self.accepted, self.req_steps)
+
+    @property
+    def committed_per_step(self) -> float:
+        return _div(self.committed, self.req_steps)
+
+    @property
+    def draft_tokens_per_step(self) -> float:
+        return _div(self.draft_tokens, self.req_steps)
+
+    def mean_ms(self, phase: str) -> Optional[float]:
+        p = self.phases.get(phase)
+        return p.mean_ms if p is not None else None
+
+    @property
+    def decode_tok_s(self) -> float:
+        """One request's decode speed: accepted tokens per request-step over the mean step time."""
+        step_s = (self.mean_ms(Phase.STEP.value) or 0.0) / 1e3
+        return self.accepted_per_step / step_s if step_s > 0 else 0.0
+
+    @property
+    def batch_tok_s(self) -> float:
+        step_s = (self.mean_ms(Phase.STEP.value) or 0.0) / 1e3
+        return _div(self.accepted, self.steps) / step_s if step_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, "lo": self.lo, "hi": self.hi,
+            "steps": self.steps,
+            "mean_batch_size": self.mean_batch_size,
+            "mean_ctx": self.mean_ctx,
+            "accepted_per_step": self.accepted_per_step,
+            "committed_per_step": self.committed_per_step,
+            "draft_tokens_per_step": self.draft_tokens_per_step,
+            "decode_tok_s": self.decode_tok_s,
+            "batch_tok_s": self.batch_tok_s,
+            "phases": {p: v.to_dict() for p, v in self.phases.items()},
+            "roofline": dict(self.roofline),
+            "req_steps": self.req_steps, "accepted": self.accepted, "committed": self.committed,
+            "draft_tokens": self.draft_tokens, "ctx_sum": self.ctx_sum,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BucketView":
+        steps = int(d["steps"])
+        req_steps = int(d["req_steps"]) if "req_steps" in d else round(d["mean_batch_size"] * steps)
+
+        def exact(key: str, per_step: str) -> int:
+            return int(d[key]) if key in d else round(float(d.get(per_step, 0.0)) * req_steps)
+
+        return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]), steps,
+                   req_steps, exact("accepted", "accepted_per_step"), exact("committed", "committed_per_step"),
+                   exact("draft_tokens", "draft_tokens_per_step"), exact("ctx_sum", "mean_ctx"),
+                   {str(p): PhaseView.from_dict(v) for p, v in (d.get("phases") or {}).items()},
+                   dict(d.get("roofline") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillView:
+    label: str
+    lo: int
+    hi: Optional[int]
+    batches: int
+    requests: int
+    tokens: int
+    stats: PhaseView
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "lo": self.lo, "hi": self.hi, "batches": self.batches,
+                "requests": self.requests, "tokens": self.tokens, **self.stats.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PrefillView":
+        return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]),
+                   int(d.get("batches", 0)), int(d.get("requests", 0)), int(d.get("tokens", 0)),
+                   PhaseView.from_dict(d))
+
+
+@dataclass(frozen=True, slots=True)
+class FitView:
+    ms_per_1k_ctx: float
+    intercept_ms: float
+    r2: float
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ms_per_1k_ctx": self.ms_per_1k_ctx, "intercept_ms": self.intercept_ms, "r2": self.r2,
+                "n": self.n}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FitView":
+        return cls(float(d["ms_per_1k_ctx"]), float(d["intercept_ms"]), float(d["r2"]), int(d["n"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    records: int = 0
+    decode_steps: int = 0
+    prefill_batches: int = 0
+    accepted: int = 0
+    committed: int = 0
+    requests_tracked: int = 0
+    requests_evicted: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Totals":
+        return cls(**{f.name: int(d.get(f.name, 0)) for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """The ``/ctx_profile`` body.  The serving envelope (``enabled`` … ``ranks``) is filled by the
+    HTTP view; a profile built from a saved or local snapshot leaves it at its defaults."""
+
+    timing: Optional[str] = None
+    hw: Optional[Mapping[str, Any]] = None
+    algorithms: tuple[str, ...] = ()
+    bucketing: Mapping[str, Any] = field(default_factory=dict)
+    buckets: tuple[BucketView, ...] = ()
+    prefill: tuple[PrefillView, ...] = ()
+    fits: Mapping[str, FitView] = field(default_factory=dict)
+    totals: Totals = field(default_factory=Totals)
+    enabled: Optional[bool] = None
+    degraded: Optional[list] = None
+    dropped: int = 0
+    spans_dropped: int = 0
+    ranks: tuple[Mapping[str, Any], ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    def served(self, **envelope: Any) -> "Profile":
+        return replace(self, **envelope)
+
+    def to_dict(self, envelope: bool = True) -> dict[str, Any]:
+        """The JSON body; ``envelope=False`` leaves out the serving fields (a per-rank profile)."""
+        out: dict[str, Any] = {"schema_version": self.schema_version}
+        if envelope:
+            out.update(enabled=self.enabled, degraded=self.degraded, dropped=self.dropped,
+                       spans_dropped=self.spans_dropped, ranks=[dict(r) for r in self.ranks])
+        return out | {
+            "timing": self.timing, "hw": self.hw,
+            "algorithms": list(self.algorithms),
+            "phases": list(REPORTED_PHASES), "leaf_phases": list(LEAF_PHASES),
+            "bucketing": dict(self.bucketing),
+            "buckets": [b.to_dict() for b in self.buckets],
+            "prefill": [p.to_dict() for p in self.prefill],
+            "fits": {p: f.to_dict() for p, f in self.fits.items()},
+            "totals": self.totals.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Profile":
+        """Read a ``/ctx_profile`` body; raises ValueError naming what is wrong with it."""
+        try:
+            return cls(
+                timing=d.get("timing"), hw=d.get("hw"), algorithms=tuple(d.get("algorithms") or ()),
+                bucketing=dict(d.get("bucketing") or {}),
+                buckets=tuple(BucketView.from_dict(b) for b in d.get("buckets") or ()),
+                prefill=tuple(PrefillView.from_dict(p) for p in d.get("prefill") or ()),
+                fits={str(p): FitView.from_dict(f) for p, f in (d.get("fits") or {}).items()},
+                totals=Totals.from_dict(d.get("totals") or {}),
+                enabled=d.get("enabled"), degraded=d.get("degraded"), dropped=int(d.get("dropped", 0)),
+                spans_dropped=int(d.get("spans_dropped", 0)), ranks=tuple(d.get("ranks") or ()),
+                schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a ctx profile body: {type(exc).__name__}: {exc}") from exc
+
+
+def _phase_view(st: Any) -> PhaseView:
+    s = st.summary()
+    return PhaseView(int(s["count"]), s["mean_ms"], s["p50_ms"], s["p90_ms"], s["p99_ms"], s["total_ms"])
+
+
+def build_profile(snap: Snapshot) -> Profile:
+    """The public profile of a snapshot, with verify attention's % of the HBM roofline per bucket
+    when the snapshot's device facts allow (``model/roofline``)."""
+    bk = Bucketing.from_dict(snap.bucketing)
+    buckets = []
+    for i in sorted(snap.decode):
+        b = snap.decode[i]
+        lo, hi = bk.bounds(i)
+        phases = {p: _phase_view(b.phases[p]) for p in REPORTED_PHASES if p in b.phases}
+        attn = phases.get(Phase.VERIFY_ATTN.value)
+        buckets.append(BucketView(
+            bk.label(i), lo, hi, b.steps, b.req_steps, b.accepted, b.committed, b.draft_tokens, b.ctx_sum,
+            phases, bucket_roofline(snap.hw, _div(b.ctx_sum, b.steps), attn.mean_ms if attn else None)))
+    prefill = []
+    for i in sorted(snap.prefill):
+        b = snap.prefill[i]
+        lo, hi = bk.bounds(i)
+        st = b.phases.get(Phase.PREFILL.value)
+        prefill.append(PrefillView(bk.label(i), lo, hi, b.steps, b.req_steps, b.ctx_sum,
+                                   _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0)))
+    fits = {}
+    for p in REPORTED_PHASES:
+        f = snap.fits.get(p)
+        sol = f.solve() if f is not None else None
+        if sol is not None:
+            fits[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]))
+    totals = Totals(
+        records=snap.records,
+        decode_steps=sum(b.steps for b in snap.decode.values()),
+        prefill_batches=sum(b.steps for b in snap.prefill.values()),
+        accepted=sum(b.accepted for b in snap.decode.values()),
+        committed=sum(b.committed for b in snap.decode.values()),
+        requests_tracked=snap.requests_tracked,
+        requests_evicted=snap.requests_evicted,
+    )
+    return Profile(timing=snap.timing, hw=snap.hw, algorithms=tuple(sorted(snap.algorithms)),
+                   bucketing=bk.to_dict(), buckets=tuple(buckets), prefill=tuple(prefill), fits=fits,
+                   totals=totals, schema_version=snap.schema_version)
+
+
+def summarize(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON body, without serving fields, of one state dict as it crosses the control channel
+    (one rank's answer, a merge, or a saved state)."""
+    return build_profile(Snapshot.from_dict(state)).to_dict(envelope=False)
