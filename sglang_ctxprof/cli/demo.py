@@ -59,6 +59,7 @@ def _server_profile(args, client) -> None:
     """The server's own view: one profiled window over every context, with the per-phase fit."""
     import random
 
+    from ..views.profile import Profile
     from ..views.text import render
 
     if not client.profile_reset():
@@ -67,4 +68,6 @@ def _server_profile(args, client) -> None:
         rng = random.Random(ctx)
         client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
     print("\nThe server's own view, GET /ctx_profile?format=text (one 64-token request per context):\n", flush=True)
-    print(render(client.profile()), end="", flush=True)
+    body = client.profile()
+    if body is not None:
+        print(render(Profile.from_dict(body)), end="", flush=True)
