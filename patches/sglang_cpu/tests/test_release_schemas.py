@@ -16,24 +16,25 @@ from pathlib import Path
 
 import pytest
 
-import common_ops
+from sglang_cpu_compat import releases
 
 WHEELS = Path(__file__).resolve().parents[3] / ".cache" / "wheels"
 _WHEEL_RE = re.compile(r"sglang-(\d+\.\d+\.\d+)-.*\.whl$")
-CACHED = sorted((common_ops.parse_release(m.group(1)), p) for p in WHEELS.glob("sglang-*.whl")
+CACHED = sorted((releases.parse_release(m.group(1)), p) for p in WHEELS.glob("sglang-*.whl")
                 if (m := _WHEEL_RE.match(p.name))) if WHEELS.is_dir() else []
 BACKEND = "sglang/srt/layers/attention/intel_amx_backend.py"
 CALLERS = {"extend_attention_fwd": "extend_attention_cpu", "decode_attention_fwd": "decode_attention_cpu"}
 
 _CALL_WITH_RELEASE_ARGS = textwrap.dedent("""
     import torch, torch.nn.functional as F
-    import common_ops as c
-    rel = c.REGISTERED_RELEASE
-    args = c.attention_args(rel)
+    import common_ops
+    from sglang_cpu_compat import releases as r
+    rel = common_ops.REGISTERED_RELEASE
+    args = r.attention_args(rel)
     ops = torch.ops.sgl_kernel
-    for op, schema in c.attention_schemas(rel).items():
+    for op, decls in args.items():
         got = str(getattr(ops, op).default._schema)
-        assert got == "sgl_kernel::" + schema, (got, schema)
+        assert got == "sgl_kernel::" + r.schema(op, decls), got
     torch.manual_seed(0)
     H, Hk, D, N, T, P = 4, 2, 16, 64, 9, 5
     E = T - P
@@ -65,7 +66,7 @@ _CALL_WITH_RELEASE_ARGS = textwrap.dedent("""
 
 @pytest.mark.parametrize("release,extend_n,decode_n", [("0.5.13", 18, 17), ("0.5.16", 19, 17), ("0.5.19", 20, 17), ("0.5.23", 22, 19)])
 def test_each_release_schema_registers_and_attends(release, extend_n, decode_n):
-    env = dict(os.environ, **{common_ops.RELEASE_ENV: release, "OMP_NUM_THREADS": "1"})
+    env = dict(os.environ, **{releases.RELEASE_ENV: release, "OMP_NUM_THREADS": "1"})
     out = subprocess.run([sys.executable, "-c", _CALL_WITH_RELEASE_ARGS], env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -75,12 +76,12 @@ def test_each_release_schema_registers_and_attends(release, extend_n, decode_n):
 def test_installed_release_comes_from_metadata_and_the_override(monkeypatch):
     from importlib import metadata
 
-    monkeypatch.delenv(common_ops.RELEASE_ENV, raising=False)
-    assert common_ops.installed_release() == common_ops.parse_release(metadata.version("sglang"))
-    monkeypatch.setenv(common_ops.RELEASE_ENV, "0.5.17.post1")
-    assert common_ops.installed_release() == (0, 5, 17)
+    monkeypatch.delenv(releases.RELEASE_ENV, raising=False)
+    assert releases.installed_release() == releases.parse_release(metadata.version("sglang"))
+    monkeypatch.setenv(releases.RELEASE_ENV, "0.5.17.post1")
+    assert releases.installed_release() == (0, 5, 17)
     with pytest.raises(ValueError, match="not an SGLang release"):
-        common_ops.parse_release("latest")
+        releases.parse_release("latest")
 
 
 def _backend_calls(wheel: Path) -> dict[str, list[ast.Call]]:
@@ -99,7 +100,7 @@ def test_schemas_match_every_cached_release_call_site():
     for release, wheel in CACHED:
         if release < (0, 5, 13):
             continue
-        args = common_ops.attention_args(release)
+        args = releases.attention_args(release)
         for op, calls in _backend_calls(wheel).items():
             assert calls, f"{wheel.name}: no call of {op}"
             for call in calls:
