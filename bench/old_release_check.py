@@ -66,7 +66,9 @@ def generate(url: str, n_prompt: int, seed: int, max_new_tokens: int) -> dict:
 def build_models(out: Path, arch: str) -> dict:
     cmd = [sys.executable, "-m", "sglang_ctxprof.cli.main", "tiny-model", "--arch", arch, "--draft", "eagle",
            "--high-acceptance", "--out", str(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "CTXPROF_QUIET": "1"})
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "CTXPROF_QUIET": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"tiny-model exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     return {"target": str(out / "target"), "draft": str(out / "draft-eagle")}
 
 
@@ -129,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
           f"sglang-kernel {metadata.version('sglang-kernel')}, python {sys.executable}", flush=True)
     check = Checks()
     with tempfile.TemporaryDirectory(prefix=f"ctxprof-{release}-") as tmp:
-        models = build_models(Path(tmp) / f"{args.arch}-eagle-ha", args.arch)
         log = args.log or str(Path(tempfile.gettempdir()) / f"ctxprof-old-release-{release}.log")
-        server_args = cpu_args(models["target"], algorithm="EAGLE", draft=models["draft"]) + ["--enable-ctx-profile"]
-        print("sglang.launch_server " + " ".join(server_args), flush=True)
-        srv = ServerProcess(server_args, log_path=log, timeout=args.timeout, python=sys.executable)
+        srv = None
         try:
+            models = build_models(Path(tmp) / f"{args.arch}-eagle-ha", args.arch)
+            server_args = cpu_args(models["target"], algorithm="EAGLE", draft=models["draft"])
+            server_args += ["--enable-ctx-profile"]
+            print("sglang.launch_server " + " ".join(server_args), flush=True)
+            srv = ServerProcess(server_args, log_path=log, timeout=args.timeout, python=sys.executable)
             srv.start()
             print(f"server ready in {srv.startup_s:.1f} s (log {log})", flush=True)
             status, st = http("GET", srv.url + "/ctx_profile/status")
@@ -153,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ServerError, RuntimeError, OSError) as exc:
             check(False, f"{type(exc).__name__}: {str(exc)[-3000:]}")
         finally:
-            srv.stop()
+            if srv is not None:
+                srv.stop()
     print(f"SGLang {release}: {'PASS' if not check.failed else 'FAIL'} ({len(check.failed)} failed)", flush=True)
     return 0 if not check.failed else 1
 
