@@ -41,8 +41,14 @@ PROVIDED_BY: dict[str, str] = {
 
 
 def missing_package_line(exc: ModuleNotFoundError) -> str:
-    """One line for a missing module: what is missing and what brings it."""
-    name = getattr(exc, "name", None) or str(exc)
+    """One line for a missing module: what is missing and what brings it.  An import that fails
+    inside an installed package (no ``.name``: transformers' lazy classes raise that way) is said to
+    fail, with its cause, instead of being called a missing package."""
+    name = getattr(exc, "name", None)
+    if not name:
+        cause = exc.__cause__ or exc.__context__
+        why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+        return f"an import failed: {exc}{why}; the installed packages do not fit together"
     top = name.split(".")[0]
     hint = PROVIDED_BY.get(top, "install it, or reinstall sglang-ctxprof")
     return f"the Python package {top!r} is not installed ({name}): {hint}"

@@ -115,3 +115,20 @@ def test_report_without_plots_needs_no_matplotlib(hide, capsys, tmp_path):
     hide("matplotlib")
     assert main(["report", str(FIXTURE / "baseline"), "--plots-dir", str(tmp_path), "--no-plots"]) == 0
     assert (tmp_path / "summary.csv").exists()
+
+
+def test_import_failing_inside_an_installed_package_is_not_called_missing():
+    """transformers raises ModuleNotFoundError without ``.name`` when a lazy class's import fails
+    (e.g. a torchvision built for another torch): say the import failed, and why."""
+    from sglang_ctxprof.cli.main import missing_package_line
+
+    try:
+        try:
+            raise RuntimeError("operator torchvision::nms does not exist")
+        except RuntimeError as cause:
+            raise ModuleNotFoundError("Could not import module 'DeepseekV3ForCausalLM'.") from cause
+    except ModuleNotFoundError as exc:
+        line = missing_package_line(exc)
+    assert line == ("an import failed: Could not import module 'DeepseekV3ForCausalLM'. (RuntimeError: operator "
+                    "torchvision::nms does not exist); the installed packages do not fit together")
+    assert "is not installed" not in line

@@ -1,4 +1,4 @@
-"""SGLang plugin: CPU-only workarounds so a stock sglang 0.5.23 wheel serves on a CPU host.
+"""SGLang plugin: CPU-only workarounds so a stock sglang wheel (0.5.13-0.5.23) serves on a CPU host.
 
 Part of sglang-ctxprof's patches/: it exists because PyPI's sgl-kernel is CUDA-only, which no hook
 of the profiler can fix.  Install it only for CPU runs (tests, demo); a GPU deployment never needs it.
@@ -26,13 +26,39 @@ def _fused_gate_sigmoid_mul_torch(hidden_states, gate_weight, shared_output, out
     output.copy_(res.to(output.dtype))
 
 
+# Where each release keeps the Triton shared-expert gate (0.5.14-0.5.18 import the public function by
+# name into models/qwen2_moe.py; 0.5.19+ launch it through the private _launch_fused_gate_sigmoid_mul).
+_GATE_MODULES = ("sglang.kernels.ops.elementwise.elementwise", "sglang.kernels.ops.layernorm.elementwise",
+                 "sglang.srt.layers.elementwise")
+
+
+def _fused_gate_sigmoid_mul_add_torch(hidden_states, gate_weight, shared_output, final_hidden_states):
+    _fused_gate_sigmoid_mul_torch(hidden_states, gate_weight, shared_output, final_hidden_states, do_add=True)
+
+
 def _patch_qwen2_moe_shared_gate():
     # Qwen2-MoE shared-expert gate uses a Triton kernel whenever the layer is not on the
     # intel_amx backend (qwen2_moe.py: use_fused_gate = ... not use_intel_amx_backend(...)).
     # Triton has no CPU driver -> "0 active drivers". Replace the launcher with torch ops.
-    from sglang.kernels.ops.elementwise import elementwise as ew
+    import importlib
 
-    ew._launch_fused_gate_sigmoid_mul = _fused_gate_sigmoid_mul_torch
+    for name in _GATE_MODULES:
+        try:
+            ew = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(ew, "_launch_fused_gate_sigmoid_mul"):
+            ew._launch_fused_gate_sigmoid_mul = _fused_gate_sigmoid_mul_torch
+            return
+        if hasattr(ew, "fused_gate_sigmoid_mul_add"):
+            # the model imports it by name: patch the source before the model module is imported,
+            # and the model module too if it already is
+            ew.fused_gate_sigmoid_mul_add = _fused_gate_sigmoid_mul_add_torch
+            model = sys.modules.get("sglang.srt.models.qwen2_moe")
+            if model is not None and hasattr(model, "fused_gate_sigmoid_mul_add"):
+                model.fused_gate_sigmoid_mul_add = _fused_gate_sigmoid_mul_add_torch
+            return
+    logger.debug("sglang_cpu_compat: no fused shared-expert gate in this release (0.5.13 has none)")
 
 
 def _patch_deepseek_mla_torch_native():
