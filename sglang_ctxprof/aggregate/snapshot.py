@@ -21,7 +21,7 @@ from ..model.buckets import Bucketing
 from ..model.names import SCHEMA_VERSION
 from ..model.stats import DurationStats, LinearFit
 
-COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum")
+COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class BucketState:
     committed: int = 0
     draft_tokens: int = 0
     ctx_sum: int = 0
+    attn_ctx_sum: int = 0  # summed context of the steps that carry a verify attention time (roofline)
     phases: Mapping[str, DurationStats] = field(default_factory=dict)
 
     def merged(self, other: "BucketState") -> "BucketState":

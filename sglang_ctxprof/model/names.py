@@ -69,6 +69,7 @@ KIND_PREFILL = "prefill"
 TIMING_CPU = "cpu"
 TIMING_CUDA_EVENTS = "cuda_events"
 TIMING_CUDA_GRAPH_EVENTS = "cuda_graph_events"
+TIMING_CUDA_GRAPH = "cuda_graph"  # verify ran in a CUDA graph; its attention/MoE split was not read
 
 # Algorithms whose worker seams we know: they get full phase records, and time outside the named
 # phases is "overhead".  Any other algorithm reports it as "unattributed".
