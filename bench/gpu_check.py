@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace as NS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.modules.setdefault("sglang", None)  # the kit runs without SGLang, as on the GPU machine
 
 from sglang_ctxprof.collect.adapter import Target  # noqa: E402
 from sglang_ctxprof.model.config import CtxProfConfig, GraphSettings  # noqa: E402
