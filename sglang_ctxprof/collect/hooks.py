@@ -215,8 +215,8 @@ def graph_capture(original, self, shape_key, *args, **kwargs):
             g = p.ensure_graph()
     except Exception as exc:  # noqa: BLE001
         _fail(p, exc)
-    if g is None or not g.available:
-        return out
+    if g is None or not g.timed:  # configuration, not this rank's state: every TP rank runs the same
+        return out                  # captures (each warm-up has a barrier, each forward collectives)
     key = adapter.graph_key(self, shape_key)
     try:
         g.capture_begin(key)

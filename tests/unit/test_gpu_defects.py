@@ -236,3 +236,16 @@ def test_unsampled_steps_pay_nothing_for_event_nodes(monkeypatch, cleanup):
     inst.disable()  # off: the hooks are gone and SGLang replays its own graph, which has no nodes
     backend = sched.model_worker.target.backend
     assert backend._graphs["bs1"].events() == 0
+
+
+def test_every_rank_captures_the_same_graphs_even_after_a_local_failure(monkeypatch, cleanup):
+    """TP ranks pair their warm-up barriers and collectives: a rank whose events failed must still
+    capture the timed copy (without events), else the ranks' captures no longer match."""
+    p, inst, sched = build(monkeypatch)
+    cleanup.append((p, inst))
+    backend = sched.model_worker.target.backend
+    before = backend.captures
+    p.graph._disable("record failed on this rank only")
+    backend.capture_one("bs2", sched.model_worker.target.model.forward)
+    assert backend.captures - before == 2 and adapter.has_graph(backend, adapter.timed_shape_key("bs2"))
+    assert p.graph.events == 2 * 2 * gf.LAYERS  # the new copy carries no events
