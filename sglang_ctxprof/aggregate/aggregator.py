@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, REPORTED_PHASES, Phase
+from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit
 from .requests import RequestLog
@@ -70,7 +70,9 @@ class Aggregator:
         self.records += 1
         if not rec.rids:
             return
-        self.meta["timing"] = rec.timing
+        cur = self.meta["timing"]
+        if cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0):
+            self.meta["timing"] = rec.timing  # steps differ (graph, eager, sampled): keep the best seen
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
         table = self.decode if rec.kind == KIND_DECODE else self.prefill

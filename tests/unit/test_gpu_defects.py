@@ -249,3 +249,11 @@ def test_every_rank_captures_the_same_graphs_even_after_a_local_failure(monkeypa
     backend.capture_one("bs2", sched.model_worker.target.model.forward)
     assert backend.captures - before == 2 and adapter.has_graph(backend, adapter.timed_shape_key("bs2"))
     assert p.graph.events == 2 * 2 * gf.LAYERS  # the new copy carries no events
+
+
+def test_profile_timing_is_the_best_label_seen_not_the_last():
+    agg = Aggregator()
+    for i, label in enumerate(("cuda_graph", "cuda_graph_events", "cuda_graph", "cuda_events")):
+        r = _rec(60 + i, 1000)
+        agg.observe(StepRecord.from_dict({**r.to_dict(), "timing": label}))
+    assert agg.snapshot().timing == "cuda_graph_events"
