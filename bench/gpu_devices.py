@@ -16,11 +16,14 @@ import contextlib
 class FakeDev:
     name = "fake (dry run)"
 
-    def __init__(self):
+    def __init__(self, record_cost_ms=0.0):
         from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
-        self.d = FakeDevice()
+        self.d = FakeDevice(record_cost_ms=record_cost_ms)
         self.Event = self.d.Event
+
+    def memory(self):
+        return 0
 
     def is_capturing(self):
         return self.d.is_current_stream_capturing()
@@ -68,6 +71,9 @@ class TorchDev:
 
     def is_capturing(self):
         return self.t.cuda.is_current_stream_capturing()
+
+    def memory(self):
+        return self.t.cuda.memory_allocated()
 
     def capture(self, holder):
         holder["g"] = self.t.cuda.CUDAGraph()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, REPORTED_PHASES, Phase
+from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit
 from .requests import RequestLog
@@ -32,7 +32,8 @@ from .snapshot import BucketState, Snapshot, merge
 class _Bucket:
     """Mutable accumulator behind one :class:`~.snapshot.BucketState`."""
 
-    __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "phases")
+    __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
+                 "phases")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -41,11 +42,12 @@ class _Bucket:
         self.committed = 0
         self.draft_tokens = 0
         self.ctx_sum = 0
+        self.attn_ctx_sum = 0
         self.phases: dict[str, DurationStats] = {}
 
     def frozen(self) -> BucketState:
         return BucketState(self.steps, self.req_steps, self.accepted, self.committed, self.draft_tokens,
-                           self.ctx_sum, {p: s.copy() for p, s in self.phases.items()})
+                           self.ctx_sum, self.attn_ctx_sum, {p: s.copy() for p, s in self.phases.items()})
 
 
 class Aggregator:
@@ -68,7 +70,9 @@ class Aggregator:
         self.records += 1
         if not rec.rids:
             return
-        self.meta["timing"] = rec.timing
+        cur = self.meta["timing"]
+        if cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0):
+            self.meta["timing"] = rec.timing  # steps differ (graph, eager, sampled): keep the best seen
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
         table = self.decode if rec.kind == KIND_DECODE else self.prefill
@@ -84,6 +88,8 @@ class Aggregator:
             b.committed += sum(rec.committed)
             b.draft_tokens += rec.draft_tokens * rec.batch_size
             x = rec.ctx_sum / 1000.0
+            if Phase.VERIFY_ATTN.value in rec.phases_ms:
+                b.attn_ctx_sum += rec.ctx_sum
             for name in REPORTED_PHASES:
                 if name != Phase.STEP.value and name not in rec.phases_ms:
                     continue

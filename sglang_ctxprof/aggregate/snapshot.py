@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional
 
 from ..model.buckets import Bucketing
-from ..model.names import SCHEMA_VERSION
+from ..model.names import SCHEMA_VERSION, TIMING_RANK
 from ..model.stats import DurationStats, LinearFit
 
-COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum")
+COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class BucketState:
     committed: int = 0
     draft_tokens: int = 0
     ctx_sum: int = 0
+    attn_ctx_sum: int = 0  # summed context of the steps that carry a verify attention time (roofline)
     phases: Mapping[str, DurationStats] = field(default_factory=dict)
 
     def merged(self, other: "BucketState") -> "BucketState":
@@ -138,7 +139,7 @@ def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] 
         bucketing=snaps[0].bucketing,
         records=sum(s.records for s in snaps),
         algorithms=algs,
-        timing=next((s.timing for s in snaps if s.timing), None),
+        timing=max((s.timing for s in snaps if s.timing), key=lambda t: TIMING_RANK.get(t, 0), default=None),
         hw=next((s.hw for s in snaps if s.hw), None),
         decode=decode, prefill=prefill, fits=fits,
         requests=tuple(r for s in snaps for r in s.requests),

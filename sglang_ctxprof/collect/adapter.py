@@ -61,12 +61,18 @@ TARGETS: tuple[Target, ...] = (
     Target("sglang.srt.models.deepseek_v2.DeepseekV2MoE.forward", "moe", required=False),
     Target("sglang.srt.models.qwen3_moe.Qwen3MoeSparseMoeBlock.forward", "moe", required=False),
     Target("sglang.srt.models.qwen2_moe.Qwen2MoeSparseMoeBlock.forward", "moe", required=False),
-    # CUDA graphs (graph_timing): capture records external events around the blocks above; each
-    # replay attaches them to a sampled verify step or marks its split unavailable; the overlap
-    # gate makes the scheduler read a sampled step before the next replay; the optional eager
-    # fallback runs sampled verify steps without their graph.  No-ops on CPU.
+    # DeepEP's MoE overrides FusedMoE.forward: without this, models with no hooked MoE block would
+    # lose their MoE time into verify_rest under --moe-a2a-backend deepep.
+    Target("sglang.srt.layers.moe.ep_moe.layer.DeepEPMoE.forward", "moe", required=False),
+    # CUDA graphs (graph_clock): the target's TARGET_VERIFY graphs get a timed copy (captured after
+    # SGLang's plain graph, with external events around the blocks above); a sampled verify step
+    # replays the copy, every other replay the plain graph; cleanup releases the copies' events;
+    # the overlap gate holds only when consecutive steps are sampled; the optional eager fallback
+    # runs sampled verify steps without their graph.  No-ops on CPU.
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "graph_capture", required=False),
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay", "graph_replay", required=False),
+    Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup", "graph_cleanup", required=False,
+           group="control"),
     Target(f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay", "graph_replay",
            required=False),
     # verify may also run in the piecewise prefill graph (torch.compile): no in-graph events there, so
@@ -109,6 +115,7 @@ RELEASE_LIMITS: dict[str, dict[str, str]] = {
     "0.5.13": {
         f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": _GRAPH_LOST,
         f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": _GRAPH_LOST,
+        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup": _GRAPH_LOST,
         f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": _GRAPH_LOST,
         f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": _GRAPH_LOST,
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
@@ -270,6 +277,7 @@ def device_of(scheduler: Any) -> str:
 SIGNATURES.update({
     f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": ("self", "shape_key", "forward_fn"),
     f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": ("self", "shape_key"),
+    f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup": ("self",),
     f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": ("self", "shape_key"),
     f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": ("self", "shape_key"),
     f"{_S}.is_disable_overlap_for_batch": ("self", "batch", "last_batch"),
@@ -279,6 +287,13 @@ SIGNATURES.update({
 def graph_key(backend: Any, shape_key: Any) -> Any:
     """Key of one captured graph: the backend instance (one per runner) and its shape key."""
     return (id(backend), shape_key)
+
+
+def verify_graph_ran(result: Any) -> Optional[bool]:
+    """SGLang's ``can_run_cuda_graph`` of a verify/forward result: did the step's target forward
+    replay a CUDA graph (full or piecewise)?  None when the result does not say."""
+    v = getattr(result, "can_run_cuda_graph", None)
+    return None if v is None else bool(v)
 
 
 def batch_step_id(batch: Any) -> Optional[int]:
@@ -317,11 +332,15 @@ def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
         kv_dtype = str(getattr(mc, "dtype", "bfloat16")).replace("torch.", "")
     from ..model.roofline import dtype_bytes
 
+    tp_size = int(getattr(scheduler, "tp_size", 1) or 1)
     facts: dict[str, Any] = {
         "layers": int(getattr(mc, "num_attention_layers", 0) or getattr(mc, "num_hidden_layers", 0)),
         "kv_dtype": kv_dtype, "kv_dtype_bytes": dtype_bytes(kv_dtype),
-        "tp_size": int(getattr(scheduler, "tp_size", 1) or 1),
+        "tp_size": tp_size, "attn_tp_size": attn_tp_size(scheduler, tp_size),
     }
+    sparse = sparse_attention(mc)
+    if sparse:
+        facts["sparse"] = sparse
     arch = getattr(mc, "attention_arch", None)  # an IntEnum: str() is "1" on Python 3.11, use .name
     if str(getattr(arch, "name", arch)).upper().endswith("MLA"):
         facts.update(attention="mla", kv_lora_rank=int(mc.kv_lora_rank), qk_rope_head_dim=int(mc.qk_rope_head_dim))
@@ -369,3 +388,15 @@ def make_control_reply(payload: dict) -> Any:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
     return GetInternalStateReqOutput(internal_state=payload)
+
+
+# The served model's graphs, parallel layout, sparsity and hook coverage (adapter_model, same rule).
+from . import adapter_model as _model  # noqa: E402
+from .adapter_model import (  # noqa: E402,F401
+    attn_tp_size, has_graph, is_target_verify_graph, is_target_verify_runner, is_timed_shape_key,
+    sparse_attention, target_model, timed_shape_key)
+
+
+def model_coverage(scheduler: Any, model: Any = None) -> dict[str, Any]:
+    """Which attention / MoE classes of the served model our hooks (``TARGETS``) cover."""
+    return _model.model_coverage(scheduler, model, TARGETS)

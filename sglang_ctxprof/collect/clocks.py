@@ -3,7 +3,7 @@
 ``mark()`` returns an opaque token taken "now" (on the CPU, or on the current CUDA stream);
 ``elapsed_ms(a, b)`` returns the time between two tokens, or ``None`` if the device has not
 reached ``b`` yet.  The CUDA clock never synchronizes: it asks ``Event.query()`` and the caller
-retries later.  SGLang reads step results only after its own ``copy_done.synchronize()``, which
+retries later (both events are asked: a pair may span two streams).  SGLang reads step results only after its own ``copy_done.synchronize()``, which
 waited for every kernel of the step, so in practice the first read succeeds.
 
 ``release(token)`` returns CUDA events to a bounded pool, so steady state allocates nothing.
@@ -13,7 +13,7 @@ The event class is injectable so the CUDA logic is unit-tested on machines witho
 If a step's events are not complete when its result is processed (``query()`` is False), the
 step is *parked* in a bounded :class:`Parked` queue and retried at the next result, not dropped;
 only an overflow of that queue loses a step (counted).  :func:`make_graph_timer` builds the
-CUDA-graph block timer (``graph_timing.GraphTimer``) with the real ``torch.cuda`` pieces.
+CUDA-graph block timer (``graph_clock.GraphTimer``) with the real ``torch.cuda`` pieces.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ class CudaEventClock:
 
     @staticmethod
     def elapsed_ms(a: Any, b: Any) -> Optional[float]:
-        if not b.query():
+        # Both: a pair may span two streams (a phase opened on one stream and closed on another),
+        # and ``elapsed_time`` raises unless both events completed.
+        if not (a.query() and b.query()):
             return None
         return float(a.elapsed_time(b))
 

@@ -172,7 +172,7 @@ def verify(original, *args, **kwargs):
 def _sub(name: str, original, args, kwargs):
     """Attention / MoE regions inside verify; only the outermost region of a call counts.
 
-    During CUDA-graph capture the region gets an external event pair instead (graph_clock).
+    While a timed graph copy is captured the region gets an external event pair instead (graph_clock).
     Runs for every attention and MoE block of every layer, so the handle is read inline."""
     s = SESSION
     if s is None or IS_COMPILING():
@@ -202,42 +202,73 @@ def _graph(p: Any) -> Any:
 
 
 def graph_capture(original, self, shape_key, *args, **kwargs):
-    """AROUND a graph backend's capture_one: key the external events of this graph."""
+    """AROUND a graph backend's capture_one.  SGLang's own graph is captured first, untouched.  For
+    the target's TARGET_VERIFY graphs only, the backend then captures a timed copy under a derived
+    key, with external events around the attention/MoE blocks (graph_clock)."""
+    out = original(self, shape_key, *args, **kwargs)
     p = profiler()
-    g = p.ensure_graph() if p is not None and p.guard.ok("hooks") else None
-    key = None
-    if g is not None:
+    if p is None or not p.guard.ok("hooks") or adapter.is_timed_shape_key(shape_key):
+        return out
+    g = None
+    try:
+        if adapter.is_target_verify_graph(self):
+            g = p.ensure_graph()
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+    if g is None or not g.timed:  # configuration, not this rank's state: every TP rank runs the same
+        return out                  # captures (each warm-up has a barrier, each forward collectives)
+    key = adapter.graph_key(self, shape_key)
+    try:
+        g.capture_begin(key)
+    except Exception as exc:  # noqa: BLE001
+        _fail(p, exc)
+        return out
+    ok = False
+    try:
+        original(self, adapter.timed_shape_key(shape_key), *args, **kwargs)
+        ok = True
+    except Exception as exc:  # noqa: BLE001 - SGLang's own graph is captured; lose only the split
+        g._disable(f"timed copy capture failed: {type(exc).__name__}: {exc}")
+    finally:
         try:
-            key = adapter.graph_key(self, shape_key)
-            g.capture_begin(key)
+            g.capture_end(key, ok)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
-            key = None
-    try:
-        return original(self, shape_key, *args, **kwargs)
-    finally:
-        if key is not None:
-            try:
-                g.capture_end(key)
-            except Exception as exc:  # noqa: BLE001
-                _fail(p, exc)
+    return out
 
 
 def graph_replay(original, self, shape_key, *args, **kwargs):
-    """BEFORE a graph replay: attach its events to a sampled verify step, else mark the split unknown."""
+    """AROUND a graph replay: a sampled verify step replays the timed copy (its events are attached
+    to the step), every other replay the plain graph (a verify step's split is then unknown)."""
     p = profiler()
     g = _graph(p)
     if g is not None:
         try:
-            g.on_replay(adapter.graph_key(self, shape_key), p.current())
+            timed_key = adapter.timed_shape_key(shape_key)
+            if g.on_replay(adapter.graph_key(self, shape_key), p.current(), adapter.has_graph(self, timed_key)):
+                shape_key = timed_key
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
     return original(self, shape_key, *args, **kwargs)
 
 
+def graph_cleanup(original, self, *args, **kwargs):
+    """AFTER a graph backend's cleanup (its graphs are reset): release the events they referenced."""
+    out = original(self, *args, **kwargs)
+    p = profiler()
+    g = p.graph if p is not None else None
+    if g is not None:
+        try:
+            g.release_backend(id(self))
+        except Exception as exc:  # noqa: BLE001
+            _fail(p, exc)
+    return out
+
+
 def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
-    """AFTER Scheduler.is_disable_overlap_for_batch: process a sampled step before the next launch,
-    so the next replay cannot overwrite its in-graph events before they are read."""
+    """AFTER Scheduler.is_disable_overlap_for_batch: when the previous and the next step are both
+    sampled (K = 1), process the previous one first, so the next timed replay cannot overwrite its
+    events before they are read.  Configuration and step ids only: every DP rank agrees."""
     out = original(self, batch, last_batch, *args, **kwargs)
     if out:
         return out
@@ -245,7 +276,7 @@ def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
     g = _graph(p)
     if g is not None:
         try:
-            if g.hold_overlap(adapter.batch_step_id(last_batch)):
+            if g.hold_overlap(adapter.batch_step_id(last_batch), adapter.next_step_id(self)):
                 return True
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
@@ -253,16 +284,17 @@ def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
 
 
 def graph_eager_fallback(original, self, *args, **kwargs):
-    """AFTER DecodeCudaGraphRunner.can_run_graph: with fallback=eager and no external events, run
-    a sampled verify step eagerly so plain block events time it (same decision on every rank)."""
+    """AFTER DecodeCudaGraphRunner.can_run_graph: with fallback=eager and no external events, the
+    target's verify of a sampled step runs eagerly so plain block events time it.  Decided once per
+    step: EAGLE asks twice (when preparing verify, then in the forward) and both answers agree."""
     out = original(self, *args, **kwargs)
     if not out:
         return out
     p = profiler()
     g = _graph(p)
-    if g is not None:
+    if g is not None and g.fallback == "eager":
         try:
-            if g.force_eager(p.current()):
+            if adapter.is_target_verify_runner(self) and g.force_eager(p.current()):
                 return False
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
@@ -289,6 +321,7 @@ HOOKS = {
     "moe": moe,
     "graph_capture": graph_capture,
     "graph_replay": graph_replay,
+    "graph_cleanup": graph_cleanup,
     "overlap_gate": overlap_gate,
     "graph_eager_fallback": graph_eager_fallback,
 }

@@ -8,12 +8,14 @@ Under the overlap scheduler ``run_batch(N+1)`` runs before ``process_batch_resul
 map is keyed by ``forward_iter`` so the two never mix.  The map is bounded: a builder whose result
 never arrives (an aborted batch) is evicted and counted.
 
-GPU: marks are CUDA events on the current stream (``timing.CudaEventClock``), read here after
+GPU: marks are CUDA events on the current stream (``clocks.CudaEventClock``), read here after
 SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
 taken at ``after_result``; if the device times are not ready the step is parked and retried at the
-next result (``timing.Parked``).  Under CUDA graphs ``graph_timing.GraphTimer`` supplies the
-verify attention/MoE split on sampled steps; ``meta["hw"]`` carries model/device facts for the
-roofline (``roofline``).
+next result (``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the
+verify attention/MoE split on sampled steps.  Each record's ``timing`` label says how *that* step
+was timed (``step.timing_label``: from SGLang's ``can_run_cuda_graph`` and whether the split was
+read).  ``meta["hw"]`` carries model/device facts for the roofline (``roofline``); the status
+reports which attention/MoE classes of the model are hooked (``coverage``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ..model.names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TI
 from ..model.records import StepRecord
 from .recorder import Recorder
 from ..model.guard import Guard
-from .step import StepBuilder, release, resolve
+from .step import StepBuilder, release, resolve, timing_label
 from .clocks import CpuClock, Parked, make_clock, make_graph_timer
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,8 @@ class Profiler:
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
         self.sinks: Any = None  # views.exporters.Sinks, built by the session's exporter factory
-        self.graph: Any = None  # graph_timing.GraphTimer on CUDA
+        self.graph: Any = None  # graph_clock.GraphTimer on CUDA
+        self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
 
@@ -134,6 +137,7 @@ class Profiler:
         host = None
         try:
             host = self._host(b, batch, result)
+            b.graph_ran = adapter.verify_graph_ran(result)
             if host is not None and self.graph is not None:
                 self.graph.read(b)  # graph events: now or never (the next replay overwrites them)
         finally:
@@ -147,6 +151,7 @@ class Profiler:
         self.unresolved += 1
 
     def timing_mode(self) -> str:
+        """The best this process can do (status); each record carries its own step's label."""
         if self.graph is not None and self.graph.in_use:
             return TIMING_CUDA_GRAPH_EVENTS
         return self.clock.mode
@@ -160,7 +165,7 @@ class Profiler:
         release(b, self.clock)
         step_ms, phases = res
         self.recorder.submit(StepRecord(step_ms=step_ms, phases_ms=phases, t_start_ns=b.t_start_ns,
-                                        timing=self.timing_mode(), **host))
+                                        timing=timing_label(b, self.clock.mode), **host))
         return True
 
     def _host(self, b: StepBuilder, batch: Any, result: Any) -> Optional[dict[str, Any]]:
@@ -225,8 +230,21 @@ class Profiler:
             "unresolved": self.unresolved,
             "degraded": self.guard.status(),
             "hooks": self.hook_report,
+            "coverage": self._coverage(),
             "exporters": self.sinks.status() if self.sinks is not None else None,
         }
+
+    def _coverage(self) -> dict[str, Any]:
+        """Which attention / MoE classes of the served model are hooked (computed once per model)."""
+        if self.coverage is None and self.scheduler is not None:
+            try:
+                self.coverage = adapter.model_coverage(self.scheduler)
+            except Exception as exc:  # noqa: BLE001 - status must answer
+                self.coverage = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+        cov = dict(self.coverage or {"available": False, "reason": "no step seen yet"})
+        if self.graph is not None:
+            cov["graph_blocks"] = sorted(self.graph.blocks)
+        return cov
 
     def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
         snap = self.recorder.with_aggregator(lambda a: a.snapshot(with_request_steps=with_request_steps,

@@ -9,7 +9,7 @@ Phase arithmetic (all in ms):
 * ``draft``, ``verify``, ``draft_extend``: sums of their intervals;
 * ``verify_attn`` / ``verify_moe``: attention / MoE intervals recorded while inside ``verify``;
 * ``verify_rest = verify - verify_attn - verify_moe``;
-* under CUDA graphs the split comes from :mod:`graph_timing` (``b.split``) on sampled steps and
+* under CUDA graphs the split comes from :mod:`graph_clock` (``b.split``) on sampled steps and
   is left out (not zero) on the others;
 * the remainder ``step - (draft + verify + draft_extend)`` is ``overhead`` for algorithms whose
   seams we know, else ``unattributed``.  So the leaf phases add up to the step span exactly.
@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..model.names import Phase
+from ..model.names import TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
 
 _D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
 _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
 
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "eager",
+                 "graph_split", "graph_ran")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -36,9 +37,12 @@ class StepBuilder:
         self.open: list[str] = []  # stack of named phases currently open
         self.pre: Optional[list[tuple[str, int, int, int]]] = None
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
-        # verify attention/MoE split from CUDA-graph events (graph_timing): None = use the block
+        # verify attention/MoE split from CUDA-graph events (graph_clock): None = use the block
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
         self.split: Any = None
+        self.eager: Optional[bool] = None  # eager fallback decided for this step (graph_clock.force_eager)
+        self.graph_split = False  # the split was read from a timed graph copy's events
+        self.graph_ran: Optional[bool] = None  # SGLang's can_run_cuda_graph of the step (None: unknown)
 
     def in_phase(self, name: str) -> bool:
         return name in self.open
@@ -84,6 +88,21 @@ def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[flo
     if named > step_ms:
         step_ms = named
     return step_ms, phases
+
+
+def timing_label(b: StepBuilder, clock_mode: str) -> str:
+    """How this step's numbers were obtained, from what ran: ``cpu`` (CPU clock);
+    ``cuda_graph_events`` (verify replayed a timed graph copy and its split was read);
+    ``cuda_graph`` (verify ran in a CUDA graph, full or piecewise, whose split was not read: the
+    phases come from CUDA events around it, the split is left out); else ``cuda_events``
+    (eager: every phase and block from plain CUDA events)."""
+    if clock_mode == TIMING_CPU:
+        return TIMING_CPU
+    if b.graph_split:
+        return TIMING_CUDA_GRAPH_EVENTS
+    if b.graph_ran or b.split is False:
+        return TIMING_CUDA_GRAPH
+    return clock_mode
 
 
 def release(b: StepBuilder, clock: Any) -> None:

@@ -69,6 +69,9 @@ KIND_PREFILL = "prefill"
 TIMING_CPU = "cpu"
 TIMING_CUDA_EVENTS = "cuda_events"
 TIMING_CUDA_GRAPH_EVENTS = "cuda_graph_events"
+TIMING_CUDA_GRAPH = "cuda_graph"  # verify ran in a CUDA graph; its attention/MoE split was not read
+# A profile's one ``timing`` is the most informative label among its records (later wins on ties).
+TIMING_RANK = {TIMING_CPU: 0, TIMING_CUDA_EVENTS: 1, TIMING_CUDA_GRAPH: 2, TIMING_CUDA_GRAPH_EVENTS: 3}
 
 # Algorithms whose worker seams we know: they get full phase records, and time outside the named
 # phases is "overhead".  Any other algorithm reports it as "unattributed".

@@ -8,10 +8,15 @@ Pure arithmetic (no SGLang, no torch), used by ``aggregator.summarize`` per cont
   - MLA (DeepSeek V2/V3, Kimi K2): ``(kv_lora_rank + qk_rope_head_dim) x dtype bytes x layers``;
     the latent cache is replicated on every TP rank;
   - GQA / MHA: ``2 x kv_heads_per_rank x head_dim x dtype bytes x layers`` with
-    ``kv_heads_per_rank = max(1, kv_heads // tp)``.
+    ``kv_heads_per_rank = max(1, kv_heads // attn_tp)``, where ``attn_tp`` is the *attention* TP
+    size (``tp / dp`` under attention data parallelism, ``facts["attn_tp_size"]``).
 
 * **Bytes per step** = bytes per token x the batch's summed context (each request's KV is read
-  once per verify step).  A bucket uses its mean summed context per step.
+  once per verify step).  A bucket uses the mean summed context of the steps that carry a verify
+  attention time (under CUDA graphs only the sampled steps do), so bytes and time come from the
+  same steps.
+* **Sparse attention** (DSA/NSA top-k, sliding window, chunked) reads fewer bytes than the context:
+  ``facts["sparse"]`` holds the reason and the roofline is reported unavailable with it.
 * **% of roofline** = (bytes per step / mean verify-attention seconds) / bandwidth x 100.
 * **Bandwidth**: a table of known GPUs (matched on the device name) or the override
   ``SGLANG_CTXPROF_HBM_GBPS``.  On a CPU, an unknown GPU or without an attention time the result
@@ -51,7 +56,7 @@ def kv_bytes_per_token(facts: Mapping[str, Any]) -> float:
     nbytes = float(facts["kv_dtype_bytes"])
     if facts.get("attention") == "mla":
         return (int(facts["kv_lora_rank"]) + int(facts["qk_rope_head_dim"])) * nbytes * layers
-    tp = max(1, int(facts.get("tp_size", 1) or 1))
+    tp = max(1, int(facts.get("attn_tp_size") or facts.get("tp_size", 1) or 1))
     kv_heads = max(1, int(facts["num_kv_heads"]) // tp)
     return 2 * kv_heads * int(facts["head_dim"]) * nbytes * layers
 
@@ -85,7 +90,9 @@ def hw_meta(facts: Optional[Mapping[str, Any]], device_name: Optional[str],
     gbps, source = bandwidth_gbps(device_name, hbm_gbps)
     out: dict[str, Any] = {"device": device_name or "cpu", "hbm_gbps": gbps, "source": source,
                            "model": dict(facts) if facts else None}
-    if facts:
+    if facts and facts.get("sparse"):
+        out["unavailable"] = str(facts["sparse"])
+    elif facts:
         try:
             out["kv_bytes_per_token"] = kv_bytes_per_token(facts)
         except (KeyError, TypeError, ValueError) as exc:
@@ -96,9 +103,11 @@ def hw_meta(facts: Optional[Mapping[str, Any]], device_name: Optional[str],
 
 def bucket_roofline(hw: Optional[Mapping[str, Any]], ctx_sum_per_step: float,
                     attn_mean_ms: Optional[float]) -> dict[str, Any]:
-    """Per-bucket view: ``{"available": True, "pct": ..., ...}`` or ``{"available": False, "reason": ...}``."""
+    """``ctx_sum_per_step`` must be the mean over the same steps as ``attn_mean_ms``.  Per-bucket view: ``{"available": True, "pct": ..., ...}`` or ``{"available": False, "reason": ...}``."""
     if not hw:
         return {"available": False, "reason": "no device/model facts reported"}
+    if hw.get("unavailable"):
+        return {"available": False, "reason": str(hw["unavailable"])}
     gbps = hw.get("hbm_gbps")
     per_tok = hw.get("kv_bytes_per_token")
     if not gbps:
@@ -107,6 +116,8 @@ def bucket_roofline(hw: Optional[Mapping[str, Any]], ctx_sum_per_step: float,
         return {"available": False, "reason": hw.get("source") or "model KV layout unknown"}
     if not attn_mean_ms or attn_mean_ms <= 0:
         return {"available": False, "reason": "no verify attention time in this bucket"}
+    if not ctx_sum_per_step or ctx_sum_per_step <= 0:
+        return {"available": False, "reason": "no context summed over the steps with an attention time"}
     nbytes = per_tok * ctx_sum_per_step
     return {"available": True, "pct": percent_of_roofline(nbytes, attn_mean_ms, gbps),
             "kv_bytes_per_step": nbytes, "achieved_gbps": nbytes / (attn_mean_ms / 1e3) / 1e9,

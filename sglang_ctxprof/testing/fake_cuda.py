@@ -1,20 +1,31 @@
-"""A simulated CUDA device (one stream, events, graphs) for CPU tests and ``gpu_check --dry-run``.
+"""A simulated CUDA device (streams, events, graphs) for CPU tests and the ``--dry-run`` GPU kits.
 
-It models exactly the properties our GPU timing code relies on, so those code paths run on
-machines without a GPU through the same interface as ``torch.cuda``:
+It models the properties our GPU timing code relies on, through the same names as ``torch.cuda``
+(``Event``, ``Stream``, ``stream(s)``, ``current_stream()``, ``graph(...)``, ``CUDAGraph()``,
+``graph_pool_handle()``, ``synchronize()``, ``is_current_stream_capturing()``, ``_sleep``):
 
-* work is *launched* (queued) by the host and *executed* later by :meth:`FakeDevice.run`;
-  ``Event.record()`` enqueues a timestamp, ``Event.query()`` is True only once the device ran it,
-  ``Event.elapsed_time()`` raises (like CUDA) if either event has not completed;
-* during graph capture, launches go into the graph instead of the queue; a record of an event
-  created with ``external=True`` becomes a node that re-fires on every replay, while a record of
-  a plain event is *not* a timing node (its ``elapsed_time`` raises, as on real CUDA);
-* ``replay()`` enqueues the captured nodes again, so the events of the previous replay are
-  overwritten when the device reaches them;
+* work is *launched* by the host onto a stream and *executed* later by the device: :meth:`run`
+  executes every ready operation, :meth:`advance` only what one event or stream needs (the lazy
+  device: another stream's later work stays pending).  Streams order work; ``wait_stream`` and
+  ``wait_event`` order work across streams.  One device clock (ms) advances with every kernel;
+* ``Event.query()`` answers like ``c10/cuda/CUDAEvent.h``: True for an event never recorded, False
+  while a record is pending, and it *raises* for a plain event recorded during capture (that record
+  is only a fork/join marker, never a timing node).  ``elapsed_time`` raises ``ValueError`` unless
+  both events have ``enable_timing`` and were recorded, ``RuntimeError`` unless both completed;
+* capture is per stream: a stream that waits on a capturing stream joins the capture as a branch
+  (global capture mode), and must be joined back before the capture ends.  A record of an event
+  created with ``external=True`` becomes a node that re-fires on every replay;
+* a graph keeps *handles* of its events, not the events: as in CUDA (``CUDAGraph.h`` holds no event
+  reference) the Python object is the only owner.  Replaying a graph whose event was destroyed
+  raises (the modelled outcome of a launch that records into a dead event; ``gpu_probe`` P6 asks
+  the real device);
+* an event node replayed from a graph costs device time (``record_cost_ms``, default 0), so
+  in-graph event nodes are not free (eager records are modelled as free);
 * a kernel's duration may be a function of the device's *static input* (``set_static`` enqueues a
   write, as the host copies a step's inputs into a graph's static buffers), so replays of the same
   graph take step-dependent times and a read of the wrong replay shows up as a wrong number;
-* every ``synchronize()`` is counted, so tests can prove the read path never synchronizes.
+* every ``synchronize()`` the code under test calls is counted (``syncs``); :meth:`advance` is the
+  harness's own wait (SGLang's ``copy_done.synchronize()``) and is not counted.
 
 ``supports_external=False`` builds a device whose ``Event`` rejects ``external=`` with a
 ``TypeError`` (older PyTorch), to exercise the feature detection and fallback.
@@ -22,8 +33,10 @@ machines without a GPU through the same interface as ``torch.cuda``:
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 
 class FakeEvent:
@@ -31,62 +44,146 @@ class FakeEvent:
         self.device = device
         self.enable_timing = enable_timing
         self.external = external
-        self.time_ms: Optional[float] = None  # set when the device executes the record
+        self.handle = device._new_handle(self)
+        self.time_ms: Optional[float] = None  # set when the device executes a record
         self.pending = 0  # launched but not yet executed records
-        self.invalid = False  # recorded during capture without external=True
+        self.recorded = False  # some record was launched (eagerly or by a replay)
+        self.in_graph = False  # a node of some captured graph
+        self.captured_plain = False  # recorded during capture without external=True
+        self.last: Optional[tuple["FakeStream", int]] = None  # (stream, seq) of the latest record
+        self._capture_pos: Optional[tuple["FakeGraph", int, int]] = None  # where a capture recorded it
 
-    def record(self, stream: Any = None) -> None:
-        self.device._launch_record(self)
+    def record(self, stream: Optional["FakeStream"] = None) -> None:
+        self.device._record(self, stream or self.device.current)
 
     def query(self) -> bool:
         self.device.queries += 1
-        return self.pending == 0 and (self.time_ms is not None or self.invalid)
+        if self.captured_plain:
+            raise RuntimeError("CUDA error: invalid argument (event recorded during stream capture "
+                               "without external=True)")
+        return self.pending == 0
 
     def elapsed_time(self, end: "FakeEvent") -> float:
+        self.device.elapsed_calls += 1
+        if not (self.enable_timing and end.enable_timing):
+            raise ValueError("Both events must be created with argument 'enable_timing=True'.")
         for ev in (self, end):
-            if ev.invalid:
-                raise RuntimeError("elapsed_time on an event recorded during capture without external=True")
-            if ev.time_ms is None or ev.pending:
-                raise RuntimeError("elapsed_time before the event completed (cudaErrorNotReady)")
+            if ev.captured_plain:
+                raise RuntimeError("CUDA error: invalid argument (event recorded during capture "
+                                   "without external=True)")
+            if not ev.recorded and not ev.in_graph:
+                raise ValueError("Both events must be recorded before calculating elapsed time.")
+            if ev.pending or ev.time_ms is None:
+                raise RuntimeError("CUDA error: device not ready (cudaErrorNotReady)")
         return float(end.time_ms - self.time_ms)
 
     def synchronize(self) -> None:
         self.device.syncs += 1
-        self.device.run()
+        self.device.advance(self)
+
+    def __del__(self) -> None:
+        dev = getattr(self, "device", None)
+        if dev is not None:
+            dev._live.pop(getattr(self, "handle", None), None)
+
+
+class FakeStream:
+    def __init__(self, device: "FakeDevice", name: str = "") -> None:
+        self.device = device
+        self.name = name
+        self.q: deque = deque()  # (op, arg), in launch order
+        self.launched = 0
+        self.done = 0
+        self.capture: Optional["FakeGraph"] = None
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.device._wait(self, other, len_of=True)
+
+    def wait_event(self, ev: FakeEvent) -> None:
+        self.device._wait(self, ev, len_of=False)
+
+    def query(self) -> bool:
+        return self.done == self.launched
+
+    def synchronize(self) -> None:
+        self.device.syncs += 1
+        self.device._advance(self, self.launched)
 
 
 class FakeGraph:
+    """Branches of nodes: ``("kernel", ms)``, ``("set", v)``, ``("record", handle)``,
+    ``("wait", (branch, position))``.  Branch 0 is the stream the capture began on."""
+
     def __init__(self, device: "FakeDevice") -> None:
         self.device = device
-        self.nodes: list[tuple[str, Any]] = []
+        self.branches: list[list[tuple[str, Any]]] = [[]]
+        self.streams: list[Optional[FakeStream]] = [None]  # capture-time stream of each branch
+        self.joined: dict[int, int] = {}  # branch -> nodes of it branch 0 has waited for
         self.replays = 0
+        self._side: list[FakeStream] = []  # replay-time streams of branches 1.. (one set per graph)
+        self.pool: Any = None
+
+    @property
+    def nodes(self) -> list[tuple[str, Any]]:
+        return [n for br in self.branches for n in br]
+
+    def events(self) -> int:
+        return sum(1 for k, _ in self.nodes if k == "record")
 
     def replay(self) -> None:
+        dev = self.device
+        for kind, h in self.nodes:
+            if kind == "record" and dev._live.get(h) is None:
+                raise RuntimeError("CUDA error: invalid resource handle (graph launch records an event "
+                                   "that was destroyed)")
         self.replays += 1
-        for kind, arg in self.nodes:
-            if kind == "kernel":
-                self.device._queue.append(("kernel", arg))
-            else:
-                arg.pending += 1
-                self.device._queue.append(("record", arg))
+        main = dev.current
+        while len(self._side) < len(self.branches) - 1:
+            self._side.append(dev.Stream(f"graph-branch-{len(self._side) + 1}"))
+        streams = [main] + self._side
+        base = [s.launched for s in streams]
+        for i in range(1, len(self.branches)):  # every branch starts after the launch point
+            dev._enqueue(streams[i], "wait", (main, base[0]))
+            base[i] += 1
+        for i, br in enumerate(self.branches):
+            for kind, arg in br:
+                if kind == "wait":
+                    b, pos = arg
+                    dev._enqueue(streams[i], "wait", (streams[b], base[b] + pos))
+                elif kind == "record":
+                    ev = dev._live[arg]()
+                    dev._enqueue_record(ev, streams[i], node=True)
+                else:
+                    dev._enqueue(streams[i], kind, arg)
+        for i in range(1, len(self.branches)):  # the launch completes when every branch has
+            dev._enqueue(main, "wait", (streams[i], streams[i].launched))
+
+    def reset(self) -> None:
+        self.branches = [[]]
 
 
 class FakeDevice:
-    """One in-order stream with a simulated clock (milliseconds)."""
+    """Streams and graphs on one simulated device clock (milliseconds)."""
 
-    def __init__(self, supports_external: bool = True) -> None:
+    def __init__(self, supports_external: bool = True, record_cost_ms: float = 0.0) -> None:
         self.supports_external = supports_external
+        self.record_cost_ms = record_cost_ms
         self.now_ms = 0.0
         self.static: Any = 0
-        self._queue: deque = deque()
-        self._capture: Optional[FakeGraph] = None
         self.syncs = 0
         self.queries = 0
+        self.elapsed_calls = 0
         self.created = 0
+        self._handles = 0
+        self._live: dict[int, Any] = {}
+        self.streams: list[FakeStream] = []
+        self.default_stream = self.Stream("default")
+        self.current = self.default_stream
         dev = self
 
         class Event(FakeEvent):
-            def __init__(self, enable_timing: bool = False, **kw: Any) -> None:
+            def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                         **kw: Any) -> None:
                 if "external" in kw and not dev.supports_external:
                     raise TypeError("Event.__init__() got an unexpected keyword argument 'external'")
                 dev.created += 1
@@ -94,72 +191,212 @@ class FakeDevice:
 
         self.Event = Event
 
-    # ---- host side -----------------------------------------------------------------------------
-    def kernel(self, ms: "float | Callable[[Any], float]") -> None:
-        """Launch a kernel taking ``ms`` (or ``ms(static_input)``) milliseconds on the device."""
-        if self._capture is not None:
-            self._capture.nodes.append(("kernel", ms))
-        else:
-            self._queue.append(("kernel", ms))
+    # ---- torch.cuda-shaped host API -------------------------------------------------------------
+    def Stream(self, name: str = "") -> FakeStream:  # noqa: N802 - mirrors torch.cuda.Stream
+        s = FakeStream(self, name or f"stream-{len(self.streams)}")
+        self.streams.append(s)
+        return s
 
-    def set_static(self, value: Any) -> None:
-        """Enqueue a write of the static input buffer (executes in stream order)."""
-        self._queue.append(("set", value))
+    def current_stream(self) -> FakeStream:
+        return self.current
 
-    def _launch_record(self, ev: FakeEvent) -> None:
-        if self._capture is not None:
-            if ev.external:
-                self._capture.nodes.append(("record", ev))
-            else:
-                ev.invalid = True  # a fork/join dependency in real CUDA, never a timing node
-            return
-        ev.pending += 1
-        self._queue.append(("record", ev))
+    @contextlib.contextmanager
+    def stream(self, s: Optional[FakeStream]) -> Iterator[None]:
+        prev = self.current
+        self.current = s or prev
+        try:
+            yield
+        finally:
+            self.current = prev
+
+    def CUDAGraph(self) -> FakeGraph:  # noqa: N802
+        return FakeGraph(self)
+
+    def graph_pool_handle(self) -> object:
+        return object()
+
+    def graph(self, cuda_graph: Optional[FakeGraph] = None, pool: Any = None,
+              stream: Optional[FakeStream] = None) -> "_Capture":
+        return _Capture(self, cuda_graph or FakeGraph(self), pool, stream)
 
     def is_current_stream_capturing(self) -> bool:
-        return self._capture is not None
-
-    def graph(self) -> "_Capture":
-        return _Capture(self)
+        return self.current.capture is not None
 
     def synchronize(self) -> None:
         self.syncs += 1
         self.run()
 
-    # ---- device side ---------------------------------------------------------------------------
+    def kernel(self, ms: "float | Callable[[Any], float]") -> None:
+        """Launch a kernel taking ``ms`` (or ``ms(static_input)``) milliseconds on the current stream."""
+        self._op(self.current, "kernel", ms)
+
+    def _sleep(self, cycles: int) -> None:  # torch.cuda._sleep: a spin kernel (1 GHz: 1e6 cycles = 1 ms)
+        self.kernel(cycles / 1e6)
+
+    def set_static(self, value: Any) -> None:
+        """Enqueue a write of the static input buffer (executes in stream order)."""
+        self._op(self.current, "set", value)
+
+    # ---- launches ---------------------------------------------------------------------------------
+    def _new_handle(self, ev: FakeEvent) -> int:
+        self._handles += 1
+        self._live[self._handles] = weakref.ref(ev)
+        return self._handles
+
+    def _branch(self, s: FakeStream) -> int:
+        g = s.capture
+        return g.streams.index(s)
+
+    def _op(self, s: FakeStream, kind: str, arg: Any) -> None:
+        if s.capture is not None:
+            s.capture.branches[self._branch(s)].append((kind, arg))
+        else:
+            self._enqueue(s, kind, arg)
+
+    def _enqueue(self, s: FakeStream, kind: str, arg: Any) -> None:
+        s.q.append((kind, arg))
+        s.launched += 1
+
+    def _enqueue_record(self, ev: FakeEvent, s: FakeStream, node: bool = False) -> None:
+        ev.pending += 1
+        ev.recorded = True
+        self._enqueue(s, "node" if node else "record", ev.handle)
+        ev.last = (s, s.launched)
+
+    def _record(self, ev: FakeEvent, s: FakeStream) -> None:
+        g = s.capture
+        if g is None:
+            ev.captured_plain = False
+            self._enqueue_record(ev, s)
+            return
+        br = self._branch(s)
+        if ev.external:
+            ev.in_graph = True
+            g.branches[br].append(("record", ev.handle))
+        else:  # a fork/join marker inside the capture, never a timing node
+            ev.captured_plain = True
+        ev.last = (s, -1 - len(g.branches[br]))  # negative: a position in the capture of ``s``
+        ev._capture_pos = (g, br, len(g.branches[br]))
+
+    def _wait(self, s: FakeStream, src: Any, len_of: bool) -> None:
+        if len_of:
+            other: FakeStream = src
+            if other.capture is not None:
+                self._capture_wait(s, other.capture, self._branch(other), len(other.capture.branches[
+                    self._branch(other)]))
+                return
+            target = (other, other.launched)
+        else:
+            pos = getattr(src, "_capture_pos", None)
+            if src.captured_plain and pos is not None:
+                g, br, n = pos
+                self._capture_wait(s, g, br, n)
+                return
+            if src.last is None:
+                return  # waiting on an event never recorded is a no-op
+            target = src.last
+        if s.capture is not None:
+            raise RuntimeError("capture waits on work outside the capture (cudaErrorStreamCaptureIsolation)")
+        self._enqueue(s, "wait", target)
+
+    def _capture_wait(self, s: FakeStream, g: FakeGraph, br: int, pos: int) -> None:
+        if s.capture is None:  # a stream waiting on a capturing stream joins the capture (fork)
+            s.capture = g
+            g.branches.append([])
+            g.streams.append(s)
+        elif s.capture is not g:
+            raise RuntimeError("wait across two captures")
+        mine = self._branch(s)
+        g.branches[mine].append(("wait", (br, pos)))
+        if mine == 0:
+            g.joined[br] = max(g.joined.get(br, 0), pos)
+
+    # ---- device side -------------------------------------------------------------------------------
+    def _ready(self, s: FakeStream) -> bool:
+        kind, arg = s.q[0]
+        if kind != "wait":
+            return True
+        other, seq = arg
+        return other.done >= seq
+
+    def _exec(self, s: FakeStream) -> None:
+        kind, arg = s.q.popleft()
+        if kind == "kernel":
+            self.now_ms += float(arg(self.static) if callable(arg) else arg)
+        elif kind == "set":
+            self.static = arg
+        elif kind in ("record", "node"):
+            ref = self._live.get(arg)
+            ev = ref() if ref is not None else None
+            if ev is not None:  # a destroyed event's pending record is released (CUDA allows it)
+                ev.time_ms = self.now_ms
+                ev.pending -= 1
+            if kind == "node":  # an event node in a graph serializes the graph: it costs time
+                self.now_ms += self.record_cost_ms
+        s.done += 1
+
     def run(self, max_ops: Optional[int] = None) -> int:
-        """Execute up to ``max_ops`` queued operations (all by default); return how many ran."""
+        """Execute up to ``max_ops`` ready operations (all by default), first ready stream first."""
         n = 0
-        while self._queue and (max_ops is None or n < max_ops):
-            kind, arg = self._queue.popleft()
-            if kind == "kernel":
-                self.now_ms += float(arg(self.static) if callable(arg) else arg)
-            elif kind == "set":
-                self.static = arg
-            else:
-                arg.time_ms = self.now_ms
-                arg.pending -= 1
-            n += 1
+        progress = True
+        while progress and (max_ops is None or n < max_ops):
+            progress = False
+            for s in self.streams:
+                if s.q and self._ready(s):
+                    self._exec(s)
+                    n += 1
+                    progress = True
+                    break
         return n
+
+    def _advance(self, s: FakeStream, seq: int) -> None:
+        while s.done < seq and s.q:
+            kind, arg = s.q[0]
+            if kind == "wait" and arg[0].done < arg[1]:
+                self._advance(arg[0], arg[1])
+            self._exec(s)
+
+    def advance(self, ev: FakeEvent) -> None:
+        """Execute what ``ev``'s latest record needs and nothing more (SGLang's own wait; not counted)."""
+        if ev.last is not None and ev.last[1] >= 0:
+            self._advance(*ev.last)
 
     @property
     def idle(self) -> bool:
-        return not self._queue
+        return not any(s.q for s in self.streams)
 
 
 class _Capture:
-    def __init__(self, device: FakeDevice) -> None:
+    def __init__(self, device: FakeDevice, graph: FakeGraph, pool: Any, stream: Optional[FakeStream]) -> None:
         self.device = device
-        self.graph = FakeGraph(device)
+        self.graph = graph
+        self.graph.pool = pool
+        self.stream = stream
 
     def __enter__(self) -> FakeGraph:
-        if self.device._capture is not None:
+        dev = self.device
+        self._ctx = dev.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        self._ctx.__enter__()
+        s = dev.current
+        if s.capture is not None:
             raise RuntimeError("nested capture")
-        self.device._capture = self.graph
+        s.capture = self.graph
+        self.graph.streams[0] = s
         return self.graph
 
     def __exit__(self, *exc: Any) -> None:
-        self.device._capture = None
+        g = self.graph
+        try:
+            for s in g.streams:
+                if s is not None:
+                    s.capture = None
+            if exc[0] is None:
+                for br in range(1, len(g.branches)):
+                    if g.joined.get(br, -1) < len(g.branches[br]):
+                        raise RuntimeError("capture ended with an unjoined side stream "
+                                           "(cudaErrorStreamCaptureUnjoined)")
+        finally:
+            self._ctx.__exit__(*exc)
 
 
 def factory(device: FakeDevice, **kw: Any) -> Callable[[], FakeEvent]:

@@ -260,7 +260,8 @@ def build_profile(snap: Snapshot) -> Profile:
         attn = phases.get(Phase.VERIFY_ATTN.value)
         buckets.append(BucketView(
             bk.label(i), lo, hi, b.steps, b.req_steps, b.accepted, b.committed, b.draft_tokens, b.ctx_sum,
-            phases, bucket_roofline(snap.hw, _div(b.ctx_sum, b.steps), attn.mean_ms if attn else None)))
+            phases, bucket_roofline(snap.hw, _div(b.attn_ctx_sum, attn.count) if attn else 0.0,
+                                    attn.mean_ms if attn else None)))
     prefill = []
     for i in sorted(snap.prefill):
         b = snap.prefill[i]

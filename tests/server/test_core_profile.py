@@ -104,3 +104,13 @@ def test_runtime_disable_removes_hooks_and_enable_restores_them(server, traffic)
     status, r = http("GET", f"{server.url}/ctx_profile/requests/{out['meta_info']['id']}")
     assert status == 200 and r["steps"] == out["meta_info"]["spec_verify_ct"] > 0
     assert 1 + r["committed"] == out["meta_info"]["completion_tokens"]
+
+
+def test_status_reports_which_model_classes_are_hooked(traffic, server):
+    st = http("GET", server.url + "/ctx_profile/status")[1]
+    rank = st["ranks"][0]["status"]
+    cov = rank["coverage"]
+    assert cov["available"] and cov["model"].startswith("Deepseek"), cov
+    assert cov["attn"].get("RadixAttention", 0) >= 1
+    assert cov["moe"].get("DeepseekV2MoE", 0) >= 1 and cov["moe_unhooked"] == {}, cov
+    assert rank["split"]["mode"] == "block_events"  # CPU: no graphs, no timed copies

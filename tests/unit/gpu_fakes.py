@@ -1,16 +1,28 @@
 """A GPU-shaped fake of the SGLang pieces our CUDA timing touches, on a simulated device.
 
-The scheduler mirrors ``Scheduler.event_loop_overlap`` (launch N+1 before processing N unless
-``is_disable_overlap_for_batch``), ``process_batch_result`` waits for the step's ``copy_done``
-like SGLang's ``copy_done.synchronize()`` (here: the device catches up with everything launched, the
-worst case), the target worker replays a captured graph (``GraphBackend.capture_one`` with two eager
-warm-ups, ``replay``) unless ``GraphRunner.can_run_graph`` says no, and every kernel's duration
-depends on the step id (``load``), so a read of another step's events gives a wrong number.
+Shaped like SGLang 0.5.23 where our code relies on it:
+
+* the scheduler mirrors ``Scheduler.event_loop_overlap`` (launch N+1 before processing N unless
+  ``is_disable_overlap_for_batch``); the forward runs on a *forward stream*, ``copy_done`` is
+  recorded on a *copy stream* after ``copy_stream.wait_stream(forward_stream)``, and
+  ``process_batch_result`` waits for that one event (the device runs what it needs and no more:
+  step N+1's launched work may still be pending);
+* ``GraphBackend`` is ``FullCudaGraphBackend``: two eager warm-ups, then a capture, ``_graphs`` and
+  ``_outputs`` by shape key, ``replay`` returns the captured output, ``cleanup`` resets the graphs;
+  each backend belongs to a runner (``_cuda_graph_runner``) with SGLang's ``model_runner
+  .is_draft_worker`` and ``capture_forward_mode``;
+* the EAGLE worker replays a *draft* graph, then asks the target runner's ``can_run_graph`` twice,
+  like SGLang: once in ``eagle_prepare_for_verify`` (before the verify forward, which prepares graph
+  metadata) and once in ``_forward_raw`` inside verify.  If the two answers differ the fake fails
+  like the real one would (metadata prepared for a graph replay, forward run eagerly);
+* every kernel's duration depends on the step id (``load``), so a read of another step's events
+  gives a wrong number.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace as NS
 
 from fakes import Batch, Mode, Req, Result, ServerArgs  # noqa: F401 - re-exported for tests
 
@@ -18,6 +30,7 @@ from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
 DEV: FakeDevice = FakeDevice()
 LAYERS = 3
+DRAFT_LAYERS = 1
 
 
 def load(step_id):
@@ -37,16 +50,20 @@ REST_MS = 0.25  # per layer, outside the blocks
 DRAFT_MS, DRAFT_EXT_MS, OVERHEAD_MS = 2.0, 1.0, 0.5
 
 
+def draft_ms(step_id):
+    return DRAFT_MS + DRAFT_LAYERS * attn_ms(load(step_id))
+
+
 def expected(step_id):
     ctx_sum = load(step_id)
     return {"verify_attn": LAYERS * attn_ms(ctx_sum), "verify_moe": LAYERS * moe_ms(ctx_sum),
             "verify": LAYERS * (attn_ms(ctx_sum) + moe_ms(ctx_sum) + REST_MS),
-            "draft": DRAFT_MS, "draft_extend": DRAFT_EXT_MS}
+            "draft": draft_ms(step_id), "draft_extend": DRAFT_EXT_MS}
 
 
-def reset(supports_external=True):
+def reset(supports_external=True, record_cost_ms=0.0):
     global DEV
-    DEV = FakeDevice(supports_external=supports_external)
+    DEV = FakeDevice(supports_external=supports_external, record_cost_ms=record_cost_ms)
     return DEV
 
 
@@ -69,60 +86,112 @@ class Model:
             a.forward()
             m.forward()
             DEV.kernel(REST_MS)
+        return "logits"
+
+
+class DraftModel:
+    """The draft model uses the same (hooked) attention class as the target."""
+
+    def __init__(self):
+        self.attn = [Attn() for _ in range(DRAFT_LAYERS)]
+
+    def forward(self):
+        DEV.kernel(DRAFT_MS)
+        for a in self.attn:
+            a.forward()
+        return "draft"
 
 
 class GraphBackend:
-    def __init__(self):
-        self.graphs = {}
+    def __init__(self, runner):
+        self._cuda_graph_runner = runner
+        self._graphs = {}
+        self._outputs = {}
+        self.captures = 0
 
     def capture_one(self, shape_key, forward_fn):
         for _ in range(2):  # warm-ups run eagerly, outside the capture
             forward_fn()
             DEV.run()
-        with DEV.graph() as g:
-            forward_fn()
-        self.graphs[shape_key] = g
+        g = DEV.CUDAGraph()
+        with DEV.graph(g):
+            out = forward_fn()
+        self.captures += 1
+        self._graphs[shape_key] = g
+        self._outputs[shape_key] = out
 
-    def replay(self, shape_key):
-        self.graphs[shape_key].replay()
+    def replay(self, shape_key, static_forward_batch=None):
+        self._graphs[shape_key].replay()
+        return self._outputs[shape_key]
+
+    def cleanup(self):
+        for g in self._graphs.values():
+            g.reset()
+        self._graphs.clear()
+        self._outputs.clear()
 
 
 class GraphRunner:
-    def __init__(self, use_graph):
+    """DecodeCudaGraphRunner: the target's runs TARGET_VERIFY, a draft runner does not."""
+
+    def __init__(self, use_graph, draft=False):
         self.use_graph = use_graph
+        self.model_runner = NS(is_draft_worker=draft)
+        self.capture_forward_mode = NS(is_target_verify=lambda: True)
+        self.calls = 0
+        self.backend = GraphBackend(self)
 
     def can_run_graph(self, forward_batch):
+        self.calls += 1
         return self.use_graph
 
 
 class TargetWorker:
     def __init__(self, use_graph):
         self.model = Model()
-        self.backend = GraphBackend()
         self.runner = GraphRunner(use_graph)
+        self.backend = self.runner.backend
         if use_graph:
             self.backend.capture_one("bs1", self.model.forward)
 
-    def forward_batch_generation(self, batch, is_verify=False):
-        if self.runner.can_run_graph(batch):
+    def forward_batch_generation(self, batch, is_verify=False, prepared_for_graph=None):
+        ran_graph = self.runner.can_run_graph(batch)  # model_runner._forward_raw
+        if prepared_for_graph is not None and prepared_for_graph != ran_graph:
+            raise RuntimeError("verify forward ran %s with metadata prepared for %s"
+                               % ("in a graph" if ran_graph else "eagerly",
+                                  "a graph replay" if prepared_for_graph else "eager"))
+        if ran_graph:
             self.backend.replay("bs1")
         else:
             self.model.forward()
+        return ran_graph
 
 
 class Worker:
-    def __init__(self, use_graph=True):
+    """EAGLE-shaped speculative worker: draft graph, prepare-for-verify, verify, draft-extend."""
+
+    def __init__(self, use_graph=True, draft_graph=True):
+        self.draft_runner = GraphRunner(draft_graph, draft=True)
+        self.draft_model = DraftModel()
+        if draft_graph:
+            self.draft_runner.backend.capture_one("draft-bs1", self.draft_model.forward)
         self.target = TargetWorker(use_graph)
 
     def forward_batch_generation(self, batch):
         self.draft(batch)
-        self.target.forward_batch_generation(batch, is_verify=True)
+        prepared = self.target.runner.can_run_graph(batch)  # eagle_prepare_for_verify
+        ran = self.target.forward_batch_generation(batch, is_verify=True, prepared_for_graph=prepared)
         self.draft_extend(batch)
         DEV.kernel(OVERHEAD_MS)
-        return Result([2] * len(batch.reqs))
+        res = Result([2] * len(batch.reqs))
+        res.can_run_cuda_graph = ran
+        return res
 
     def draft(self, batch):
-        DEV.kernel(DRAFT_MS)
+        if self.draft_runner.use_graph:
+            self.draft_runner.backend.replay("draft-bs1")
+        else:
+            self.draft_model.forward()
 
     def draft_extend(self, batch):
         DEV.kernel(DRAFT_EXT_MS)
@@ -136,19 +205,23 @@ class Scheduler:
         self.device_sync = device_sync  # False: the device lags behind the host (query() False)
         self.last_batch = None
         self.result_queue = deque()
+        self.forward_stream = DEV.Stream("forward")
+        self.copy_stream = DEV.Stream("copy")
 
     def run_batch(self, batch):
         self.forward_ct += 1
         batch.forward_iter = self.forward_ct
-        DEV.set_static(load(self.forward_ct))  # the step's inputs, copied into static buffers
-        res = self.model_worker.forward_batch_generation(batch)
+        with DEV.stream(self.forward_stream):
+            DEV.set_static(load(self.forward_ct))  # the step's inputs, copied into static buffers
+            res = self.model_worker.forward_batch_generation(batch)
+        self.copy_stream.wait_stream(self.forward_stream)
         res.copy_done = DEV.Event()
-        res.copy_done.record()
+        res.copy_done.record(self.copy_stream)
         return res
 
     def process_batch_result(self, batch, result):
         if self.device_sync:
-            DEV.run()  # copy_done.synchronize(): the device has (at least) finished this step
+            DEV.advance(result.copy_done)  # copy_done.synchronize(): this step's work, nothing more
         for req in batch.reqs:
             req.spec_verify_ct += 1
             req.output_ids.extend([7] * result.accept_lens.vals[0])
@@ -184,5 +257,6 @@ TARGETS_SPEC = (
     (f"{M}.MoE.forward", "moe"),
     (f"{M}.GraphBackend.capture_one", "graph_capture"),
     (f"{M}.GraphBackend.replay", "graph_replay"),
+    (f"{M}.GraphBackend.cleanup", "graph_cleanup"),
     (f"{M}.GraphRunner.can_run_graph", "graph_eager_fallback"),
 )

@@ -1,10 +1,12 @@
 """The CUDA-graph attention/MoE split on a simulated device, through the real hooks and Profiler.
 
-Covers: feature detection of ``external=``; capture skips the warm-ups; exact split on sampled
-steps; "left out, not zero" on the others; the overlap gate (sampled step read before the next
-replay) and, without it, a discarded read instead of another step's numbers; events not complete
-yet -> split unavailable, step parked and retried; the eager fallback; no synchronize anywhere;
-the sampling decision identical on every rank; the real SGLang targets resolve with our signatures.
+Covers: feature detection of ``external=``; the timed copy of the target verify graph (warm-ups
+skipped, the plain graph untouched); exact split on sampled steps; "left out, not zero" on the
+others; the overlap gate, needed only when consecutive steps are sampled, and without it a
+discarded read instead of another step's numbers; events not complete yet -> split unavailable,
+step parked and retried; the eager fallback; no synchronize anywhere; the gate decision identical
+on every rank; the real SGLang targets resolve with our signatures.  The defects found by reading
+the CUDA paths have their own tests in ``test_gpu_defects``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
 from sglang_ctxprof.collect.instrumentor import check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
+
+TIMING_CUDA_GRAPH = "cuda_graph"
 from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.testing.session import Capture
 from sglang_ctxprof.collect.clocks import CudaEventClock
@@ -26,9 +30,11 @@ from sglang_ctxprof.collect.clocks import CudaEventClock
 K = 4
 
 
-def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True):
-    dev = gf.reset(supports_external=external)
-    targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC if gate or hook != "overlap_gate"]
+def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True, k=K,
+          record_cost_ms=0.0, draft_graph=True):
+    dev = gf.reset(supports_external=external, record_cost_ms=record_cost_ms)
+    targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC
+               if (gate or hook != "overlap_gate") and hook in hooks.HOOKS]
     session = CtxProfSession(CtxProfConfig(), targets=targets)
     assert set(session.instrument().values()) == {"ok"}
     p = session.profiler
@@ -37,9 +43,9 @@ def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="of
     p.bind(sched)
     p.clock = CudaEventClock(event_factory=lambda: gf.DEV.Event(enable_timing=True))
     factory, reason = external_event_factory(dev.Event)
-    p.graph = GraphTimer(factory, lambda: gf.DEV.is_current_stream_capturing(), sample_every=K,
+    p.graph = GraphTimer(factory, lambda: gf.DEV.is_current_stream_capturing(), sample_every=k,
                          fallback=fallback, reason=reason)
-    sched.model_worker = gf.Worker(use_graph=use_graph)  # model init: CUDA-graph capture happens here
+    sched.model_worker = gf.Worker(use_graph=use_graph, draft_graph=draft_graph)  # model init: capture
     return p, session, sched
 
 
@@ -73,12 +79,16 @@ def test_feature_detection():
 def test_sampled_steps_get_the_exact_split_others_leave_it_out(monkeypatch, cleanup):
     p, inst, sched = build(monkeypatch)
     cleanup.append((p, inst))
-    # capture skipped the two warm-ups: one event pair per block of the captured graph only
+    # capture skipped the two warm-ups: one event pair per block of the timed copy only
     assert p.graph.events == 2 * 2 * gf.LAYERS and len(p.graph._sets) == 1
+    backend = sched.model_worker.target.backend
+    assert backend._graphs["bs1"].events() == 0  # SGLang's own graph carries no event node
+    assert backend._graphs[adapter.timed_shape_key("bs1")].events() == 2 * 2 * gf.LAYERS
     traffic(sched, 13)
     recs = records(p)
     assert [r.step_id for r in recs] == list(range(1, 14))
-    assert all(r.timing == TIMING_CUDA_GRAPH_EVENTS for r in recs)
+    assert [r.timing for r in recs] == [TIMING_CUDA_GRAPH_EVENTS if r.step_id % K == 0 else TIMING_CUDA_GRAPH
+                                        for r in recs]
     for r in recs:
         want = gf.expected(r.step_id)
         assert r.phases_ms["verify"] == pytest.approx(want["verify"])
@@ -96,30 +106,52 @@ def test_sampled_steps_get_the_exact_split_others_leave_it_out(monkeypatch, clea
     assert p.guard.status() is None
 
 
-def test_without_overlap_gate_reads_are_discarded_not_wrong(monkeypatch, cleanup):
+def test_without_overlap_gate_k1_reads_are_discarded_not_wrong(monkeypatch, cleanup):
+    """Every step sampled (K = 1): step N+1 replays the timed copy before N is read."""
+    p, inst, sched = build(monkeypatch, gate=False, k=1)
+    cleanup.append((p, inst))
+    traffic(sched, 8)
+    recs = records(p)
+    assert len(recs) == 8
+    # the last step has no successor to overwrite it; every other read is discarded, never wrong
+    assert [r.step_id for r in recs if "verify_attn" in r.phases_ms] == [8]
+    assert p.graph.overwritten == 7 and p.graph.sampled_reads == 1
+
+
+def test_with_overlap_gate_k1_every_step_is_read(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch, k=1)
+    cleanup.append((p, inst))
+    traffic(sched, 8)
+    recs = records(p)
+    for r in recs:
+        assert r.phases_ms["verify_attn"] == pytest.approx(gf.expected(r.step_id)["verify_attn"])
+    assert p.graph.overwritten == 0 and p.graph.sampled_reads == 8
+
+
+def test_timed_copy_needs_no_gate_when_k_is_2_or_more(monkeypatch, cleanup):
+    """Unsampled steps replay the plain graph, so the copy's events wait K steps untouched."""
     p, inst, sched = build(monkeypatch, gate=False)
     cleanup.append((p, inst))
     traffic(sched, 13)
     recs = records(p)
-    assert len(recs) == 13
-    assert not any("verify_attn" in r.phases_ms for r in recs)  # next replay ran first: no number
-    assert p.graph.overwritten == 3 and p.graph.sampled_reads == 0
+    for r in recs:
+        if r.step_id % K == 0:
+            assert r.phases_ms["verify_attn"] == pytest.approx(gf.expected(r.step_id)["verify_attn"])
+    assert p.graph.overwritten == 0 and p.graph.sampled_reads == 3
 
 
 def test_overlap_gate_decision_comes_from_the_step_counter(monkeypatch, cleanup):
-    p, inst, sched = build(monkeypatch)
+    p, inst, sched = build(monkeypatch, k=1)
     cleanup.append((p, inst))
     assert hooks.overlap_gate(lambda *a: False, sched, None, None) is False  # no last batch: no hold
     assert hooks.overlap_gate(lambda *a: True, sched, None, None) is True  # SGLang's own True stays
     b = Batch([])
-    got = []
-    for sid in range(1, 20):
-        b.forward_iter = sid
-        got.append(hooks.overlap_gate(lambda *a: False, sched, None, b))
-    assert [i + 1 for i, v in enumerate(got) if v] == [4, 8, 12, 16]
-    # two ranks (same forward_ct sequence) always agree
-    other = GraphTimer(lambda: None, lambda: False, sample_every=K)
-    assert all(other.is_sampled(s) == p.graph.is_sampled(s) for s in range(1000))
+    b.forward_iter = 5
+    sched.forward_ct = 5
+    assert hooks.overlap_gate(lambda *a: False, sched, None, b) is True
+    # K = 4: two consecutive steps are never both sampled, so the gate never holds
+    g4 = GraphTimer(lambda: None, lambda: False, sample_every=K)
+    assert not any(g4.hold_overlap(s, s + 1) for s in range(1000))
 
 
 def test_device_behind_host_parks_and_retries_never_reads_early(monkeypatch, cleanup):
@@ -127,7 +159,7 @@ def test_device_behind_host_parks_and_retries_never_reads_early(monkeypatch, cle
     cleanup.append((p, inst))
     traffic(sched, 6)
     assert records(p) == [] and len(p.parked) == 6  # nothing read before the device got there
-    assert p.graph.unready >= 1  # the sampled step's graph read is dropped, not retried
+    assert p.graph.unready == 1  # the sampled step's graph read is dropped, not retried
     gf.DEV.run()  # the device catches up
     sched.device_sync = True
     sched.loop_overlap([Batch([Req("c", 50)])])
@@ -162,6 +194,9 @@ def test_eager_fallback_times_sampled_steps_with_plain_events(monkeypatch, clean
         else:
             assert "verify_attn" not in r.phases_ms
     assert p.graph.eager_forced == 2 and p.status()["split"]["mode"] == "eager_sampled"
+    # SGLang asks the target runner twice per EAGLE step; both answers agreed (else the fake raises)
+    assert sched.model_worker.target.runner.calls == 2 * 9
+    assert [r.timing for r in recs if r.step_id % K == 0] == [TIMING_CUDA_EVENTS] * 2
 
 
 def test_eager_cuda_plain_block_events_every_step(monkeypatch, cleanup):
@@ -189,7 +224,7 @@ def test_bad_sampling_config():
 
 def test_real_sglang_graph_targets_resolve():
     for t in adapter.TARGETS:
-        if t.hook not in ("graph_capture", "graph_replay", "overlap_gate", "graph_eager_fallback"):
+        if t.hook not in ("graph_capture", "graph_replay", "graph_cleanup", "overlap_gate", "graph_eager_fallback"):
             continue
         _, _, fn = resolve(t.path)
         assert check_signature(fn, adapter.SIGNATURES.get(t.path, ())) is None, t.path

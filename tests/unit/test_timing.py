@@ -184,3 +184,69 @@ def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
     finally:
         session.uninstrument()
     assert r.phases_ms["verify_attn"] == 0.0 and r.phases_ms["verify_rest"] == r.phases_ms["verify"] == 7.0
+
+
+# ---- the simulated device answers like c10/cuda/CUDAEvent.h where our code relies on it ---------
+def test_fake_event_semantics_follow_cuda():
+    dev = FakeDevice()
+    never = dev.Event(enable_timing=True)
+    assert never.query() is True  # an event never recorded is "complete" on CUDA
+    done = dev.Event(enable_timing=True)
+    done.record()
+    dev.run()
+    with pytest.raises(ValueError):  # ... and elapsed_time refuses it
+        never.elapsed_time(done)
+    plain = dev.Event()
+    plain.record()
+    dev.run()
+    with pytest.raises(ValueError):  # timing needs enable_timing on both events
+        plain.elapsed_time(done)
+    with dev.graph():
+        captured = dev.Event(enable_timing=True)
+        captured.record()
+    with pytest.raises(RuntimeError):  # a plain record in capture is a fork/join marker, not a timer
+        captured.query()
+
+
+def test_fake_graph_holds_no_reference_to_its_events():
+    import gc
+
+    dev = FakeDevice()
+    with dev.graph() as g:
+        a = dev.Event(enable_timing=True, external=True)
+        a.record()
+        dev.kernel(1.0)
+        b = dev.Event(enable_timing=True, external=True)
+        b.record()
+    g.replay()
+    dev.run()
+    assert a.elapsed_time(b) == 1.0
+    del a, b
+    gc.collect()
+    with pytest.raises(RuntimeError, match="destroyed"):
+        g.replay()
+
+
+def test_fake_streams_order_work_and_capture_side_branches():
+    dev = FakeDevice()
+    main, side = dev.Stream("main"), dev.Stream("side")
+    with dev.stream(main):
+        with dev.graph() as g:
+            side.wait_stream(main)  # fork: the side stream joins the capture
+            with dev.stream(side):
+                s = dev.Event(enable_timing=True, external=True)
+                s.record()
+                dev.kernel(2.0)
+                e = dev.Event(enable_timing=True, external=True)
+                e.record()
+            main.wait_stream(side)  # join
+        dev.kernel(1.0)
+        g.replay()
+    dev.run()
+    assert s.elapsed_time(e) == 2.0
+    with pytest.raises(RuntimeError, match="unjoined"):
+        with dev.stream(main):
+            with dev.graph():
+                side.wait_stream(main)
+                with dev.stream(side):
+                    dev.kernel(1.0)

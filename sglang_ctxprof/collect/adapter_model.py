@@ -1,0 +1,153 @@
+"""The adapter's half about the served model: its verify graphs, attention TP size, sparse
+attention, hook coverage.
+
+Part of :mod:`.adapter` (which re-exports every name here): SGLang internals read to describe the
+target model.  ``is_target_verify_graph`` picks the only graphs we time (the target runner's
+TARGET_VERIFY graphs), and ``timed_shape_key`` names their timed copies inside the backend.  ``attn_tp_size`` and ``sparse_attention`` feed the roofline's model facts
+(``adapter.model_facts``); ``model_coverage`` walks the model's module tree once and says which
+attention / MoE classes our hooks cover, for ``/ctx_profile/status``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+_TIMED = "sglang-ctxprof-timed"
+
+
+def timed_shape_key(shape_key: Any) -> Any:
+    """The shape key under which the backend holds our timed copy of ``shape_key``'s graph."""
+    return (_TIMED, shape_key)
+
+
+def is_timed_shape_key(shape_key: Any) -> bool:
+    return isinstance(shape_key, tuple) and len(shape_key) == 2 and shape_key[0] == _TIMED
+
+
+def has_graph(backend: Any, shape_key: Any) -> bool:
+    """The backend holds a captured graph under ``shape_key`` (its ``can_run``'s own test)."""
+    graphs = getattr(backend, "_graphs", None)
+    return graphs is not None and shape_key in graphs
+
+
+def is_target_verify_runner(runner: Any) -> bool:
+    """A DecodeCudaGraphRunner of the *target* model capturing TARGET_VERIFY (not a draft or
+    draft-extend runner, not a plain decode or prefill runner)."""
+    mr = getattr(runner, "model_runner", None)
+    if mr is None or getattr(mr, "is_draft_worker", True):
+        return False
+    mode = getattr(runner, "capture_forward_mode", None)
+    is_tv = getattr(mode, "is_target_verify", None)
+    try:
+        return bool(is_tv()) if callable(is_tv) else False
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def is_target_verify_graph(backend: Any) -> bool:
+    """The graph backend belongs to the target's TARGET_VERIFY runner (the only graphs we time)."""
+    return is_target_verify_runner(getattr(backend, "_cuda_graph_runner", None))
+
+
+def attn_tp_size(scheduler: Any, tp_size: int) -> int:
+    """The attention TP size: tp / attention-DP (/ attention-CP) under --enable-dp-attention."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        n = getattr(get_parallel(), "attn_tp_size", None)
+        if n:
+            return int(n)
+    except Exception:  # noqa: BLE001 - older releases, or no parallel context (tests)
+        pass
+    sa = getattr(scheduler, "server_args", None)
+    dp = int(getattr(sa, "dp_size", 1) or 1)
+    if getattr(sa, "enable_dp_attention", False) and dp > 1:
+        return max(1, tp_size // dp)
+    return tp_size
+
+
+def sparse_attention(mc: Any) -> str:
+    """Why attention reads fewer KV bytes than the context ("" when it reads all of it)."""
+    hf = getattr(mc, "hf_text_config", None)
+    try:
+        from sglang.srt.configs.model_config import is_deepseek_dsa
+
+        if hf is not None and is_deepseek_dsa(hf):
+            return (f"sparse attention (DSA/NSA, index_topk={getattr(hf, 'index_topk', None)}): each query "
+                    "reads its top-k tokens, not the whole context")
+    except Exception:  # noqa: BLE001 - older releases have no DSA helper
+        pass
+    if hf is not None and getattr(hf, "index_topk", None) is not None:
+        return f"sparse attention (index_topk={hf.index_topk}): reads its top-k tokens, not the context"
+    if getattr(mc, "is_hybrid_swa", False):
+        return "hybrid sliding-window attention: windowed layers read only their window"
+    if getattr(hf, "use_sliding_window", None) is False:
+        return ""
+    window = getattr(mc, "sliding_window_size", None) or getattr(hf, "sliding_window", None)
+    if window:
+        return f"sliding-window attention (window={window}): reads at most the window, not the context"
+    if getattr(mc, "attention_chunk_size", None):
+        return f"chunked attention (chunk={mc.attention_chunk_size}): reads at most the chunk"
+    return ""
+
+
+def target_model(scheduler: Any) -> Any:
+    """The target model (an ``nn.Module``) the scheduler serves, or None."""
+    for path in (("tp_worker", "model_runner", "model"), ("model_worker", "target_worker", "model_runner", "model"),
+                 ("model_worker", "model_runner", "model")):
+        obj = scheduler
+        for name in path:
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    return None
+
+
+def _looks_moe(name: str) -> bool:
+    low = name.lower()
+    return "moe" in low or "experts" in low
+
+
+def model_coverage(scheduler: Any, model: Any = None, targets: Any = ()) -> dict[str, Any]:
+    """Which attention / MoE classes of the served model our hooks cover (walks the module tree once).
+
+    ``attn`` / ``moe``: hooked classes found in the model, with how many instances; ``moe_unhooked``:
+    classes that look like MoE (name has "moe"/"experts") whose ``forward`` is not hooked and that
+    no hooked MoE block contains: their time falls into ``verify_rest``."""
+    from ..model.names import WRAPPER_MARK
+
+    model = model if model is not None else target_model(scheduler)
+    if model is None or not hasattr(model, "named_children"):
+        return {"available": False, "reason": "no target model found on the scheduler"}
+    attn: dict[str, int] = {}
+    moe: dict[str, int] = {}
+    unhooked: dict[str, int] = {}
+    kinds = {t.path.rsplit(".", 2)[-2]: t.hook for t in targets if t.hook in ("attn", "moe")}
+
+    def hooked_kind(mod: Any) -> Optional[str]:
+        fwd = getattr(type(mod), "forward", None)
+        if not getattr(fwd, WRAPPER_MARK, False):
+            return None
+        for cls in type(mod).__mro__:
+            if cls.__name__ in kinds and "forward" in cls.__dict__:
+                return kinds[cls.__name__]
+        return None
+
+    def walk(mod: Any, in_moe: bool) -> None:
+        name = type(mod).__name__
+        kind = hooked_kind(mod)
+        if kind == "attn":
+            attn[name] = attn.get(name, 0) + 1
+        elif kind == "moe":
+            moe[name] = moe.get(name, 0) + 1
+        elif _looks_moe(name) and not in_moe and "forward" in type(mod).__dict__:
+            unhooked[name] = unhooked.get(name, 0) + 1
+        for _, child in mod.named_children():
+            walk(child, in_moe or kind == "moe")
+
+    walk(model, False)
+    return {"available": True, "model": type(model).__name__, "attn": attn, "moe": moe,
+            "moe_unhooked": unhooked}
