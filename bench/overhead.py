@@ -306,6 +306,7 @@ def server_ab(url: str, a: argparse.Namespace) -> dict:
         "roofline": [b.get("roofline") for b in body.get("buckets") or []][:1],
         "hw": body.get("hw"),
         "split": [((r or {}).get("status") or {}).get("split") for r in ranks or []],
+        "cost": [((r or {}).get("status") or {}).get("cost") for r in ranks or []],
     }
 
 
@@ -342,6 +343,7 @@ def main(argv=None) -> int:
             print(c["verdict"])
         print(f"profiled decode steps {s['profiled_steps']}")
         print(f"/ctx_profile: timing={s['timing']} roofline={s['roofline']} split={s['split']} hw={s['hw']}")
+        print(f"self-reported cost per rank (/ctx_profile/status): {s['cost']}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=2))
     return 0

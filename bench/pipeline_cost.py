@@ -11,8 +11,9 @@ one run and side by side:
 * **scheduler thread**: the same steps with the profiler's session instrumented (hooks, host facts,
   the hand-off to the recorder; attention/MoE block hooks are not in the fake), the drain thread
   held, so what is timed is only what the scheduler thread pays before its next launch;
-* **whole pipeline**: the scheduler thread plus draining every record (aggregator, request
-  history, the default exporters), drained synchronously after the steps.
+* **whole pipeline**: the scheduler thread plus draining every record (record building,
+  aggregator, request history, the default exporters), drained synchronously after every
+  ``CHUNK`` steps (so the recorder's queue never overflows; a drop aborts the run).
 
 Each number is the best of ``--reps`` runs, net of bare, in µs per step and per request.  The
 issue's numbers from before the flat hot path are printed beside them.  ``--json FILE`` writes
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 # µs/step before the flat hot path (bench/overhead.py's fake scheduler, commit 5899930).
 BEFORE = {1: (35, 50), 8: (46, 75), 32: (93, 171), 128: (353, 492), 256: (667, 1047)}
 CTX = 2048
+CHUNK = 2048  # steps enqueued before the held drain thread's work is done (within the queue size)
 
 
 class _Target:
@@ -145,10 +147,17 @@ def measure(n: int, steps: int, reps: int) -> dict:
             run_steps(s, batch, 2)  # binds the profiler (starts the drain thread) ...
             rec = sess.profiler.recorder
             rec.stop()  # ... which is held now: the steps below only enqueue
-            t = run_steps(s, batch, steps)
-            t0 = time.perf_counter_ns()
-            rec.flush()
-            d = time.perf_counter_ns() - t0
+            t = d = 0
+            left = steps
+            while left:  # chunks that fit the recorder's queue, each drained after it
+                k = min(left, CHUNK)
+                t += run_steps(s, batch, k)
+                t0 = time.perf_counter_ns()
+                rec.flush()
+                d += time.perf_counter_ns() - t0
+                left -= k
+            if rec.dropped:
+                raise RuntimeError(f"{rec.dropped} records dropped: the measurement would be short")
             sched.append(t)
             pipe.append(t + d)
         finally:

@@ -26,7 +26,8 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "cost_ns",
+                 "step_id")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -34,11 +35,13 @@ class StepBuilder:
         self.span: Optional[tuple[Any, Any]] = None
         self.marks: list[tuple[str, Any, Any]] = []
         self.open: list[str] = []  # stack of named phases currently open
-        self.pre: Optional[list[tuple[str, int, int, int]]] = None
+        self.pre: Optional[tuple] = None  # adapter.reqs_before(...) of the batch
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
         # verify attention/MoE split from CUDA-graph events (graph_timing): None = use the block
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
         self.split: Any = None
+        self.cost_ns = -1  # our own scheduler-thread ns on a timed step (cost.py); -1: not timed
+        self.step_id = 0  # the batch's forward_iter, set when run_batch returns
 
     def in_phase(self, name: str) -> bool:
         return name in self.open
