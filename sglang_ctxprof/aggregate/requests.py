@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import Any, Mapping
+from collections.abc import Sequence
+from typing import Any, Iterator, Mapping
 
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
@@ -38,16 +39,60 @@ class RequestLog:
         return len(self._reqs)
 
     def observe(self, rec: StepRecord) -> None:
+        if rec.kind != KIND_DECODE or rec.trace_parents:
+            self._observe_general(rec)
+            return
+        # A decode record: the same fold as _observe_general, its per-record values hoisted out of
+        # the per-request loop (this runs on the drain thread for every request of every step).
+        reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
+        move = reqs.move_to_end
+        step_ms = rec.step_ms
+        t_end = rec.t_start_ns + int(step_ms * 1e6)
+        sid, t0, bs, dt = rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
+        ph = _phases(rec)
+        for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
+            r = reqs.get(rid)
+            if r is None:
+                r = self._add(rid, rec)
+            else:
+                move(rid)
+            r["t_end_ns"] = t_end
+            r["steps"] += 1
+            r["accepted"] += acc
+            r["committed"] += com
+            r["decode_ms"] += step_ms
+            if step_ms > r["max_step_ms"]:
+                r["max_step_ms"] = step_ms
+            r["ctx_last"] = ctx
+            if r["ctx_first"] is None:
+                r["ctx_first"] = ctx
+            if fin:
+                r["finished"] = True
+            rows = r["step_rows"]
+            if len(rows) < max_steps:
+                if not rows:  # a request holds rows exactly while it is in _with_rows
+                    with_rows[rid] = None
+                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, ph))  # = _row(rec, i, ph)
+                self.rows += 1
+                if self.rows > self.max_rows:
+                    self._shed_rows()
+            else:
+                r["steps_truncated"] += 1
+
+    def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
+        r = self._reqs[rid] = self._new(rid, rec)
+        if len(self._reqs) > self.capacity:
+            old_rid, old = self._reqs.popitem(last=False)
+            self._forget_rows(old_rid, old)
+            self.evicted += 1
+        return r
+
+    def _observe_general(self, rec: StepRecord) -> None:
         ph = None
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
             if r is None:
-                r = self._new(rid, rec, i)
-                self._reqs[rid] = r
-                if len(self._reqs) > self.capacity:
-                    old_rid, old = self._reqs.popitem(last=False)
-                    self._forget_rows(old_rid, old)
-                    self.evicted += 1
+                r = self._add(rid, rec)
             else:
                 self._reqs.move_to_end(rid)
             if rec.trace_parents and rec.trace_parents[i] and not r["trace_parent"]:
@@ -62,6 +107,7 @@ class RequestLog:
             r["accepted"] += rec.accepted[i]
             r["committed"] += rec.committed[i]
             r["decode_ms"] += rec.step_ms
+            r["max_step_ms"] = max(r["max_step_ms"], rec.step_ms)
             r["ctx_last"] = rec.ctx_lens[i]
             if r["ctx_first"] is None:
                 r["ctx_first"] = rec.ctx_lens[i]
@@ -94,7 +140,7 @@ class RequestLog:
             r["step_rows"] = []
 
     @staticmethod
-    def _new(rid: str, rec: StepRecord, i: int) -> dict[str, Any]:
+    def _new(rid: str, rec: StepRecord) -> dict[str, Any]:
         return {
             "rid": rid,
             "prompt_tokens": None,
@@ -103,6 +149,7 @@ class RequestLog:
             "accepted": 0,
             "committed": 0,
             "decode_ms": 0.0,
+            "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
             "ctx_first": None,
             "ctx_last": None,
             "finished": False,
@@ -114,9 +161,10 @@ class RequestLog:
             "step_rows": [],
         }
 
-    def get(self, rid: str) -> dict[str, Any] | None:
+    def get(self, rid: str, lazy: bool = False) -> dict[str, Any] | None:
+        """One request's summary with its step rows (``lazy``: rows become dicts only when read)."""
         r = self._reqs.get(rid)
-        return summarize(r, with_steps=True) if r is not None else None
+        return summarize(r, with_steps=True, lazy=lazy) if r is not None else None
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""
@@ -174,11 +222,32 @@ def _tok_s(r: Mapping[str, Any]) -> float:
     return r["committed"] / decode_s if decode_s > 0 else 0.0
 
 
-def summarize(r: Mapping[str, Any], with_steps: bool) -> dict[str, Any]:
+class LazyRows(Sequence):
+    """A request's step rows as a read-only sequence of dicts built on access (the exporters decide
+    on a finished request from its totals and read its rows only when they export it)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: Any) -> None:
+        self._rows = tuple(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [row_dict(t) for t in self._rows[i]]
+        return row_dict(self._rows[i])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return map(row_dict, self._rows)
+
+
+def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False) -> dict[str, Any]:
     steps = r["steps"]
     out = {k: v for k, v in r.items() if k != "step_rows"}
     out["accepted_per_step"] = r["accepted"] / steps if steps else 0.0
     out["decode_tok_s"] = _tok_s(r)
     if with_steps:
-        out["step_rows"] = [row_dict(t) for t in r["step_rows"]]
+        out["step_rows"] = LazyRows(r["step_rows"]) if lazy else [row_dict(t) for t in r["step_rows"]]
     return out
