@@ -21,7 +21,7 @@ emitted capped at ``finished_len``, and ``finished``.
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import add, ne, sub
+from operator import add, eq, ne, sub
 from typing import Any, Optional
 
 from ..model.names import KIND_DECODE
@@ -99,14 +99,15 @@ class HostFacts:
             if al is None:
                 acc = (1,) * n
             else:
-                acc = tuple(map(int, al[:n]))
+                acc = tuple(al[:n]) if al and type(al[0]) is int else tuple(map(int, al[:n]))
                 if len(acc) < n:
                     acc += (0,) * (n - len(acc))
-            com = tuple(map(max, repeat(0), map(sub, self.emitted, self.lens_pre)))
-            if self.spec:
-                keep = list(map(ne, self.vct_post, self.vct_pre))
-                if False in keep:  # rows SGLang did not count (overlap overshoot of a finished request)
-                    rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+            com = tuple(map(sub, self.emitted, self.lens_pre))
+            if com and min(com) < 0:
+                com = tuple(map(max, repeat(0), com))
+            if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
+                keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
+                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
         else:
             acc = com = (0,) * n
         if not rids:
