@@ -18,8 +18,9 @@ one run and side by side:
 Each run is cut in chunks of ~6k request-steps; the steps of a chunk and its drain are timed apart
 and the fastest chunk over ``--reps`` runs counts (a floor, robust to a busy machine), net of bare,
 in µs per step and per request.  (Contexts grow by the accepted tokens as the steps run; nothing
-the profiler does depends on them.)  The issue's numbers from before the flat hot path are printed beside them.  ``--json FILE`` writes
-``{"rows": [{"batch", "sched_us_per_step", "pipeline_us_per_step", "bare_us_per_step", ...}]}``.
+the profiler does depends on them.)  The issue's numbers from before the flat hot path are printed
+beside them.  ``--json FILE`` writes ``{"rows": [{"batch", "sched_us_per_step",
+"pipeline_us_per_step", "bare_us_per_step", ...}]}``.
 
 A benchmark, not a test: it asserts nothing about timing.
 """

@@ -12,8 +12,8 @@ never arrives (an aborted batch) is evicted and counted.
 GPU: marks are CUDA events on the current stream (``timing.CudaEventClock``), read here after
 SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
 taken at ``after_result`` as per-batch arrays (``host``: one C-level pass per attribute; the record
-itself is built on the recorder's drain thread); if the device times are not ready the step is parked and retried at the
-next result (``timing.Parked``).  Under CUDA graphs ``graph_timing.GraphTimer`` supplies the
+itself is built on the recorder's drain thread); if the device times are not ready the step is
+parked and retried at the next result (``timing.Parked``).  Under CUDA graphs ``graph_timing.GraphTimer`` supplies the
 verify attention/MoE split on sampled steps; ``meta["hw"]`` carries model/device facts for the
 roofline (``roofline``).  ``cost`` measures what all this costs (``status()["cost"]``).
 """
@@ -167,9 +167,9 @@ class Profiler:
         on the drain thread.  False: not ready, retry later."""
         b, host = item
         host.t_start_ns = b.t_start_ns
-        host.timing = self.timing_mode()
         if type(self.clock) is CpuClock:  # plain integers: resolved on the drain thread (host.record)
             host.builder, host.full_phases = b, self.full_phases
+            host.timing = self.timing_mode()
             if b.cost_ns >= 0:
                 self.cost.add_step((b.span[1] - b.span[0]) / 1e6, None)
             self.recorder.submit(host)
@@ -179,6 +179,7 @@ class Profiler:
             return False
         release(b, self.clock)
         host.step_ms, host.phases_ms = res
+        host.timing = self.timing_mode()
         if b.cost_ns >= 0:
             events = 2 * (1 + len(b.marks)) if self.clock.mode == TIMING_CUDA_EVENTS else None
             self.cost.add_step(host.step_ms, events)

@@ -4,7 +4,8 @@ The scheduler thread calls :meth:`Recorder.submit` with a finished record, or wi
 facts (``host.HostFacts``) whose record is built here; it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds, drains what is waiting into the aggregator and then into any extra sinks (OTel,
-logs, metrics), each under the fault guard, and times each item (``cost.Cost``).
+logs, metrics), each under the fault guard, and times each item (``cost.Cost``: this thread's CPU
+time, so waiting for the GIL while the scheduler thread runs is not counted as our cost).
 :meth:`flush` drains synchronously, so a snapshot always includes every submitted record.
 """
 
@@ -70,13 +71,13 @@ class Recorder:
     def _consume(self, item: Any) -> None:
         if not self.guard.ok("recorder"):
             return
-        t0 = time.perf_counter_ns()
+        t0 = time.thread_time_ns()
         rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
         if rec is not None:
             self.guard.run("aggregator", self.aggregator.observe, rec)
             for name, sink in self.sinks:
                 self.guard.run(name, sink, rec)
-        self.cost.add_drain(time.perf_counter_ns() - t0)
+        self.cost.add_drain(time.thread_time_ns() - t0)
 
     def flush(self) -> None:
         q = self._q
