@@ -110,9 +110,10 @@ class Aggregator:
             s = b.phases[name] = DurationStats()
         return s
 
-    def request(self, rid: str) -> dict[str, Any] | None:
-        """One request's summary with its step rows, or None (the exporters read finished requests here)."""
-        return self.requests.get(rid)
+    def request(self, rid: str, lazy: bool = False) -> dict[str, Any] | None:
+        """One request's summary with its step rows, or None (the exporters read finished requests
+        here, ``lazy``: rows built only if read)."""
+        return self.requests.get(rid, lazy)
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot

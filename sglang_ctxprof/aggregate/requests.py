@@ -2,7 +2,10 @@
 
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
-most ``max_rows`` rows, stored as compact tuples (the oldest requests' rows are dropped first).  This is what
+most ``max_rows`` rows after every record, stored as compact tuples (the oldest requests' rows are
+dropped first).  A decode step costs each request one row append on the drain thread: a request's
+totals are its kept rows plus what was folded when rows were not kept or were dropped, summed in C
+when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from typing import Any, Mapping
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any, Iterator, Mapping
 
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
@@ -38,63 +43,102 @@ class RequestLog:
         return len(self._reqs)
 
     def observe(self, rec: StepRecord) -> None:
-        ph = None
+        if rec.kind != KIND_DECODE:
+            self._observe_prefill(rec)
+            return
+        # A decode step costs each of its requests one row append (this runs on the drain thread for
+        # every request of every step); the totals are folded from the rows when read (_totals).
+        reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
+        get, move = reqs.get, reqs.move_to_end
+        step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
+        ph = _phases(rec)
+        added = 0
+        for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
+            r = get(rid)
+            if r is None:
+                r = self._add(rid, rec)
+            else:
+                move(rid)
+            rows = r["step_rows"]
+            if len(rows) < max_steps:
+                if not rows:  # a request holds rows exactly while it is in _with_rows
+                    with_rows[rid] = None
+                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, ph))  # the _ROW_KEYS + phases
+                added += 1
+            else:  # no row kept: fold the step into the totals now
+                r["steps_truncated"] += 1
+                self._fold_step(r, ctx, acc, com, step_ms, t0 + int(step_ms * 1e6), bool(rows))
+            if fin:
+                r["finished"] = True
+        if rec.trace_parents:
+            self._trace_parents(rec)
+        self.rows += added
+        if self.rows > self.max_rows:
+            self._shed_rows()
+
+    def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
+        r = self._reqs[rid] = self._new(rid, rec)
+        if len(self._reqs) > self.capacity:
+            old_rid, old = self._reqs.popitem(last=False)
+            self._forget_rows(old_rid, old)
+            self.evicted += 1
+        return r
+
+    @staticmethod
+    def _fold_step(r: dict[str, Any], ctx: int, acc: int, com: int, step_ms: float, t_end: int,
+                   has_rows: bool) -> None:
+        r["steps"] += 1
+        r["accepted"] += acc
+        r["committed"] += com
+        r["decode_ms"] += step_ms
+        r["max_step_ms"] = max(r["max_step_ms"], step_ms)
+        if r["ctx_first"] is None and not has_rows:
+            r["ctx_first"] = ctx
+        r["ctx_last"] = ctx
+        r["rows_at_fold"] = r["rows_at_end"] = len(r["step_rows"])  # the latest step: folded, not a row
+        r["t_end_ns"] = t_end
+
+    def _trace_parents(self, rec: StepRecord) -> None:
+        for rid, tp in zip(rec.rids, rec.trace_parents):
+            r = self._reqs.get(rid)
+            if r is not None and tp and not r["trace_parent"]:
+                r["trace_parent"] = tp
+
+    def _observe_prefill(self, rec: StepRecord) -> None:
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
             if r is None:
-                r = self._new(rid, rec, i)
-                self._reqs[rid] = r
-                if len(self._reqs) > self.capacity:
-                    old_rid, old = self._reqs.popitem(last=False)
-                    self._forget_rows(old_rid, old)
-                    self.evicted += 1
+                r = self._add(rid, rec)
             else:
                 self._reqs.move_to_end(rid)
-            if rec.trace_parents and rec.trace_parents[i] and not r["trace_parent"]:
-                r["trace_parent"] = rec.trace_parents[i]
             r["t_end_ns"] = rec.t_start_ns + int(rec.step_ms * 1e6)
-            if rec.kind != KIND_DECODE:
-                r["finished"] = r["finished"] or rec.finished[i]
-                r["prefill_ms"] += rec.step_ms
-                r["prompt_tokens"] = rec.ctx_lens[i]
-                continue
-            r["steps"] += 1
-            r["accepted"] += rec.accepted[i]
-            r["committed"] += rec.committed[i]
-            r["decode_ms"] += rec.step_ms
-            r["ctx_last"] = rec.ctx_lens[i]
-            if r["ctx_first"] is None:
-                r["ctx_first"] = rec.ctx_lens[i]
+            r["rows_at_end"] = len(r["step_rows"])
             r["finished"] = r["finished"] or rec.finished[i]
-            if len(r["step_rows"]) < self.max_steps:
-                if ph is None:  # one shared phase tuple per record, not one dict per row
-                    ph = _phases(rec)
-                r["step_rows"].append(_row(rec, i, ph))
-                self.rows += 1
-                if rid not in self._with_rows:
-                    self._with_rows[rid] = None
-                if self.rows > self.max_rows:
-                    self._shed_rows()
-            else:
-                r["steps_truncated"] += 1
+            r["prefill_ms"] += rec.step_ms
+            r["prompt_tokens"] = rec.ctx_lens[i]
+        if rec.trace_parents:
+            self._trace_parents(rec)
 
     def _forget_rows(self, rid: str, r: dict[str, Any]) -> None:
         self.rows -= len(r["step_rows"])
         self._with_rows.pop(rid, None)
 
     def _shed_rows(self) -> None:
-        """Drop the step rows of the requests that got rows longest ago until within budget."""
+        """Drop the step rows of the requests that got rows longest ago until within budget (their
+        totals are folded first, so nothing but the rows is lost)."""
         while self.rows > self.max_rows and self._with_rows:
             rid, _ = self._with_rows.popitem(last=False)
             r = self._reqs.get(rid)
             if r is None:
                 continue
+            r.update(_totals(r))
+            r["rows_at_fold"] = r["rows_at_end"] = 0
             self.rows -= len(r["step_rows"])
             r["step_rows_dropped"] += len(r["step_rows"])
             r["step_rows"] = []
 
     @staticmethod
-    def _new(rid: str, rec: StepRecord, i: int) -> dict[str, Any]:
+    def _new(rid: str, rec: StepRecord) -> dict[str, Any]:
         return {
             "rid": rid,
             "prompt_tokens": None,
@@ -103,6 +147,7 @@ class RequestLog:
             "accepted": 0,
             "committed": 0,
             "decode_ms": 0.0,
+            "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
             "ctx_first": None,
             "ctx_last": None,
             "finished": False,
@@ -112,11 +157,14 @@ class RequestLog:
             "t_end_ns": rec.t_start_ns,
             "trace_parent": "",
             "step_rows": [],
+            "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
+            "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
         }
 
-    def get(self, rid: str) -> dict[str, Any] | None:
+    def get(self, rid: str, lazy: bool = False) -> dict[str, Any] | None:
+        """One request's summary with its step rows (``lazy``: rows become dicts only when read)."""
         r = self._reqs.get(rid)
-        return summarize(r, with_steps=True) if r is not None else None
+        return summarize(r, with_steps=True, lazy=lazy) if r is not None else None
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""
@@ -129,7 +177,8 @@ class RequestLog:
 
     def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
         # Rank on the raw totals and summarize only the n kept (a snapshot stays cheap at 4096 requests).
-        top = heapq.nsmallest(max(0, n), (r for r in self._reqs.values() if r["steps"]), key=_tok_s)
+        top = heapq.nsmallest(max(0, n), (r for r in self._reqs.values() if r["steps"] or r["step_rows"]),
+                              key=lambda r: _tok_s(_totals(r)))
         return [summarize(r, with_steps=with_steps) for r in top]
 
     def totals(self) -> list[dict[str, Any]]:
@@ -156,12 +205,6 @@ def _phases(rec: StepRecord) -> tuple[tuple[str, ...], tuple[float, ...]]:
     return keys, tuple(rec.phases_ms.values())
 
 
-def _row(rec: StepRecord, i: int, ph: tuple) -> tuple:
-    """A compact step row (a tuple sharing the record's phase tuple); dicts only when served."""
-    return (rec.step_id, rec.t_start_ns, rec.ctx_lens[i], rec.batch_size, rec.draft_tokens,
-            rec.accepted[i], rec.committed[i], rec.step_ms, ph)
-
-
 def row_dict(row: tuple) -> dict[str, Any]:
     d = dict(zip(_ROW_KEYS, row))
     keys, vals = row[-1]
@@ -174,11 +217,57 @@ def _tok_s(r: Mapping[str, Any]) -> float:
     return r["committed"] / decode_s if decode_s > 0 else 0.0
 
 
-def summarize(r: Mapping[str, Any], with_steps: bool) -> dict[str, Any]:
-    steps = r["steps"]
-    out = {k: v for k, v in r.items() if k != "step_rows"}
-    out["accepted_per_step"] = r["accepted"] / steps if steps else 0.0
-    out["decode_tok_s"] = _tok_s(r)
+class LazyRows(Sequence):
+    """A request's step rows as a read-only sequence of dicts built on access (the exporters decide
+    on a finished request from its totals and read its rows only when they export it)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: Any) -> None:
+        self._rows = tuple(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [row_dict(t) for t in self._rows[i]]
+        return row_dict(self._rows[i])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return map(row_dict, self._rows)
+
+
+_ACC, _COM, _MS = itemgetter(5), itemgetter(6), itemgetter(7)
+_INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
+
+
+def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's totals: what was folded (steps without a kept row) plus its kept rows."""
+    rows = r["step_rows"]
+    keys = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
+    if not rows:
+        return {k: r[k] for k in keys}
+    last = rows[-1]
+    return {
+        "steps": r["steps"] + len(rows),
+        "accepted": sum(map(_ACC, rows), r["accepted"]),
+        "committed": sum(map(_COM, rows), r["committed"]),
+        "decode_ms": sum(map(_MS, rows), r["decode_ms"]),  # sequential float sum, as step by step
+        "max_step_ms": max(r["max_step_ms"], max(map(_MS, rows))),
+        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else rows[0][2],
+        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else last[2],
+        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else last[1] + int(last[7] * 1e6),
+    }
+
+
+def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False) -> dict[str, Any]:
+    out = {k: v for k, v in r.items() if k not in _INTERNAL}
+    out.update(_totals(r))
+    steps = out["steps"]
+    out["accepted_per_step"] = out["accepted"] / steps if steps else 0.0
+    out["decode_tok_s"] = _tok_s(out)
     if with_steps:
-        out["step_rows"] = [row_dict(t) for t in r["step_rows"]]
+        rows = r["step_rows"]
+        out["step_rows"] = LazyRows(rows) if lazy else [row_dict(t) for t in rows]
     return out

@@ -5,14 +5,16 @@ lengths, acceptance and the control request/reply types.  The hooks call these h
 touch SGLang attributes directly, so supporting another release means editing this module only.
 
 Reads happen where SGLang has already synchronized the step (``process_batch_result`` after
-``copy_done.synchronize()``): ``accept_lens`` is then a CPU tensor, ``req.seqlen`` and
-``len(req.output_ids)`` are plain Python values.  Nothing here touches a GPU tensor.
+``copy_done.synchronize()``): ``accept_lens`` is then a CPU tensor, ``len(req.output_ids)`` a plain
+Python value.  Nothing here touches a GPU tensor.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any, Optional
 
 from ..model.records import RankId
@@ -188,14 +190,6 @@ def step_id(batch: Any) -> int:
     return int(getattr(batch, "forward_iter", 0) or 0)
 
 
-def req_snapshot(req: Any) -> tuple[str, int, int, int]:
-    """(rid, context length now, spec_verify_ct, tokens emitted so far) for one request."""
-    out = req.output_ids
-    flen = getattr(req, "finished_len", None)
-    emitted = len(out) if flen is None else min(len(out), flen)
-    return req.rid, len(req.origin_input_ids) + len(out), int(getattr(req, "spec_verify_ct", 0)), emitted
-
-
 def req_finished(req: Any) -> bool:
     try:
         return bool(req.finished())
@@ -228,19 +222,71 @@ def req_trace_parent(req: Any) -> str:
         return ""
 
 
+# ---- per-batch arrays: one C-level map(attrgetter) pass per attribute, before and after SGLang
+# processes a result; what is fixed while a request runs (rid, prompt) is read on the drain thread.
+# In every supported release: output_ids is extended in place while a result is processed (reassigned
+# only at init and retraction); finished() is ``finished_reason is not None``; finished_len is set
+# only with finished_reason and never changes; spec_verify_ct moves exactly on the rows SGLang counts.
+_OUT = attrgetter("output_ids")
+_VCT = attrgetter("spec_verify_ct")
+_FIN = attrgetter("finished_reason")
+_RID = attrgetter("rid")
+_PROMPT = attrgetter("origin_input_ids")
+
+
+def reqs_before(reqs: Any, with_vct: bool) -> tuple[tuple, list, list[int], Optional[list[int]]]:
+    """Before the result is processed: (the requests, their ``output_ids`` objects, the lengths of
+    those, ``spec_verify_ct`` per request or None when ``with_vct`` is false)."""
+    reqs = tuple(reqs)
+    outs = list(map(_OUT, reqs))
+    vct = None
+    if with_vct:
+        try:
+            vct = list(map(_VCT, reqs))
+        except AttributeError:
+            vct = [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
+    return reqs, outs, list(map(len, outs)), vct
+
+
+def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Optional[list[int]], list[bool]]:
+    """After the result is processed: (tokens emitted per request, i.e. ``len(output_ids)`` capped at
+    ``finished_len`` when one is set; ``spec_verify_ct`` or None; finished per request)."""
+    emitted = list(map(len, outs))
+    vct = None
+    if with_vct:
+        try:
+            vct = list(map(_VCT, reqs))
+        except AttributeError:
+            vct = [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
+    try:
+        fin = list(map(is_not, map(_FIN, reqs), repeat(None)))
+    except AttributeError:  # an object without SGLang's finished_reason: ask finished() itself
+        fin = [req_finished(r) for r in reqs]
+    if True in fin:  # finished_len is set only on finished requests: visit those alone
+        for i in compress(range(len(fin)), fin):
+            flen = getattr(reqs[i], "finished_len", None)
+            if flen is not None and flen < emitted[i]:
+                emitted[i] = flen
+    return emitted, vct, fin
+
+
+def req_ids(reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(rid, prompt length) per request: fixed while a request runs, so read off the hot path."""
+    return tuple(map(_RID, reqs)), tuple(map(len, map(_PROMPT, reqs)))
+
+
+def accept_list(result: Any) -> Optional[list]:
+    """``accept_lens`` as a list (tokens accepted per request, bonus included), None when the result
+    has none (1 per request, non-speculative), ``[]`` for a device tensor (never read here: 0)."""
+    al = getattr(result, "accept_lens", None)
+    if al is None:
+        return None
+    return al.tolist() if getattr(al, "is_cpu", True) else []
+
+
 def metrics_enabled(server_args: Any) -> bool:
     """SGLang's ``--enable-metrics`` (its multiprocess Prometheus registry serves /metrics)."""
     return bool(getattr(server_args, "enable_metrics", False))
-
-
-def accept_lens(result: Any, n: int) -> list[int]:
-    """Tokens accepted per request including the bonus token (CPU values, already synchronized)."""
-    al = getattr(result, "accept_lens", None)
-    if al is None:
-        return [1] * n
-    if getattr(al, "is_cpu", True):
-        return [int(x) for x in al.tolist()]
-    return [0] * n  # never read a device tensor here; report unknown as 0
 
 
 def draft_tokens(result: Any, server_args: Any) -> int:

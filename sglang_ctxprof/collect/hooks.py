@@ -11,11 +11,15 @@ after SGLang's own ``copy_done.synchronize()``.
 ``instrument()``/``uninstrument()``; ``None`` means off.  Every timed region (the step span, the
 phases, the attention/MoE regions, and ``sglang_ctxprof.phase()`` blocks) goes through one guarded
 mark -> call -> mark pair: :func:`enter` and :func:`leave`.
+
+On the steps the profiler times (``collect/cost``), each hook adds the time of its own code to the
+step's ``cost_ns``, and the ``process_batch_result`` hook books the step's total.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, Optional
 
 from ..model.names import Phase
@@ -28,6 +32,8 @@ _VERIFY = Phase.VERIFY.value
 
 # What a timed region writes into the step: the step span, a phase, or a region inside verify.
 SPAN, PHASE, SUB = 0, 1, 2
+
+_now = time.perf_counter_ns  # monotonic: our own cost on timed steps
 
 
 def _never() -> bool:
@@ -81,12 +87,14 @@ def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
             b.open.pop()
         else:
             b.sub_depth -= 1
-        b.add(name, t0, t1)
+        b.marks.append((name, t0, t1))
     except Exception as exc:  # noqa: BLE001
         _fail(p, exc)
 
 
 def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+    if b.cost_ns >= 0:
+        return _around_timed(p, b, kind, name, original, args, kwargs)
     t0 = enter(p, b, kind, name)
     if t0 is None:
         return original(*args, **kwargs)
@@ -96,11 +104,27 @@ def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
         leave(p, b, kind, name, t0)
 
 
+def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+    """:func:`_around` on a timed step: also adds the time of our marks to ``b.cost_ns``."""
+    t = _now()
+    t0 = enter(p, b, kind, name)
+    b.cost_ns += _now() - t
+    if t0 is None:
+        return original(*args, **kwargs)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        t = _now()
+        leave(p, b, kind, name, t0)
+        b.cost_ns += _now() - t
+
+
 def run_batch(original, self, batch, *args, **kwargs):
     s = SESSION
     p = s.profiler if s is not None else None
     b = None
     if p is not None and p.active and p.guard.ok("hooks"):
+        t = _now()
         try:
             b = p.begin_step(self, batch)
             worker = getattr(self, "model_worker", None)
@@ -109,14 +133,19 @@ def run_batch(original, self, batch, *args, **kwargs):
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
             b = None
+        if b is not None and b.cost_ns >= 0:
+            b.cost_ns += _now() - t
     try:
         return original(self, batch, *args, **kwargs)
     finally:
         if b is not None:
+            t = _now()
             try:
                 p.end_step(b, batch)
             except Exception as exc:  # noqa: BLE001
                 _fail(p, exc)
+            if b.cost_ns >= 0:
+                b.cost_ns += _now() - t
 
 
 def step_span(original, *args, **kwargs):
@@ -132,17 +161,22 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
     p = profiler()
     b = None
     if p is not None and p.guard.ok("hooks") and p.pending:
+        t = _now()
         try:
             b = p.before_result(batch)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
             b = None
+        t = _now() - t
     out = original(self, batch, result, *args, **kwargs)
     if b is not None:
+        t1 = _now()
         try:
             p.after_result(b, batch, result)
         except Exception as exc:  # noqa: BLE001
             _fail(p, exc)
+        if b.cost_ns >= 0:
+            p.cost.add_sched(b.cost_ns + t + _now() - t1)
     return out
 
 

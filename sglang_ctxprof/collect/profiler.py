@@ -2,7 +2,8 @@
 
 ``begin_step`` (run_batch) -> phase marks (worker hooks) -> ``end_step`` (run_batch returns; the
 builder waits keyed by ``forward_iter``) -> ``before_result``/``after_result`` (process_batch_result,
-after SGLang's own synchronization) -> one :class:`StepRecord` -> :class:`Recorder`.
+after SGLang's own synchronization) -> the step's host facts -> :class:`Recorder`, whose drain
+thread builds the :class:`StepRecord`.
 
 Under the overlap scheduler ``run_batch(N+1)`` runs before ``process_batch_result(N)``; the pending
 map is keyed by ``forward_iter`` so the two never mix.  The map is bounded: a builder whose result
@@ -10,12 +11,14 @@ never arrives (an aborted batch) is evicted and counted.
 
 GPU: marks are CUDA events on the current stream (``clocks.CudaEventClock``), read here after
 SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
-taken at ``after_result``; if the device times are not ready the step is parked and retried at the
-next result (``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the
-verify attention/MoE split on sampled steps.  Each record's ``timing`` label says how *that* step
-was timed (``step.timing_label``: from SGLang's ``can_run_cuda_graph`` and whether the split was
-read).  ``meta["hw"]`` carries model/device facts for the roofline (``roofline``); the status
-reports which attention/MoE classes of the model are hooked (``coverage``).
+taken at ``after_result`` as per-batch arrays (``host``: one C-level pass per attribute; the record
+itself is built on the recorder's drain thread); if the device times are not ready the step is
+parked and retried at the next result (``clocks.Parked``).  Under CUDA graphs
+``graph_clock.GraphTimer`` supplies the verify attention/MoE split on sampled steps.  Each record's
+``timing`` label says how *that* step was timed (``step.timing_label``: from SGLang's
+``can_run_cuda_graph`` and whether the split was read).  ``meta["hw"]`` carries model/device facts
+for the roofline (``roofline``); the status reports which attention/MoE classes of the model are
+hooked (``coverage``).  ``cost`` measures what all this costs (``status()["cost"]``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from typing import Any, Optional
 from . import adapter
 from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
-from ..model.names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
-from ..model.records import StepRecord
+from ..model.names import (FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU, TIMING_CUDA_EVENTS,
+                           TIMING_CUDA_GRAPH_EVENTS)
+from .cost import Cost
+from .host import HostFacts, IdCache
 from .recorder import Recorder
 from ..model.guard import Guard
 from .step import StepBuilder, release, resolve, timing_label
@@ -47,7 +52,9 @@ class Profiler:
         self.config = config
         self.guard = Guard(config.fault)
         self.aggregator = Aggregator(config.bucketing(), request_capacity=config.request_ring)
-        self.recorder = Recorder(self.aggregator, self.guard, maxsize=config.queue_size)
+        self.cost = Cost()
+        self.ids = IdCache()  # request ids of the last batch (drain thread)
+        self.recorder = Recorder(self.aggregator, self.guard, maxsize=config.queue_size, cost=self.cost)
         self.clock: Any = CpuClock()
         self.tls = threading.local()
         self.pending: "OrderedDict[int, StepBuilder]" = OrderedDict()
@@ -55,6 +62,7 @@ class Profiler:
         self.unresolved = 0
         self.active = True
         self.algorithm = "NONE"
+        self.spec = False
         self.full_phases = False
         self.rank = None
         self.scheduler = None
@@ -73,6 +81,7 @@ class Profiler:
         self.scheduler = scheduler
         sa = getattr(scheduler, "server_args", None)
         self.algorithm = adapter.algorithm_name(sa)
+        self.spec = self.algorithm != "NONE"
         self.full_phases = self.algorithm in FULL_PHASE_ALGORITHMS
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
@@ -104,6 +113,8 @@ class Profiler:
         if kind is None:
             return None
         b = StepBuilder(kind, time.time_ns())
+        if self.cost.sample():
+            b.cost_ns = 0  # a timed step: the hooks add their own time to it
         if self.graph is not None:
             self.graph.begin_step(adapter.next_step_id(scheduler))
         self.tls.step = b
@@ -113,7 +124,8 @@ class Profiler:
         self.tls.step = None
         if b.span is None:  # the worker wrapper did not run (e.g. an idle or prebuilt batch)
             return
-        self.pending[adapter.step_id(batch)] = b
+        b.step_id = sid = adapter.step_id(batch)
+        self.pending[sid] = b
         while len(self.pending) > MAX_PENDING:
             _, old = self.pending.popitem(last=False)
             release(old, self.clock)
@@ -127,11 +139,11 @@ class Profiler:
     def before_result(self, batch: Any) -> Optional[StepBuilder]:
         b = self.pending.get(adapter.step_id(batch))
         if b is not None:
-            b.pre = [adapter.req_snapshot(r) for r in batch.reqs]
+            b.pre = adapter.reqs_before(batch.reqs, self.spec and b.kind == KIND_DECODE)
         return b
 
     def after_result(self, b: StepBuilder, batch: Any, result: Any) -> None:
-        self.pending.pop(adapter.step_id(batch), None)
+        self.pending.pop(b.step_id, None)
         if len(self.parked):
             self.parked.retry(self._finish)
         host = None
@@ -146,7 +158,7 @@ class Profiler:
         if host is not None and not self._finish((b, host)):
             self.parked.push((b, host), self._evict)
 
-    def _evict(self, item: tuple[StepBuilder, dict]) -> None:
+    def _evict(self, item: tuple[StepBuilder, HostFacts]) -> None:
         release(item[0], self.clock)
         self.unresolved += 1
 
@@ -156,62 +168,54 @@ class Profiler:
             return TIMING_CUDA_GRAPH_EVENTS
         return self.clock.mode
 
-    def _finish(self, item: tuple[StepBuilder, dict]) -> bool:
-        """Resolve device times (never waits); submit the record.  False: not ready, retry later."""
+    def _finish(self, item: tuple[StepBuilder, HostFacts]) -> bool:
+        """Resolve device times (never waits); hand the step to the recorder, which builds its record
+        on the drain thread.  False: not ready, retry later."""
         b, host = item
+        host.t_start_ns = b.t_start_ns
+        if type(self.clock) is CpuClock:  # plain integers: resolved on the drain thread (host.record)
+            host.builder, host.full_phases = b, self.full_phases
+            host.timing = TIMING_CPU
+            if b.cost_ns >= 0:
+                self.cost.add_step((b.span[1] - b.span[0]) / 1e6, None)
+            self.recorder.submit(host)
+            return True
         res = resolve(b, self.clock, self.full_phases)
         if res is None:
             return False
         release(b, self.clock)
-        step_ms, phases = res
-        self.recorder.submit(StepRecord(step_ms=step_ms, phases_ms=phases, t_start_ns=b.t_start_ns,
-                                        timing=timing_label(b, self.clock.mode), **host))
+        host.step_ms, host.phases_ms = res
+        host.timing = timing_label(b, self.clock.mode)
+        if b.cost_ns >= 0:
+            events = 2 * (1 + len(b.marks)) if self.clock.mode == TIMING_CUDA_EVENTS else None
+            self.cost.add_step(host.step_ms, events)
+        self.recorder.submit(host)
         return True
 
-    def _host(self, b: StepBuilder, batch: Any, result: Any) -> Optional[dict[str, Any]]:
-        """Host-side facts of the step, read now (they change with the next step)."""
+    def _host(self, b: StepBuilder, batch: Any, result: Any) -> Optional[HostFacts]:
+        """Host-side facts of the step, read now (they change with the next step); None: no record."""
         if b.span is None:
             self.unresolved += 1
             return None
-        reqs = batch.reqs
-        pre = b.pre or []
-        if len(pre) != len(reqs):
+        pre = b.pre
+        if pre is None or len(pre[0]) != len(batch.reqs):
             return None
-        rids, ctx, acc, com, fin = [], [], [], [], []
-        extra: dict[str, Any] = {}
-        if b.kind == KIND_DECODE:
-            accepts = adapter.accept_lens(result, len(reqs))
-            spec = self.algorithm != "NONE"
-            for i, req in enumerate(reqs):
-                rid, ctx_len, vct, emitted = pre[i]
-                _, _, vct2, emitted2 = adapter.req_snapshot(req)
-                if spec and vct2 == vct:
-                    continue  # SGLang did not count this row (overlap overshoot of a finished request)
-                rids.append(rid)
-                ctx.append(ctx_len)
-                acc.append(accepts[i] if i < len(accepts) else 0)
-                com.append(max(0, emitted2 - emitted))
-                fin.append(adapter.req_finished(req))
+        reqs, outs, lens_pre, vct_pre = pre
+        decode = b.kind == KIND_DECODE
+        spec = decode and self.spec
+        emitted, vct_post, fin = adapter.reqs_after(reqs, outs, spec)
+        tps: tuple[str, ...] = ()
+        if decode:
+            accepts = adapter.accept_list(result)
+            draft = adapter.draft_tokens(result, getattr(self.scheduler, "server_args", None))
         else:
-            for i, req in enumerate(reqs):
-                rid, ctx_len, _, _ = pre[i]
-                rids.append(rid)
-                ctx.append(ctx_len)
-                acc.append(0)
-                com.append(0)
-                fin.append(adapter.req_finished(req))
+            accepts, draft = None, 0
             tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
-            if any(tps):
-                extra["trace_parents"] = tps
-        if not rids:
-            return None
-        return dict(**extra,
-            step_id=adapter.step_id(batch), kind=b.kind, algorithm=self.algorithm,
-            rank=self.rank, rids=tuple(rids), ctx_lens=tuple(ctx), accepted=tuple(acc),
-            committed=tuple(com), finished=tuple(fin),
-            draft_tokens=adapter.draft_tokens(result, getattr(self.scheduler, "server_args", None))
-            if b.kind == KIND_DECODE else 0,
-        )
+            if not any(tps):
+                tps = ()
+        host = HostFacts(self.ids, b.step_id, b.kind, self.algorithm, self.rank, spec, reqs,
+                         lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
+        return host if host.counted() else None
 
     # ---- control commands ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -232,6 +236,7 @@ class Profiler:
             "hooks": self.hook_report,
             "coverage": self._coverage(),
             "exporters": self.sinks.status() if self.sinks is not None else None,
+            "cost": self.cost.to_dict(),
         }
 
     def _coverage(self) -> dict[str, Any]:

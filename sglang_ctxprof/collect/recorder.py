@@ -1,49 +1,59 @@
-"""Hand-off from the hot path to the aggregator: a bounded queue and a daemon drain thread.
+"""Hand-off from the hot path to the aggregator: a bounded deque and a daemon drain thread.
 
-The scheduler thread calls :meth:`Recorder.submit` with a finished record; it never blocks
-(``put_nowait``) and counts a drop when the queue is full.  A daemon thread drains the queue into
-the aggregator and then into any extra sinks (OTel, logs, metrics), each under the fault guard.
+The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
+facts (``host.HostFacts``) whose record is built here; it never blocks (a deque append, no lock)
+and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
+milliseconds, drains what is waiting into the aggregator and then into any extra sinks (OTel,
+logs, metrics), each under the fault guard, and times each item (``cost.Cost``: this thread's CPU
+time, so waiting for the GIL while the scheduler thread runs is not counted as our cost).
 :meth:`flush` drains synchronously, so a snapshot always includes every submitted record.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from typing import Any, Callable, Iterable
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Optional
 
 from ..aggregate.aggregator import Aggregator
 from ..model.records import StepRecord
 from ..model.guard import Guard
+from .cost import Cost
 
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[StepRecord], None]
 
+POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the queue
+
 
 class Recorder:
     def __init__(self, aggregator: Aggregator, guard: Guard, maxsize: int = 65536,
-                 sinks: Iterable[tuple[str, Sink]] = ()) -> None:
+                 sinks: Iterable[tuple[str, Sink]] = (), cost: Optional[Cost] = None) -> None:
         self.aggregator = aggregator
         self.guard = guard
-        self._q: "queue.Queue[StepRecord]" = queue.Queue(maxsize=maxsize)
+        self.maxsize = maxsize
+        self._q: deque = deque()
         self._lock = threading.Lock()  # serialises aggregator access (drain thread vs snapshot)
         self.sinks: list[tuple[str, Sink]] = list(sinks)
+        self.cost = cost if cost is not None else Cost()
         self.submitted = 0
         self.dropped = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ---- hot path -----------------------------------------------------------------------------
-    def submit(self, rec: StepRecord) -> None:
+    def submit(self, rec: Any) -> None:
+        """Queue a :class:`StepRecord`, or host facts with a ``record()`` method (built when drained)."""
         if not self.guard.ok("recorder"):
             return
-        try:
-            self._q.put_nowait(rec)
-            self.submitted += 1
-        except queue.Full:
+        if len(self._q) >= self.maxsize:
             self.dropped += 1
+            return
+        self._q.append(rec)
+        self.submitted += 1
 
     # ---- drain -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -53,28 +63,27 @@ class Recorder:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                rec = self._q.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            with self._lock:
-                self._consume(rec)
+            if self._q:
+                self.flush()
+            else:
+                self._stop.wait(POLL_S)
 
-    def _consume(self, rec: StepRecord) -> None:
+    def _consume(self, item: Any) -> None:
         if not self.guard.ok("recorder"):
             return
-        self.guard.run("aggregator", self.aggregator.observe, rec)
-        for name, sink in self.sinks:
-            self.guard.run(name, sink, rec)
+        t0 = time.thread_time_ns()
+        rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
+        if rec is not None:
+            self.guard.run("aggregator", self.aggregator.observe, rec)
+            for name, sink in self.sinks:
+                self.guard.run(name, sink, rec)
+        self.cost.add_drain(time.thread_time_ns() - t0)
 
     def flush(self) -> None:
+        q = self._q
         with self._lock:
-            while True:
-                try:
-                    rec = self._q.get_nowait()
-                except queue.Empty:
-                    return
-                self._consume(rec)
+            while q:
+                self._consume(q.popleft())
 
     def with_aggregator(self, fn: Callable[[Aggregator], Any]) -> Any:
         """Run ``fn(aggregator)`` after a flush, under the lock (snapshots, resets)."""

@@ -27,7 +27,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 class StepBuilder:
     __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "eager",
-                 "graph_split", "graph_ran")
+                 "graph_split", "graph_ran", "cost_ns", "step_id")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -35,7 +35,7 @@ class StepBuilder:
         self.span: Optional[tuple[Any, Any]] = None
         self.marks: list[tuple[str, Any, Any]] = []
         self.open: list[str] = []  # stack of named phases currently open
-        self.pre: Optional[list[tuple[str, int, int, int]]] = None
+        self.pre: Optional[tuple] = None  # adapter.reqs_before(...) of the batch
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
         # verify attention/MoE split from CUDA-graph events (graph_clock): None = use the block
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
@@ -43,6 +43,8 @@ class StepBuilder:
         self.eager: Optional[bool] = None  # eager fallback decided for this step (graph_clock.force_eager)
         self.graph_split = False  # the split was read from a timed graph copy's events
         self.graph_ran: Optional[bool] = None  # SGLang's can_run_cuda_graph of the step (None: unknown)
+        self.cost_ns = -1  # our own scheduler-thread ns on a timed step (cost.py); -1: not timed
+        self.step_id = 0  # the batch's forward_iter, set when run_batch returns
 
     def in_phase(self, name: str) -> bool:
         return name in self.open

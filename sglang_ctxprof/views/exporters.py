@@ -93,7 +93,7 @@ class Sinks:
         return self.logs is not None or (self.otel is not None and self.policy.mode != "off")
 
     def on_record(self, rec: StepRecord) -> None:
-        if not self._tracking() or not self.primary():
+        if True not in rec.finished or not self._tracking() or not self.primary():
             return
         for i, rid in enumerate(rec.rids):
             if rec.finished[i] and rid not in self._decided:
@@ -177,7 +177,7 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
         return r is None or r.tp == 0
 
     def history(rid: str) -> Optional[Mapping[str, Any]]:
-        return profiler.recorder.aggregator.request(rid)
+        return profiler.recorder.aggregator.request(rid, lazy=True)  # rows read only to export
 
     s = Sinks(cfg.bucketing(), policy, history=history, env=env, logs=logs, primary=primary,
               metrics_enabled=metrics_enabled, otel_queue=cfg.export.otel_queue)

@@ -30,6 +30,7 @@ from ..model import names
 from ..model.config import LogSettings
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
+from .policy import max_step_ms
 
 def _open(dest: str) -> Any:
     if dest == "stderr":
@@ -134,7 +135,7 @@ class LogView:
             decode_ms=round(float(req.get("decode_ms") or 0.0), 3),
             prefill_ms=round(float(req.get("prefill_ms") or 0.0), 3),
             ctx_first=req.get("ctx_first"), ctx_last=req.get("ctx_last"),
-            max_step_ms=round(max((float(r["step_ms"]) for r in req.get("step_rows") or ()), default=0.0), 3),
+            max_step_ms=round(max_step_ms(req), 3),
             trace_parent=req.get("trace_parent") or None)
         self.emitted[names.EVENT_SLOW_REQUEST] += 1
 

@@ -60,7 +60,7 @@ class TracePolicy:
         if self.slow_tok_s > 0 and steps > 0 and tok_s < self.slow_tok_s:
             reasons.append(f"decode_tok_s {tok_s:.1f} < {self.slow_tok_s:g}")
         if self.slow_step_ms > 0:
-            worst = max((float(r.get("step_ms", 0.0)) for r in summary.get("step_rows") or ()), default=0.0)
+            worst = max_step_ms(summary)
             if worst > self.slow_step_ms:
                 reasons.append(f"step {worst:.1f} ms > {self.slow_step_ms:g} ms")
         return "; ".join(reasons)
@@ -73,3 +73,11 @@ class TracePolicy:
         if self.mode == "all":
             return True, reason
         return bool(reason), reason
+
+
+def max_step_ms(summary: Mapping[str, Any]) -> float:
+    """A request's slowest decode step: its ``max_step_ms`` total, else the max over its step rows."""
+    worst = summary.get("max_step_ms")
+    if worst is not None:
+        return float(worst)
+    return max((float(r.get("step_ms", 0.0)) for r in summary.get("step_rows") or ()), default=0.0)

@@ -2,6 +2,7 @@
 
 One row per context bucket: steps, accepted tokens per step, implied decode tok/s, mean step ms
 and mean ms per leaf phase; then the per-phase context fit ("ms per extra 1k tokens of context").
+Under the header, what the profiler says it costs (the ``cost`` its ranks report; the largest).
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def cost_line(ranks) -> str:
+    """"profiler cost: 38 µs/step on the scheduler thread (0.2% of the step); ..." from the rank
+    that reports the largest cost, or "" when no rank has timed a step yet."""
+    costs = [(r.get("status") or {}).get("cost") for r in ranks if isinstance(r, dict)]
+    costs = [c for c in costs if c and c.get("sampled_steps")]
+    if not costs:
+        return ""
+    c = max(costs, key=lambda c: c["sched_us_per_step"])
+    line = (f"profiler cost: {c['sched_us_per_step']:.0f} µs/step on the scheduler thread "
+            f"({c['step_share']:.1%} of the step); drain thread {c['drain_us_per_record']:.0f} µs/record")
+    if c.get("events_per_step") is not None:
+        line += f"; {c['events_per_step']} GPU events/step"
+    return line + (f" (largest of {len(costs)} ranks)" if len(costs) > 1 else "")
+
+
 def render(profile: Profile) -> str:
     buckets = profile.buckets
     present = [p for p in LEAF_PHASES if any(p in b.phases for b in buckets)]
@@ -34,6 +50,9 @@ def render(profile: Profile) -> str:
     ]
     if profile.degraded:
         lines.append(f"DEGRADED: {profile.degraded}")
+    cost = cost_line(profile.ranks)
+    if cost:
+        lines.append(cost)
     if not buckets:
         lines.append("(no decode steps recorded yet)")
         return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ several concurrent requests sharing batches.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import re
 
 import pytest
 
@@ -82,6 +83,20 @@ def test_exact_accounting_per_request(server, traffic):
     req_steps = sum(round(b["mean_batch_size"] * b["steps"]) for b in body["buckets"])
     assert req_steps == total_steps
     assert body["dropped"] == 0
+
+
+def test_profiler_reports_its_own_cost(server, traffic):
+    """Each rank states its price: scheduler-thread µs per step (timed on sampled steps), drain µs
+    per record, GPU events per step (None on the CPU clock); the text view prints it in one line."""
+    status, st = http("GET", server.url + "/ctx_profile/status")
+    assert status == 200, st
+    cost = st["ranks"][0]["status"]["cost"]
+    assert cost["sampled_steps"] >= 1 and cost["sched_us_per_step"] > 0 and cost["step_share"] > 0
+    assert cost["drain_us_per_record"] > 0 and cost["events_per_step"] is None
+    _, body = http("GET", server.url + "/ctx_profile")
+    assert body["ranks"][0]["status"]["cost"]["sampled_steps"] >= cost["sampled_steps"]
+    _, text = http("GET", server.url + "/ctx_profile?format=text")
+    assert re.search(r"profiler cost: \d+ µs/step on the scheduler thread \(\d+\.\d% of the step\)", text), text
 
 
 def test_text_format_and_reset(server, traffic):

@@ -32,8 +32,12 @@ class Req:
         self.finished_len = None
         self.max_new = 10**9
 
+    @property
+    def finished_reason(self):  # SGLang sets it when the request finishes; here: at max_new tokens
+        return "length" if len(self.output_ids) >= self.max_new else None
+
     def finished(self):
-        return len(self.output_ids) >= self.max_new
+        return self.finished_reason is not None
 
 
 class Batch:

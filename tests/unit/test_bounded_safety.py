@@ -3,6 +3,8 @@ guard turning a failure of ours into a JSON 500 (then 503) while other routes ke
 
 from __future__ import annotations
 
+import random
+
 import logging
 
 import pytest
@@ -104,3 +106,48 @@ def test_http_guard_returns_json_500_then_503(monkeypatch):
     r = c.get("/broken")
     assert r.status_code == 503 and r.json()["degraded"]
     assert c.get("/other").json() == {"ok": True}  # the rest of the app is unaffected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
+    """Rows appended per step, totals summed when read: the same totals as folding every step,
+    also across truncation (max_steps), row shedding (max_rows) and prefill records."""
+    rng = random.Random(seed)
+    log = RequestLog(capacity=64, max_steps=rng.choice([0, 3, 50]), max_rows=rng.choice([5, 40, 10**6]))
+    ref: dict[str, dict] = {}
+    t = 0
+    for step in range(300):
+        rids = sorted(rng.sample([f"q{i}" for i in range(12)], rng.randint(1, 6)))
+        kind = "prefill" if rng.random() < 0.1 else "decode"
+        n = len(rids)
+        ctx, acc = tuple(rng.randint(10, 5000) for _ in rids), tuple(rng.randint(1, 4) for _ in rids)
+        com = tuple(rng.randint(0, a) for a in acc)
+        fin = tuple(rng.random() < 0.05 for _ in rids)
+        ms = rng.uniform(0.1, 30.0)
+        t += 10**7
+        r = StepRecord(step, kind, "EAGLE", RankId(), tuple(rids), ctx, acc if kind == "decode" else (0,) * n,
+                       com if kind == "decode" else (0,) * n, fin, 4, ms, {"verify": ms}, t, "cpu")
+        log.observe(r)
+        for i, rid in enumerate(rids):
+            e = ref.setdefault(rid, dict(steps=0, accepted=0, committed=0, decode_ms=0.0, max_step_ms=0.0,
+                                         ctx_first=None, ctx_last=None, finished=False, prefill_ms=0.0,
+                                         t_end_ns=t))
+            e["t_end_ns"] = t + int(ms * 1e6)
+            e["finished"] = e["finished"] or fin[i]
+            if kind != "decode":
+                e["prefill_ms"] += ms
+                continue
+            e["steps"] += 1
+            e["accepted"] += acc[i]
+            e["committed"] += com[i]
+            e["decode_ms"] += ms
+            e["max_step_ms"] = max(e["max_step_ms"], ms)
+            e["ctx_first"] = ctx[i] if e["ctx_first"] is None else e["ctx_first"]
+            e["ctx_last"] = ctx[i]
+    assert log.rows <= log.max_rows and log.rows == sum(len(r["step_rows"]) for r in log.to_state(True))
+    for got in log.totals():
+        want = ref[got["rid"]]
+        assert {k: got[k] for k in want if k != "decode_ms"} == {k: v for k, v in want.items() if k != "decode_ms"}
+        assert got["decode_ms"] == pytest.approx(want["decode_ms"], rel=1e-12)
+        kept = len(log.get(got["rid"])["step_rows"])
+        assert kept + got["step_rows_dropped"] + got["steps_truncated"] == got["steps"]

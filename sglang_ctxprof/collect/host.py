@@ -1,0 +1,118 @@
+"""A step's host facts as the scheduler thread reads them, and the record the drain thread builds.
+
+The scheduler thread pays only for what changes with the next step: per request, ``output_ids``
+(its length before and after SGLang processes the result), ``spec_verify_ct`` before and after
+(speculative decode), and whether it finished; per step, ``accept_lens`` as one list.  Each is one
+C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``), no Python loop per request.
+Everything else happens on the recorder's drain thread in :meth:`HostFacts.record`: request ids and
+prompt lengths (fixed while a request runs; :class:`IdCache` keeps them while the batch's membership
+is unchanged, so an unchanged batch yields the very same ``rids`` tuple), the overshoot filter,
+context lengths, committed counts, the phase arithmetic of a CPU-clock step (``step.resolve``, plain
+integers) and the :class:`StepRecord` itself.
+
+The record is exactly what reading every request on the scheduler thread gave: per request counted
+by SGLang (speculative decode: ``spec_verify_ct`` moved; a row it skipped, e.g. a finished request
+reappearing for one overlap step, is left out), ``ctx_len = len(origin_input_ids) + len(output_ids)``
+before processing, ``accepted = accept_lens[i]`` (1 without speculative decoding, 0 for a device
+tensor or a missing entry), ``committed = max(0, emitted after - len(output_ids) before)`` with
+emitted capped at ``finished_len``, and ``finished``.
+"""
+
+from __future__ import annotations
+
+from itertools import compress, repeat
+from operator import add, eq, ne, sub
+from typing import Any, Optional
+
+from ..model.names import KIND_DECODE
+from ..model.records import StepRecord
+from . import adapter
+from .clocks import CpuClock
+from .step import resolve
+
+
+class IdCache:
+    """``(rids, prompt lengths)`` of the last batch seen; reused while its requests are the same
+    objects in the same order (a C-level identity comparison).  Drain thread only."""
+
+    __slots__ = ("reqs", "ids")
+
+    def __init__(self) -> None:
+        self.reqs: tuple = ()
+        self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+
+    def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        if reqs != self.reqs:
+            self.ids = adapter.req_ids(reqs)
+            self.reqs = reqs
+        return self.ids
+
+
+class HostFacts:
+    __slots__ = ("ids", "step_id", "kind", "algorithm", "rank", "spec", "reqs", "lens_pre", "vct_pre",
+                 "emitted", "vct_post", "fin", "accepts", "draft_tokens", "trace_parents",
+                 "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases")
+
+    def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
+                 reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
+                 vct_post: Optional[list], fin: list, accepts: Optional[list], draft_tokens: int,
+                 trace_parents: tuple = ()) -> None:
+        self.ids = ids
+        self.step_id = step_id
+        self.kind = kind
+        self.algorithm = algorithm
+        self.rank = rank
+        self.spec = spec
+        self.reqs = reqs
+        self.lens_pre = lens_pre
+        self.vct_pre = vct_pre
+        self.emitted = emitted
+        self.vct_post = vct_post
+        self.fin = fin
+        self.accepts = accepts
+        self.draft_tokens = draft_tokens
+        self.trace_parents = trace_parents
+        self.step_ms = 0.0
+        self.phases_ms: dict[str, float] = {}
+        self.t_start_ns = 0
+        self.timing = ""
+        self.builder: Any = None  # a CPU-clock step's builder, resolved here instead of on the hot path
+        self.full_phases = False
+
+    def counted(self) -> bool:
+        """Whether SGLang counted any row of this step (else there is no record)."""
+        if self.spec:
+            return self.vct_post != self.vct_pre
+        return bool(self.reqs)
+
+    def record(self) -> Optional[StepRecord]:
+        """The step's record (drain thread), or None when no row was counted."""
+        if self.builder is not None:
+            self.step_ms, self.phases_ms = resolve(self.builder, CpuClock, self.full_phases)
+            self.builder = None
+        n = len(self.reqs)
+        rids, prompt = self.ids.get(self.reqs)
+        ctx = tuple(map(add, prompt, self.lens_pre))
+        fin = tuple(self.fin)
+        if self.kind == KIND_DECODE:
+            al = self.accepts
+            if al is None:
+                acc = (1,) * n
+            else:
+                acc = tuple(al[:n]) if al and type(al[0]) is int else tuple(map(int, al[:n]))
+                if len(acc) < n:
+                    acc += (0,) * (n - len(acc))
+            com = tuple(map(sub, self.emitted, self.lens_pre))
+            if com and min(com) < 0:
+                com = tuple(map(max, repeat(0), com))
+            if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
+                keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
+                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+        else:
+            acc = com = (0,) * n
+        if not rids:
+            return None
+        return StepRecord(step_id=self.step_id, kind=self.kind, algorithm=self.algorithm, rank=self.rank,
+                          rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
+                          draft_tokens=self.draft_tokens, step_ms=self.step_ms, phases_ms=self.phases_ms,
+                          t_start_ns=self.t_start_ns, timing=self.timing, trace_parents=self.trace_parents)
