@@ -28,7 +28,8 @@ from typing import Any, Optional
 from . import adapter
 from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
-from ..model.names import FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CUDA_GRAPH_EVENTS
+from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION,
+                           TIMING_CUDA_GRAPH_EVENTS)
 from ..model.records import StepRecord
 from .recorder import Recorder
 from ..model.guard import Guard
@@ -54,6 +55,7 @@ class Profiler:
         self.active = True
         self.algorithm = "NONE"
         self.full_phases = False
+        self.block_drafter = False
         self.rank = None
         self.scheduler = None
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
@@ -71,6 +73,7 @@ class Profiler:
         sa = getattr(scheduler, "server_args", None)
         self.algorithm = adapter.algorithm_name(sa)
         self.full_phases = self.algorithm in FULL_PHASE_ALGORITHMS
+        self.block_drafter = self.algorithm in BLOCK_ALGORITHMS
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
         if self.graph is None:
@@ -101,6 +104,7 @@ class Profiler:
         if kind is None:
             return None
         b = StepBuilder(kind, time.time_ns())
+        b.block = self.block_drafter and kind == KIND_DECODE
         if self.graph is not None:
             self.graph.begin_step(adapter.next_step_id(scheduler))
         self.tls.step = b
@@ -176,6 +180,10 @@ class Profiler:
         extra: dict[str, Any] = {}
         if b.kind == KIND_DECODE:
             accepts = adapter.accept_lens(result, len(reqs))
+            extra["non_draft_tokens"] = adapter.non_draft_tokens(result)
+            if b.block:
+                extra["block_size"] = adapter.block_size(result)
+                extra["denoise_steps"] = b.denoise
             spec = self.algorithm != "NONE"
             for i, req in enumerate(reqs):
                 rid, ctx_len, vct, emitted = pre[i]

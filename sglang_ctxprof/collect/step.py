@@ -26,7 +26,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "block", "denoise")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -39,6 +39,8 @@ class StepBuilder:
         # verify attention/MoE split from CUDA-graph events (graph_timing): None = use the block
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
         self.split: Any = None
+        self.block = False  # a block drafter's decode step (names.BLOCK_ALGORITHMS)
+        self.denoise = 0  # draft model forward passes that proposed the block
 
     def in_phase(self, name: str) -> bool:
         return name in self.open
