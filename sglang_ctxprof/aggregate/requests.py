@@ -51,6 +51,7 @@ class RequestLog:
         reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
         get, move = reqs.get, reqs.move_to_end
         step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
+        blk, den = rec.block_size, rec.denoise_steps
         ph = _phases(rec)
         added = 0
         for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
@@ -63,7 +64,7 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:  # a request holds rows exactly while it is in _with_rows
                     with_rows[rid] = None
-                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, ph))  # the _ROW_KEYS + phases
+                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, ph))  # the _ROW_KEYS + phases
                 added += 1
             else:  # no row kept: fold the step into the totals now
                 r["steps_truncated"] += 1
@@ -195,7 +196,7 @@ class RequestLog:
 
 
 _ROW_KEYS = ("step_id", "t_start_ns", "ctx_len", "batch_size", "draft_tokens", "accepted", "committed",
-             "step_ms")
+             "step_ms", "block_size", "denoise_steps")
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 

@@ -195,6 +195,44 @@ def check(src: Source) -> list[Result]:
     return out
 
 
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def calls_in_order(fn: ast.AST) -> list[str]:
+    """Dotted names of every call inside ``fn``, in source order."""
+    found = [n for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    found.sort(key=lambda n: (n.lineno, n.col_offset))
+    return [_dotted(n.func) for n in found]
+
+
+def check_call_order(src: Source, path: str, order: tuple[str, ...]) -> Optional[Result]:
+    """Does the method at ``path`` make the calls ``order`` in that order?  None when the method does
+    not exist in this release (its targets' absence is in adapter.RELEASE_LIMITS)."""
+    node, _ = resolve(src, path)
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    i = 0
+    for name in calls_in_order(node):
+        if i < len(order) and (name == order[i] or name.endswith("." + order[i])):
+            i += 1
+    if i == len(order):
+        return Result(src.version, f"calls of {path}", False, "ok")
+    return Result(src.version, f"calls of {path}", False, "incompatible",
+                  f"no call to {order[i]!r} after {list(order[:i])}")
+
+
+def check_calls(src: Source) -> list[Result]:
+    out = [check_call_order(src, p, order) for p, order in adapter.CALL_ORDER.items()]
+    return [r for r in out if r is not None]
+
+
 def cached_wheels(directory: str) -> dict[str, str]:
     """{version: wheel path} for every ``sglang-X-*.whl`` in ``directory``."""
     found = {}
@@ -252,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         src = Source(loc, ver)
         try:
             res = check(src)
+            calls = check_calls(src)
         finally:
             src.close()
         fails = failures(res)
+        if calls:
+            print(format_results(calls))
         supported = ver in adapter.SUPPORTED or ver in ("source", "installed")
         note = adapter.UNSUPPORTED.get(ver, "")
         print(format_results(res))

@@ -5,6 +5,7 @@ trained locally on CPython's stdlib sources) and, with ``--draft``, a matching d
 
 * ``--arch``: ``llama``, ``qwen3-moe`` or ``deepseek-v3`` (MLA + MoE, the Kimi-K2 architecture);
 * ``--draft eagle``: an EAGLE-1 head; ``eagle3``: an EAGLE-3 head; ``standalone``: a 1-layer Llama;
+  ``dflash``: a DFlash block-diffusion drafter (``tiny_block``);
 * ``--high-acceptance``: random models accept ~1 token per step with any learned draft, so this
   makes the target "pure bigram" (attention/MLP/MoE outputs zeroed - they still run at full cost)
   and, with ``--draft eagle``, an "identity" EAGLE head that reproduces it: ~3.7 of 4 accepted.
@@ -305,7 +306,7 @@ def _log(msg: str) -> None:
 
 
 ARCHS = {"llama": cfg_llama, "qwen3-moe": cfg_qwen3_moe, "deepseek-v3": cfg_deepseek_v3}
-DRAFTS = ("eagle", "eagle3", "standalone")
+DRAFTS = ("eagle", "eagle3", "standalone", "dflash")
 
 
 @dataclass
@@ -325,8 +326,9 @@ class TinyModelArgs:
 
     @classmethod
     def from_cli_args(cls, ns) -> "TinyModelArgs":
-        if ns.high_acceptance and ns.draft == "eagle3":
-            raise ValueError("--high-acceptance supports --draft eagle or standalone (no identity EAGLE-3 head exists)")
+        if ns.high_acceptance and ns.draft in ("eagle3", "dflash"):
+            raise ValueError("--high-acceptance supports --draft eagle or standalone "
+                             "(no identity EAGLE-3 or DFlash drafter exists)")
         return cls(arch=ns.arch, out=ns.out, draft=ns.draft, high_acceptance=ns.high_acceptance)
 
 
@@ -361,6 +363,10 @@ def build(args: TinyModelArgs) -> dict[str, str]:
             save_eagle("draft", cfg_llama, work, tok_dir)
     elif args.draft == "eagle3":
         save_eagle3("draft", work, tok_dir)
+    elif args.draft == "dflash":
+        from .tiny_block import save_dflash
+
+        save_dflash("draft", ARCHS[args.arch](), work, tok_dir, log=_log)
     elif args.draft == "standalone":
         if args.high_acceptance:
             save_hf("sa", cfg_llama(), work, tok_dir)

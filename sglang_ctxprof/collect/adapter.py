@@ -18,6 +18,8 @@ from operator import attrgetter, is_not
 from typing import Any, Optional
 
 from ..model.records import RankId
+from . import block_adapter as _block
+from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ TARGETS: tuple[Target, ...] = (
     Target(f"{_MLE_DRAFT}._draft_extend_for_decode", "draft_extend", required=False),
     Target(f"{_FROZEN_DRAFT}.draft", "draft", required=False),
     Target(f"{_FROZEN_DRAFT}._draft_extend_for_decode", "draft_extend", required=False),
+    # block drafters DFLASH, DSPARK, UNO: their map is in block_adapter
+    *(Target(path, hook, required=False) for path, hook in _block.TARGETS),
     Target("sglang.srt.layers.radix_attention.RadixAttention.forward", "attn"),
     Target("sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.forward", "moe"),
     # Whole MoE blocks (gate + top-k + experts + shared experts) of the model families we know.
@@ -130,6 +134,11 @@ _OVERLAP_LOST = ("Scheduler.is_disable_overlap_for_batch takes (self, batch): no
                  "in-graph split events are read only where SGLang itself runs without overlap")
 for _v in ("0.5.13", "0.5.14", "0.5.15"):
     RELEASE_LIMITS.setdefault(_v, {})[f"{_S}.is_disable_overlap_for_batch"] = _OVERLAP_LOST
+
+
+SIGNATURES.update(_block.SIGNATURES)
+for _v, _lost in _block.release_limits(13).items():
+    RELEASE_LIMITS.setdefault(_v, {}).update(_lost)
 
 
 def release_limits(version: Optional[str]) -> list[str]:

@@ -22,13 +22,14 @@ import sys
 import time
 from typing import Any, Optional
 
-from ..model.names import Phase
+from ..model.names import KIND_DECODE, Phase
 from ..control.protocol import is_control_rid
 from . import adapter
 
 SESSION: Optional[Any] = None  # the CtxProfSession of this process (set only by it)
 
 _VERIFY = Phase.VERIFY.value
+_DRAFT = Phase.DRAFT.value
 
 # What a timed region writes into the step: the step span, a phase, or a region inside verify.
 SPAN, PHASE, SUB = 0, 1, 2
@@ -198,9 +199,51 @@ def draft_extend(original, *args, **kwargs):
 
 
 def verify(original, *args, **kwargs):
+    """The target's verify forward.  One made inside another phase belongs to that phase (UNO's
+    draft is the target with a LoRA, through the same ``is_verify=True`` call)."""
     if not adapter.is_verify_call(args, kwargs):
         return original(*args, **kwargs)
-    return _timed(_VERIFY, original, args, kwargs)
+    p = profiler()
+    b = p.current() if p is not None else None
+    if b is None or b.open:
+        return original(*args, **kwargs)
+    return _around(p, b, PHASE, _VERIFY, original, args, kwargs)
+
+
+def _timed_decode(name: str, original, args, kwargs):
+    """Like :func:`_timed`, for seams that the prefill path runs too: decode steps only."""
+    p = profiler()
+    b = p.current() if p is not None else None
+    if b is None or b.kind != KIND_DECODE or b.in_phase(name):
+        return original(*args, **kwargs)
+    return _around(p, b, PHASE, name, original, args, kwargs)
+
+
+def block_draft(original, *args, **kwargs):
+    return _timed_decode(_DRAFT, original, args, kwargs)
+
+
+def block_draft_extend(original, *args, **kwargs):
+    return _timed_decode(Phase.DRAFT_EXTEND.value, original, args, kwargs)
+
+
+def block_forward(original, self, *args, **kwargs):
+    """ModelRunner.forward in a block drafter's decode step: count the forward passes that propose
+    the block (the draft runner's, or any inside the draft phase), and time a draft-runner pass
+    that no phase encloses (DFLASH calls it inline) as draft.  Otherwise a pass-through."""
+    p = profiler()
+    b = p.current() if p is not None else None
+    if b is None or not b.block:
+        return original(self, *args, **kwargs)
+    draft_runner = adapter.is_draft_runner(self)
+    if b.open:
+        if b.in_phase(_DRAFT):
+            b.denoise += 1
+        return original(self, *args, **kwargs)
+    if not draft_runner:
+        return original(self, *args, **kwargs)
+    b.denoise += 1
+    return _around(p, b, PHASE, _DRAFT, original, (self,) + args, kwargs)
 
 
 def _sub(name: str, original, args, kwargs):
@@ -351,6 +394,9 @@ HOOKS = {
     "verify": verify,
     "draft": draft,
     "draft_extend": draft_extend,
+    "block_draft": block_draft,
+    "block_draft_extend": block_draft_extend,
+    "block_forward": block_forward,
     "attn": attn,
     "moe": moe,
     "graph_capture": graph_capture,

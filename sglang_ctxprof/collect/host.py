@@ -51,7 +51,8 @@ class IdCache:
 class HostFacts:
     __slots__ = ("ids", "step_id", "kind", "algorithm", "rank", "spec", "reqs", "lens_pre", "vct_pre",
                  "emitted", "vct_post", "fin", "accepts", "draft_tokens", "trace_parents",
-                 "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases")
+                 "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases",
+                 "non_draft_tokens", "block_size", "denoise_steps")
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -78,6 +79,9 @@ class HostFacts:
         self.timing = ""
         self.builder: Any = None  # a CPU-clock step's builder, resolved here instead of on the hot path
         self.full_phases = False
+        self.non_draft_tokens = 1  # block drafters: set from the result (records.StepRecord)
+        self.block_size = 0
+        self.denoise_steps = 0
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""
@@ -115,4 +119,6 @@ class HostFacts:
         return StepRecord(step_id=self.step_id, kind=self.kind, algorithm=self.algorithm, rank=self.rank,
                           rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
                           draft_tokens=self.draft_tokens, step_ms=self.step_ms, phases_ms=self.phases_ms,
-                          t_start_ns=self.t_start_ns, timing=self.timing, trace_parents=self.trace_parents)
+                          t_start_ns=self.t_start_ns, timing=self.timing, trace_parents=self.trace_parents,
+                          block_size=self.block_size, denoise_steps=self.denoise_steps,
+                          non_draft_tokens=self.non_draft_tokens)

@@ -33,8 +33,8 @@ from typing import Any, Optional
 from . import adapter
 from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
-from ..model.names import (FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU, TIMING_CUDA_EVENTS,
-                           TIMING_CUDA_GRAPH_EVENTS)
+from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU,
+                           TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
 from .cost import Cost
 from .host import HostFacts, IdCache
 from .recorder import Recorder
@@ -64,6 +64,7 @@ class Profiler:
         self.algorithm = "NONE"
         self.spec = False
         self.full_phases = False
+        self.block_drafter = False
         self.rank = None
         self.scheduler = None
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
@@ -83,6 +84,7 @@ class Profiler:
         self.algorithm = adapter.algorithm_name(sa)
         self.spec = self.algorithm != "NONE"
         self.full_phases = self.algorithm in FULL_PHASE_ALGORITHMS
+        self.block_drafter = self.algorithm in BLOCK_ALGORITHMS
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
         if self.graph is None:
@@ -115,6 +117,7 @@ class Profiler:
         b = StepBuilder(kind, time.time_ns())
         if self.cost.sample():
             b.cost_ns = 0  # a timed step: the hooks add their own time to it
+        b.block = self.block_drafter and kind == KIND_DECODE
         if self.graph is not None:
             self.graph.begin_step(adapter.next_step_id(scheduler))
         self.tls.step = b
@@ -215,6 +218,10 @@ class Profiler:
                 tps = ()
         host = HostFacts(self.ids, b.step_id, b.kind, self.algorithm, self.rank, spec, reqs,
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
+        if decode:
+            host.non_draft_tokens = adapter.non_draft_tokens(result)
+            if b.block:
+                host.block_size, host.denoise_steps = adapter.block_size(result), b.denoise
         return host if host.counted() else None
 
     # ---- control commands ----------------------------------------------------------------------------

@@ -76,8 +76,12 @@ TIMING_RANK = {TIMING_CPU: 0, TIMING_CUDA_EVENTS: 1, TIMING_CUDA_GRAPH: 2, TIMIN
 # Algorithms whose worker seams we know: they get full phase records, and time outside the named
 # phases is "overhead".  Any other algorithm reports it as "unattributed".
 FULL_PHASE_ALGORITHMS: frozenset[str] = frozenset(
-    {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN"}
+    {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN", "DFLASH", "DSPARK", "UNO"}
 )
+# Block drafters: the draft proposes a whole block of positions at once (block diffusion, or the
+# target with a LoRA for UNO).  Their records carry the block size and the number of draft model
+# forward passes (denoising / selection steps) of the step.
+BLOCK_ALGORITHMS: frozenset[str] = frozenset({"DFLASH", "DSPARK", "UNO"})
 
 # ---- environment variables (all parsed in model.config; the README lists them) ---------------
 ENV_ENABLE = "SGLANG_CTX_PROFILE"

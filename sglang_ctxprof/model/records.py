@@ -61,6 +61,26 @@ class StepRecord:
     # W3C traceparent per request (aligned with rids) or () when none is known.  Filled on prefill
     # records only, from SGLang's own trace context (``--enable-trace``); see adapter.req_trace_parent.
     trace_parents: tuple[str, ...] = ()
+    # Block drafters (names.BLOCK_ALGORITHMS): positions in the step's draft block including its
+    # anchor (the last committed token), and the draft model forward passes that proposed it
+    # (denoising / selection steps); 0 = not a block drafter or unknown.
+    block_size: int = 0
+    denoise_steps: int = 0
+    # Tokens of ``accepted`` that are not accepted drafts: the bonus token (1), and UNO's clean
+    # root as well (2); SGLang's ``num_non_draft_tokens_per_req``.
+    non_draft_tokens: int = 1
+
+    @property
+    def accepted_drafts(self) -> tuple[int, ...]:
+        """Per request: draft positions accepted this step, i.e. the accepted prefix of the draft
+        (chain or block) after its anchor; position i (1-based) was accepted iff i <= this."""
+        return tuple(max(0, a - self.non_draft_tokens) for a in self.accepted)
+
+    @property
+    def draft_positions(self) -> int:
+        """Draft positions one request could have accepted this step: the chain or block behind its
+        anchor (``draft_tokens - 1``; 0 for a record without a draft)."""
+        return max(0, self.draft_tokens - 1)
 
     @property
     def batch_size(self) -> int:
@@ -100,6 +120,9 @@ class StepRecord:
             "t_start_ns": self.t_start_ns,
             "timing": self.timing,
             "trace_parents": list(self.trace_parents),
+            "block_size": self.block_size,
+            "denoise_steps": self.denoise_steps,
+            "non_draft_tokens": self.non_draft_tokens,
         }
 
     @classmethod
@@ -121,6 +144,9 @@ class StepRecord:
             t_start_ns=int(d.get("t_start_ns", 0)),
             timing=str(d.get("timing", "cpu")),
             trace_parents=tuple(str(x) for x in d.get("trace_parents", ()) or ()),
+            block_size=int(d.get("block_size", 0) or 0),
+            denoise_steps=int(d.get("denoise_steps", 0) or 0),
+            non_draft_tokens=int(d.get("non_draft_tokens", 1) or 1),
         )
 
 
@@ -136,3 +162,5 @@ def validate(rec: StepRecord) -> None:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
         raise ValueError("negative duration")
+    if rec.block_size < 0 or rec.denoise_steps < 0 or rec.non_draft_tokens < 1:
+        raise ValueError("block_size and denoise_steps must be >= 0, non_draft_tokens >= 1")

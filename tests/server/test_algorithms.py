@@ -32,20 +32,28 @@ CASES = {
     "STANDALONE": (("llama", "standalone", True), "STANDALONE", ALL, ("verify_moe", "unattributed"), 1.5),
     "NGRAM": (("qwen3-moe", None, False), "NGRAM", ALL + ("verify_moe",), ("unattributed",), 1.0),
     "MTP": (("deepseek-v3", "mtp", True), "EAGLE", ALL + ("verify_moe",), ("unattributed",), 1.5),
+    # a random DFlash drafter accepts ~0 of its 3 draft positions: accepted = the bonus token
+    "DFLASH": (("qwen3-moe", "dflash", False), "DFLASH", ALL + ("verify_moe",), ("unattributed",), 1.0),
 }
 FIX = ROOT / "tests" / "plugins" / "cpu_no_cuda_sync"
+DFLASH_FIX = ROOT / "tests" / "plugins" / "cpu_dflash"
+
+
+def _plugin_env(fix, module: str, tmp_dir) -> dict:
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(fix))
+    try:
+        mod = importlib.import_module(module)
+    finally:
+        sys.path.remove(str(fix))
+    mod.write_dist_info(str(tmp_dir))
+    return {"PYTHONPATH": f"{fix}:{tmp_dir}"}
 
 
 def _mtp_env(tmp_dir) -> dict:
-    import sys
-
-    sys.path.insert(0, str(FIX))
-    try:
-        import cpu_no_cuda_sync
-    finally:
-        sys.path.remove(str(FIX))
-    cpu_no_cuda_sync.write_dist_info(str(tmp_dir))
-    return {"PYTHONPATH": f"{FIX}:{tmp_dir}"}
+    return _plugin_env(FIX, "cpu_no_cuda_sync", tmp_dir)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -61,6 +69,8 @@ def run(request, tmp_path_factory):
         env = _mtp_env(tmp_path_factory.mktemp("mtp-ep"))
     else:
         m = tiny(arch, draft, high_acceptance=ha)
+    if draft == "dflash":  # SGLang refuses DFLASH on a CPU device: see tests/plugins/cpu_dflash
+        env = _plugin_env(DFLASH_FIX, "cpu_dflash", tmp_path_factory.mktemp("dflash-ep"))
     args = cpu_args(m["target"], algorithm=alg, draft=m.get("draft"))
     if request.param == "NGRAM":
         env = {**(env or {}), "SGLANG_CTX_PROFILE": "1"}  # the env switch, instead of the flag
@@ -71,6 +81,11 @@ def run(request, tmp_path_factory):
         outs = [generate(srv.url, rand_ids(n, seed=7 + n), max_new_tokens=24) for n in CTX]
         status, body = http("GET", srv.url + "/ctx_profile")
         assert status == 200, body
+        if request.param == "DFLASH":
+            rid = outs[0]["meta_info"]["id"]
+            status, one = http("GET", srv.url + f"/ctx_profile/requests/{rid}")
+            assert status == 200, one
+            body = {**body, "_request": one}
         yield request.param, outs, body
     finally:
         srv.stop()
@@ -88,6 +103,8 @@ def test_expected_phases(run):
         for p in zero:
             assert ph.get(p, {}).get("mean_ms", 0) == 0, (name, b["label"], p)
         assert b["accepted_per_step"] >= min_accept, (name, b["label"], b["accepted_per_step"])
+    if name == "DFLASH":
+        _block_drafter_rows(run[1], body)
 
 
 def test_leaves_add_up_and_steps_reconcile(run):
@@ -101,3 +118,15 @@ def test_leaves_add_up_and_steps_reconcile(run):
     # every generated token after the first (which comes from prefill) is counted exactly once
     committed = sum(b["committed_per_step"] * b["mean_batch_size"] * b["steps"] for b in body["buckets"])
     assert committed == pytest.approx(sum(o["meta_info"]["completion_tokens"] - 1 for o in outs)), name
+
+
+def _block_drafter_rows(outs, body):
+    """DFLASH: each decode step of a request proposes one block of 4 (anchor + 3 drafts) in one
+    denoising pass of the drafter."""
+    rows = body["_request"]["step_rows"]
+    assert len(rows) == outs[0]["meta_info"]["spec_verify_ct"]
+    for row in rows:
+        assert row["draft_tokens"] == 4 and row["block_size"] == 4 and row["denoise_steps"] == 1, row
+        assert 1 <= row["accepted"] <= 4 and row["committed"] <= row["accepted"], row
+        for p in ("draft", "verify", "draft_extend", "overhead"):
+            assert row["phases_ms"][p] > 0, (p, row)

@@ -104,7 +104,10 @@ def test_supported_range_is_every_release_since_the_framework():
     assert len(adapter.SUPPORTED) == 11 and "0.5.12" in adapter.UNSUPPORTED
     assert adapter.release_limits("0.5.23") == []
     assert any("overlap gate" in line for line in adapter.release_limits("0.5.14"))
-    assert len(adapter.release_limits("0.5.13")) == 4  # graphs, eager fallback, FrozenKV MTP, overlap
+    # graphs, eager fallback, FrozenKV MTP, overlap, and no DFLASH / DSPARK / UNO worker yet
+    assert len(adapter.release_limits("0.5.13")) == 7
+    assert "the UNO worker does not exist yet" in adapter.release_limits("0.5.19")
+    assert not any("DFLASH worker" in line for line in adapter.release_limits("0.5.14"))
 
 
 def test_support_messages():
