@@ -112,42 +112,50 @@ class DurationStats:
 
 
 class LinearFit:
-    """Streaming ordinary least squares of y against x."""
+    """Streaming ordinary least squares of y against x.
 
-    __slots__ = ("n", "sx", "sy", "sxx", "sxy", "syy")
+    Kept as the count, the means and the centred co-moments (Welford's update, Chan's merge), not as
+    raw power sums: ``n*sxx - sx**2`` cancels catastrophically when x barely varies, and then the fit
+    of merged ranks would depend on the order they were merged in.  The wire state carries the same
+    numbers; a state with raw sums (``sx``, ``sxx``, ...) is still read."""
+
+    __slots__ = ("n", "mx", "my", "cxx", "cxy", "cyy")
 
     def __init__(self) -> None:
         self.n = 0
-        self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.mx = self.my = self.cxx = self.cxy = self.cyy = 0.0
 
     def add(self, x: float, y: float) -> None:
         self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxx += x * x
-        self.sxy += x * y
-        self.syy += y * y
+        dx = x - self.mx
+        dy = y - self.my
+        self.mx += dx / self.n
+        self.my += dy / self.n
+        self.cxx += dx * (x - self.mx)
+        self.cxy += dx * (y - self.my)
+        self.cyy += dy * (y - self.my)
 
     def merge(self, o: "LinearFit") -> None:
-        self.n += o.n
-        self.sx += o.sx
-        self.sy += o.sy
-        self.sxx += o.sxx
-        self.sxy += o.sxy
-        self.syy += o.syy
+        if o.n == 0:
+            return
+        n = self.n + o.n
+        dx, dy = o.mx - self.mx, o.my - self.my
+        w = self.n * o.n / n
+        self.cxx += o.cxx + dx * dx * w
+        self.cxy += o.cxy + dx * dy * w
+        self.cyy += o.cyy + dy * dy * w
+        self.mx += dx * o.n / n
+        self.my += dy * o.n / n
+        self.n = n
 
     def solve(self) -> dict[str, float] | None:
         """Return slope, intercept and r2, or None when x does not vary (a fit is meaningless)."""
-        if self.n < 2:
+        if self.n < 2 or self.cxx <= 1e-12 * max(1.0, self.mx * self.mx * self.n):
             return None
-        den = self.n * self.sxx - self.sx * self.sx
-        if den <= 1e-12 * max(1.0, self.sxx * self.n):
-            return None
-        slope = (self.n * self.sxy - self.sx * self.sy) / den
-        intercept = (self.sy - slope * self.sx) / self.n
-        ss_tot = self.syy - self.sy * self.sy / self.n
-        ss_res = self.syy - intercept * self.sy - slope * self.sxy
-        r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
+        slope = self.cxy / self.cxx
+        intercept = self.my - slope * self.mx
+        ss_res = max(0.0, self.cyy - slope * self.cxy)
+        r2 = 1.0 - ss_res / self.cyy if self.cyy > 1e-18 else 1.0
         return {"slope": slope, "intercept": intercept, "r2": max(0.0, min(1.0, r2)), "n": self.n}
 
     def copy(self) -> "LinearFit":
@@ -156,12 +164,19 @@ class LinearFit:
         return f
 
     def to_state(self) -> dict[str, float]:
-        return {"n": self.n, "sx": self.sx, "sy": self.sy, "sxx": self.sxx, "sxy": self.sxy, "syy": self.syy}
+        return {"n": self.n, "mx": self.mx, "my": self.my, "cxx": self.cxx, "cxy": self.cxy, "cyy": self.cyy}
 
     @classmethod
     def from_state(cls, s: Mapping[str, Any]) -> "LinearFit":
         f = cls()
-        f.n = int(s.get("n", 0))
-        for k in ("sx", "sy", "sxx", "sxy", "syy"):
+        f.n = n = int(s.get("n", 0))
+        if "sx" in s and n > 0:  # raw power sums (an older snapshot)
+            sx, sy = float(s.get("sx", 0.0)), float(s.get("sy", 0.0))
+            f.mx, f.my = sx / n, sy / n
+            f.cxx = float(s.get("sxx", 0.0)) - sx * sx / n
+            f.cxy = float(s.get("sxy", 0.0)) - sx * sy / n
+            f.cyy = float(s.get("syy", 0.0)) - sy * sy / n
+            return f
+        for k in ("mx", "my", "cxx", "cxy", "cyy"):
             setattr(f, k, float(s.get(k, 0.0)))
         return f

@@ -174,3 +174,33 @@ def test_memory_bounded_request_ring_and_reset():
     assert row["steps"] == 6 and len(row["step_rows"]) == 3 and row["steps_truncated"] == 3
     agg.reset()
     assert summarize(agg.state())["buckets"] == []
+
+
+def test_linear_fit_merge_is_order_independent_when_x_barely_varies():
+    pts = [(1.0 + 1e-3 * (i % 3), 1.9 + 0.001 * i) for i in range(7)]
+    one = LinearFit()
+    for x, y in pts:
+        one.add(x, y)
+    parts = [LinearFit(), LinearFit(), LinearFit()]
+    for i, (x, y) in enumerate(pts):
+        parts[i % 3].add(x, y)
+    ab, ba = LinearFit(), LinearFit()
+    for p in parts:
+        ab.merge(LinearFit.from_state(p.to_state()))
+    for p in reversed(parts):
+        ba.merge(p)
+    want = one.solve()
+    for got in (ab.solve(), ba.solve()):
+        assert got["slope"] == pytest.approx(want["slope"], rel=1e-12)
+        assert got["r2"] == pytest.approx(want["r2"], rel=1e-12, abs=1e-12)
+
+
+def test_linear_fit_reads_a_raw_sum_state():
+    f = LinearFit()
+    for x, y in [(0.1, 1.0), (1.0, 2.0), (3.0, 4.5)]:
+        f.add(x, y)
+    sx, sy = 4.1, 7.5
+    old = {"n": 3, "sx": sx, "sy": sy, "sxx": 0.01 + 1 + 9, "sxy": 0.1 + 2 + 13.5, "syy": 1 + 4 + 20.25}
+    got = LinearFit.from_state(old).solve()
+    assert got["slope"] == pytest.approx(f.solve()["slope"], rel=1e-9)
+    assert got["intercept"] == pytest.approx(f.solve()["intercept"], rel=1e-9)
