@@ -146,7 +146,7 @@ class RequestLog:
 
 
 _ROW_KEYS = ("step_id", "t_start_ns", "ctx_len", "batch_size", "draft_tokens", "accepted", "committed",
-             "step_ms")
+             "step_ms", "t_end_ns")
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 
@@ -159,7 +159,8 @@ def _phases(rec: StepRecord) -> tuple[tuple[str, ...], tuple[float, ...]]:
 def _row(rec: StepRecord, i: int, ph: tuple) -> tuple:
     """A compact step row (a tuple sharing the record's phase tuple); dicts only when served."""
     return (rec.step_id, rec.t_start_ns, rec.ctx_lens[i], rec.batch_size, rec.draft_tokens,
-            rec.accepted[i], rec.committed[i], rec.step_ms, ph)
+            rec.accepted[i], rec.committed[i], rec.step_ms,
+            rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6), ph)
 
 
 def row_dict(row: tuple) -> dict[str, Any]:

@@ -243,6 +243,46 @@ def draft_tokens(result: Any, server_args: Any) -> int:
     return int(n or 0)
 
 
+def verify_graph_ran(result: Any) -> Optional[bool]:
+    """SGLang's ``can_run_cuda_graph`` on a ``GenerationBatchResult``; None when it does not say."""
+    v = getattr(result, "can_run_cuda_graph", None)
+    return v if isinstance(v, bool) else None
+
+
+def exec_mode(result: Any, server_args: Any, batch_size: int) -> tuple[str, str]:
+    """(mode, reason) of a decode/verify step: "graph", "eager" (with why, where known) or ""."""
+    from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_REASON_DISABLED
+
+    dev = str(getattr(server_args, "device", "cuda") or "cuda")
+    if not dev.startswith("cuda") or getattr(server_args, "disable_cuda_graph", False):
+        return EXEC_EAGER, EXEC_REASON_DISABLED
+    ran = verify_graph_ran(result)
+    if ran is None or ran:
+        return ("", "") if ran is None else (EXEC_GRAPH, "")
+    max_bs = getattr(server_args, "cuda_graph_max_bs", None)
+    if isinstance(max_bs, int) and batch_size > max_bs:
+        return EXEC_EAGER, f"batch size {batch_size} larger than the largest captured ({max_bs})"
+    return EXEC_EAGER, f"the graph runner refused batch size {batch_size} (can_run_cuda_graph False)"
+
+
+def attn_backend(server_args: Any) -> str:
+    return str(getattr(server_args, "decode_attention_backend", None)
+               or getattr(server_args, "attention_backend", None) or "")
+
+
+def draft_depth(result: Any, server_args: Any) -> int:
+    """Draft budget in positions: draft tokens - 1 (chain, top-k 1), else the tree depth; 0 unknown."""
+    if int(getattr(server_args, "speculative_eagle_topk", 1) or 1) > 1:
+        return int(getattr(server_args, "speculative_num_steps", 0) or 0)
+    return max(0, draft_tokens(result, server_args) - 1)
+
+
+def req_cached_tokens(req: Any) -> int:
+    """Prompt tokens SGLang found in its prefix cache for this request (0 when unknown)."""
+    v = getattr(req, "cached_tokens", 0)
+    return v if isinstance(v, int) else 0
+
+
 def algorithm_name(server_args: Any) -> str:
     alg = getattr(server_args, "speculative_algorithm", None)
     return str(alg).upper() if alg else "NONE"

@@ -108,6 +108,7 @@ class Profiler:
 
     def end_step(self, b: StepBuilder, batch: Any) -> None:
         self.tls.step = None
+        b.t_end_ns = time.time_ns()
         if b.span is None:  # the worker wrapper did not run (e.g. an idle or prebuilt batch)
             return
         self.pending[adapter.step_id(batch)] = b
@@ -160,7 +161,7 @@ class Profiler:
         release(b, self.clock)
         step_ms, phases = res
         self.recorder.submit(StepRecord(step_ms=step_ms, phases_ms=phases, t_start_ns=b.t_start_ns,
-                                        timing=self.timing_mode(), **host))
+                                        timing=self.timing_mode(), t_end_ns=b.t_end_ns, **host))
         return True
 
     def _host(self, b: StepBuilder, batch: Any, result: Any) -> Optional[dict[str, Any]]:
@@ -198,6 +199,8 @@ class Profiler:
             tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
             if any(tps):
                 extra["trace_parents"] = tps
+            extra["cached_lens"] = tuple(adapter.req_cached_tokens(req) for req in reqs)
+        extra.update(self._exec(b, result, len(rids)))
         if not rids:
             return None
         return dict(**extra,
@@ -207,6 +210,15 @@ class Profiler:
             draft_tokens=adapter.draft_tokens(result, getattr(self.scheduler, "server_args", None))
             if b.kind == KIND_DECODE else 0,
         )
+
+    def _exec(self, b: StepBuilder, result: Any, batch_size: int) -> dict[str, Any]:
+        """Execution fingerprint and draft budget of the step (decode only; host values)."""
+        if b.kind != KIND_DECODE:
+            return {}
+        sa = getattr(self.scheduler, "server_args", None)
+        mode, reason = adapter.exec_mode(result, sa, batch_size)
+        return {"exec_mode": mode, "exec_reason": reason, "attn_backend": adapter.attn_backend(sa),
+                "draft_depth": adapter.draft_depth(result, sa) if self.algorithm != "NONE" else 0}
 
     # ---- control commands ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

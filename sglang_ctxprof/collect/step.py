@@ -26,7 +26,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "t_end_ns")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -39,6 +39,7 @@ class StepBuilder:
         # verify attention/MoE split from CUDA-graph events (graph_timing): None = use the block
         # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
         self.split: Any = None
+        self.t_end_ns = 0  # host clock when run_batch returned (gaps between steps)
 
     def in_phase(self, name: str) -> bool:
         return name in self.open

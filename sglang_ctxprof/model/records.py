@@ -61,6 +61,19 @@ class StepRecord:
     # W3C traceparent per request (aligned with rids) or () when none is known.  Filled on prefill
     # records only, from SGLang's own trace context (``--enable-trace``); see adapter.req_trace_parent.
     trace_parents: tuple[str, ...] = ()
+    # Execution fingerprint of the step: "graph" | "eager" | "piecewise" | "" (unknown), the
+    # attention backend, and why verify did not run as a CUDA graph where that is known.
+    exec_mode: str = ""
+    attn_backend: str = ""
+    # Host clock (time.time_ns) when the scheduler's run_batch returned: the gap to the next step's
+    # t_start_ns is the scheduler's own time between steps.  0 = unknown (an older record).
+    t_end_ns: int = 0
+    # The step's draft budget in positions (the most drafts one request can have accepted: the
+    # chain length, or the tree depth); 0 = unknown.  Positions beyond it are unobserved.
+    draft_depth: int = 0
+    exec_reason: str = ""
+    # Prefill records: prompt tokens already in the prefix cache per request (aligned with rids).
+    cached_lens: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -100,6 +113,12 @@ class StepRecord:
             "t_start_ns": self.t_start_ns,
             "timing": self.timing,
             "trace_parents": list(self.trace_parents),
+            "exec_mode": self.exec_mode,
+            "attn_backend": self.attn_backend,
+            "t_end_ns": self.t_end_ns,
+            "draft_depth": self.draft_depth,
+            "exec_reason": self.exec_reason,
+            "cached_lens": list(self.cached_lens),
         }
 
     @classmethod
@@ -121,6 +140,12 @@ class StepRecord:
             t_start_ns=int(d.get("t_start_ns", 0)),
             timing=str(d.get("timing", "cpu")),
             trace_parents=tuple(str(x) for x in d.get("trace_parents", ()) or ()),
+            exec_mode=str(d.get("exec_mode", "") or ""),
+            attn_backend=str(d.get("attn_backend", "") or ""),
+            t_end_ns=int(d.get("t_end_ns", 0) or 0),
+            draft_depth=int(d.get("draft_depth", 0) or 0),
+            exec_reason=str(d.get("exec_reason", "") or ""),
+            cached_lens=tuple(int(x) for x in d.get("cached_lens", ()) or ()),
         )
 
 
@@ -134,5 +159,7 @@ def validate(rec: StepRecord) -> None:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.trace_parents and len(rec.trace_parents) != n:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
+    if rec.cached_lens and len(rec.cached_lens) != n:
+        raise ValueError(f"cached_lens has {len(rec.cached_lens)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
         raise ValueError("negative duration")
