@@ -67,4 +67,12 @@ def _server_profile(args, client) -> None:
         rng = random.Random(ctx)
         client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
     print("\nThe server's own view, GET /ctx_profile?format=text (one 64-token request per context):\n", flush=True)
-    print(render(client.profile()), end="", flush=True)
+    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis_text import render_text
+    from ..views.profile import Profile
+
+    body = client.profile()
+    prof = body if isinstance(body, Profile) else Profile.from_dict(body)
+    print(render(prof), end="", flush=True)
+    print("\nGET /ctx_profile/diagnosis?format=text:\n", flush=True)
+    print(render_text(diagnose(evidence_from_profile(prof, source="demo server"))), end="", flush=True)
