@@ -76,6 +76,10 @@ def phase(server, name, ctxs=CTX, new=NEW):
 
 def test_baseline_exec_mode_and_acceptance_by_position(server, capsys):
     outs, body, _ = phase(server, "baseline")
+    # prefill buckets are the prompt length (fresh prompts: nothing cached)
+    pf = {p["label"]: p for p in body["prefill"]}
+    assert {"64-127", "1024-2047", "2048-4095"} <= set(pf), list(pf)
+    assert sum(p["tokens"] for p in body["prefill"]) == sum(CTX)
     for b in body["buckets"]:
         assert b["exec_mode"]["eager"] == b["steps"] and b["exec_mode"]["downgrade"] is False
         assert b["exec_mode"]["reason"] == "CUDA graphs disabled"
