@@ -7,7 +7,12 @@
 * per decode bucket: steps, request-steps, accepted and committed tokens, draft tokens;
 * per phase: a least-squares fit of phase ms against the batch's *summed* context in thousands
   of tokens (the KV the step attends over), so ``slope`` reads "ms per extra 1k tokens of context";
-* prefill batches in their own buckets (never mixed into decode);
+* per phase also a bounded sample of the same points, for a robust (Theil-Sen) fit;
+* per bucket of each *request's own* context: acceptance by draft position (``acceptance``);
+* per decode bucket: the execution-mode fingerprint and the steps that ran at batch size 1;
+* host gaps between consecutive steps and host time inside a step outside the model call, and a
+  bounded timeline of recent steps, from which ``waterfall`` charges a request's wall time;
+* prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
   exporters read each finished request from it.
 
@@ -24,8 +29,12 @@ from typing import Any, Iterable, Mapping
 from ..model.buckets import Bucketing
 from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
-from ..model.stats import DurationStats, LinearFit
+from collections import deque
+
+from ..model.stats import DurationStats, LinearFit, PointSample
+from . import acceptance as acc
 from .requests import RequestLog
+from .waterfall import waterfall
 from .snapshot import BucketState, Snapshot, merge
 
 
@@ -33,7 +42,7 @@ class _Bucket:
     """Mutable accumulator behind one :class:`~.snapshot.BucketState`."""
 
     __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
-                 "phases")
+                 "phases", "cached_sum", "step_bs1", "exec")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -44,10 +53,20 @@ class _Bucket:
         self.ctx_sum = 0
         self.attn_ctx_sum = 0
         self.phases: dict[str, DurationStats] = {}
+        self.cached_sum = 0
+        self.step_bs1: DurationStats | None = None
+        self.exec: dict[str, Any] = {}
 
     def frozen(self) -> BucketState:
         return BucketState(self.steps, self.req_steps, self.accepted, self.committed, self.draft_tokens,
-                           self.ctx_sum, self.attn_ctx_sum, {p: s.copy() for p, s in self.phases.items()})
+                           self.ctx_sum, self.attn_ctx_sum, self.cached_sum,
+                           {p: s.copy() for p, s in self.phases.items()},
+                           self.step_bs1.copy() if self.step_bs1 is not None else None,
+                           acc.merge_exec(self.exec, {}))
+
+
+# Recent steps kept for the per-request waterfall (step_id, kind, t_start_ns, t_end_ns, step_ms).
+TIMELINE_STEPS = 65536
 
 
 class Aggregator:
@@ -65,6 +84,12 @@ class Aggregator:
         self.requests = RequestLog(self._request_capacity, self._max_steps)
         self.meta: dict[str, Any] = {"algorithms": {}, "timing": None}
         self.records = 0
+        self.acceptance: dict[int, dict[str, int]] = {}
+        self.points: dict[str, PointSample] = {}
+        self.host_gaps = DurationStats()
+        self.host_in_step = DurationStats()
+        self.timeline: deque = deque(maxlen=TIMELINE_STEPS)
+        self._last_end_ns = 0
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
@@ -83,7 +108,9 @@ class Aggregator:
         b.steps += 1
         b.req_steps += rec.batch_size
         b.ctx_sum += rec.ctx_sum
+        self._host_time(rec)
         if rec.kind == KIND_DECODE:
+            self._decode_extras(b, rec)
             b.accepted += sum(rec.accepted)
             b.committed += sum(rec.committed)
             b.draft_tokens += rec.draft_tokens * rec.batch_size
@@ -99,9 +126,51 @@ class Aggregator:
                 if fit is None:
                     fit = self.fits[name] = LinearFit()
                 fit.add(x, ms)
+                pts = self.points.get(name)
+                if pts is None:
+                    pts = self.points[name] = PointSample()
+                pts.add(x, ms)
         else:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
+            b.cached_sum += sum(rec.cached_lens)
         self.requests.observe(rec)
+
+    def _host_time(self, rec: StepRecord) -> None:
+        """Host gap since the previous step's end, host time in the step outside the model call."""
+        end = rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6)
+        if rec.t_start_ns:
+            if self._last_end_ns and rec.t_start_ns >= self._last_end_ns:
+                self.host_gaps.add((rec.t_start_ns - self._last_end_ns) / 1e6)
+            if rec.t_end_ns:
+                self.host_in_step.add(max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e6 - rec.step_ms))
+            self._last_end_ns = max(self._last_end_ns, end)
+            self.timeline.append((rec.step_id, rec.kind, rec.t_start_ns, end, rec.step_ms))
+
+    def _decode_extras(self, b: _Bucket, rec: StepRecord) -> None:
+        """Execution mode, the batch-1 baseline, and acceptance by position keyed by own context."""
+        if b.exec == {}:
+            b.exec = acc.new_exec()
+        acc.add_exec(b.exec, rec.exec_mode, rec.attn_backend, rec.exec_reason)
+        if rec.batch_size == 1:
+            if b.step_bs1 is None:
+                b.step_bs1 = DurationStats()
+            b.step_bs1.add(rec.step_ms)
+        if rec.algorithm == "NONE":
+            return
+        budget = rec.draft_depth or max(0, rec.draft_tokens - 1)
+        for ctx, a in zip(rec.ctx_lens, rec.accepted):
+            if a <= 0:  # unknown (never read from the device)
+                continue
+            i = self.bucketing.index(ctx)
+            counts = self.acceptance.get(i)
+            if counts is None:
+                counts = self.acceptance[i] = {}
+            acc.add(counts, budget, a - 1)
+
+    def waterfall(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Where one request's wall time went (``waterfall``), from its summary with step rows."""
+        bs1 = {i: b.step_bs1.mean for i, b in self.decode.items() if b.step_bs1 is not None and b.step_bs1.count}
+        return waterfall(request.get("step_rows") or [], self.timeline, bs1, self.bucketing)
 
     @staticmethod
     def _stat(b: _Bucket, name: str) -> DurationStats:
@@ -114,6 +183,13 @@ class Aggregator:
         """One request's summary with its step rows, or None (the exporters read finished requests
         here, ``lazy``: rows built only if read)."""
         return self.requests.get(rid, lazy)
+
+    def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:
+        """The summary served by ``/ctx_profile/requests/{rid}``: step rows plus the waterfall."""
+        r = self.requests.get(rid)
+        if r is not None:
+            r["waterfall"] = self.waterfall(r)
+        return r
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot
@@ -129,6 +205,9 @@ class Aggregator:
             requests=tuple(self.requests.to_state(with_steps=with_request_steps)) if with_requests else (),
             requests_tracked=len(self.requests),
             requests_evicted=self.requests.evicted,
+            acceptance={i: dict(c) for i, c in self.acceptance.items()},
+            host_gaps=self.host_gaps.copy(), host_in_step=self.host_in_step.copy(),
+            fit_points={p: s.copy() for p, s in self.points.items()},
         )
 
     def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:

@@ -52,6 +52,7 @@ class RequestLog:
         get, move = reqs.get, reqs.move_to_end
         step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
         blk, den = rec.block_size, rec.denoise_steps
+        te = rec.t_end_ns or t0 + int(step_ms * 1e6)  # host clock when run_batch returned
         ph = _phases(rec)
         added = 0
         for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
@@ -64,7 +65,7 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:  # a request holds rows exactly while it is in _with_rows
                     with_rows[rid] = None
-                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, ph))  # the _ROW_KEYS + phases
+                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph))  # the _ROW_KEYS + phases
                 added += 1
             else:  # no row kept: fold the step into the totals now
                 r["steps_truncated"] += 1
@@ -196,7 +197,7 @@ class RequestLog:
 
 
 _ROW_KEYS = ("step_id", "t_start_ns", "ctx_len", "batch_size", "draft_tokens", "accepted", "committed",
-             "step_ms", "block_size", "denoise_steps")
+             "step_ms", "block_size", "denoise_steps", "t_end_ns")
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 

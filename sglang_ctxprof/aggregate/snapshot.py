@@ -19,15 +19,19 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ..model.buckets import Bucketing
 from ..model.names import SCHEMA_VERSION, TIMING_RANK
-from ..model.stats import DurationStats, LinearFit
+from ..model.stats import DurationStats, LinearFit, PointSample
+from . import acceptance as acc
 
-COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum")
+COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
+          "cached_sum")
 
 
 @dataclass(frozen=True, slots=True)
 class BucketState:
     """Exact counts of one bucket.  For prefill buckets ``steps`` counts batches, ``req_steps``
-    requests and ``ctx_sum`` prompt tokens; the acceptance counts stay 0."""
+    requests, ``ctx_sum`` prompt tokens and ``cached_sum`` the part of them found in the prefix cache;
+    the acceptance counts stay 0.  ``step_bs1`` holds the decode steps that ran at batch size 1 (the
+    baseline of batch sharing) and ``exec`` the execution-mode counts (``acceptance``)."""
 
     steps: int = 0
     req_steps: int = 0
@@ -36,7 +40,10 @@ class BucketState:
     draft_tokens: int = 0
     ctx_sum: int = 0
     attn_ctx_sum: int = 0  # summed context of the steps that carry a verify attention time (roofline)
+    cached_sum: int = 0
     phases: Mapping[str, DurationStats] = field(default_factory=dict)
+    step_bs1: Optional[DurationStats] = None
+    exec: Mapping[str, Any] = field(default_factory=dict)
 
     def merged(self, other: "BucketState") -> "BucketState":
         phases: dict[str, DurationStats] = {}
@@ -46,17 +53,30 @@ class BucketState:
                 if cur is None:
                     cur = phases[p] = DurationStats()
                 cur.merge(st)
-        return BucketState(*(getattr(self, k) + getattr(other, k) for k in COUNTS), phases=phases)
+        bs1 = None
+        for src in (self.step_bs1, other.step_bs1):
+            if src is not None:
+                bs1 = bs1 or DurationStats()
+                bs1.merge(src)
+        return BucketState(*(getattr(self, k) + getattr(other, k) for k in COUNTS), phases=phases,
+                           step_bs1=bs1, exec=acc.merge_exec(self.exec, other.exec))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS}
         out["phases"] = {p: s.to_state() for p, s in self.phases.items()}
+        if self.step_bs1 is not None:
+            out["step_bs1"] = self.step_bs1.to_state()
+        if self.exec:
+            out["exec"] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.exec.items()}
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BucketState":
+        bs1 = d.get("step_bs1")
         return cls(*(int(d.get(k, 0)) for k in COUNTS),
-                   phases={str(p): DurationStats.from_state(s) for p, s in (d.get("phases") or {}).items()})
+                   phases={str(p): DurationStats.from_state(s) for p, s in (d.get("phases") or {}).items()},
+                   step_bs1=DurationStats.from_state(bs1) if bs1 else None,
+                   exec=acc.merge_exec(d.get("exec") or {}, {}) if d.get("exec") else {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +95,13 @@ class Snapshot:
     requests_tracked: int = 0
     requests_evicted: int = 0
     schema_version: int = SCHEMA_VERSION
+    # Per bucket of each request's OWN context: (budget, correct drafts) counts (``acceptance``).
+    acceptance: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    # Host time between consecutive steps, and inside run_batch outside the model call (ms).
+    host_gaps: DurationStats = field(default_factory=DurationStats)
+    host_in_step: DurationStats = field(default_factory=DurationStats)
+    # Sampled (ctx_sum/1k, ms) points per phase, for the robust (Theil-Sen) context fit.
+    fit_points: Mapping[str, PointSample] = field(default_factory=dict)
 
     def with_hw(self, hw: Optional[Mapping[str, Any]]) -> "Snapshot":
         return replace(self, hw=hw)
@@ -91,6 +118,10 @@ class Snapshot:
             "requests": [dict(r) for r in self.requests],
             "requests_tracked": self.requests_tracked,
             "requests_evicted": self.requests_evicted,
+            "acceptance": {str(i): dict(c) for i, c in self.acceptance.items()},
+            "host_gaps": self.host_gaps.to_state(),
+            "host_in_step": self.host_in_step.to_state(),
+            "fit_points": {p: s.to_state() for p, s in self.fit_points.items()},
         }
 
     @classmethod
@@ -112,6 +143,11 @@ class Snapshot:
                 requests_tracked=int(d.get("requests_tracked", len(reqs))),
                 requests_evicted=int(d.get("requests_evicted", 0)),
                 schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+                acceptance={int(i): {str(k): int(v) for k, v in c.items()}
+                            for i, c in (d.get("acceptance") or {}).items()},
+                host_gaps=DurationStats.from_state(d.get("host_gaps") or {}),
+                host_in_step=DurationStats.from_state(d.get("host_in_step") or {}),
+                fit_points={str(p): PointSample.from_state(s) for p, s in (d.get("fit_points") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a ctx profile state: {type(exc).__name__}: {exc}") from exc
@@ -127,7 +163,19 @@ def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] 
     prefill: dict[int, BucketState] = {}
     fits: dict[str, LinearFit] = {}
     algs: dict[str, int] = {}
+    accept: dict[int, dict[str, int]] = {}
+    gaps, in_step = DurationStats(), DurationStats()
+    points: dict[str, PointSample] = {}
     for s in snaps:
+        for i, c in s.acceptance.items():
+            accept[i] = acc.merge_counts(accept.get(i, {}), c)
+        gaps.merge(s.host_gaps)
+        in_step.merge(s.host_in_step)
+        for p, ps in s.fit_points.items():
+            if p in points:
+                points[p].merge(ps)
+            else:
+                points[p] = ps.copy()
         for a, n in s.algorithms.items():
             algs[a] = algs.get(a, 0) + n
         for dst, src in ((decode, s.decode), (prefill, s.prefill)):
@@ -145,4 +193,5 @@ def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] 
         requests=tuple(r for s in snaps for r in s.requests),
         requests_tracked=sum(s.requests_tracked for s in snaps),
         requests_evicted=sum(s.requests_evicted for s in snaps),
+        acceptance=accept, host_gaps=gaps, host_in_step=in_step, fit_points=points,
     )

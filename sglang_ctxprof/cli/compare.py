@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..model.noise import PHASES, compare, fit  # noqa: F401 - the noise model, shared with diagnose
 from . import sweep_results as res
-
-PHASES = res.TABLE_PHASES
 
 
 def add_cli_args(ap) -> None:
@@ -36,100 +35,6 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--rel", type=float, default=0.05, help="relative noise floor (fraction of A)")
     ap.add_argument("--abs-ms", type=float, default=0.05, help="absolute noise floor for ms values")
     ap.add_argument("--json", action="store_true", help="print the comparison as JSON")
-
-
-def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least squares y = slope * x + intercept; None with fewer than 2 distinct x."""
-    if len({x for x, _ in points}) < 2:
-        return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return slope, my - slope * mx
-
-
-def _series(rows: list[dict], q: str) -> dict[int, dict]:
-    """ctx -> {"value", "noise"} for one quantity (see the module docstring for the statistics)."""
-    out = {}
-    for r in rows:
-        st = r["phases_ms"].get(q) if q in PHASES else r.get(q)
-        if not st:
-            continue
-        if q in PHASES:
-            out[r["ctx"]] = {"value": st["min"], "noise": st.get("second", st["min"]) - st["min"]}
-        else:
-            out[r["ctx"]] = {"value": st["median"], "noise": st["spread"]}
-    return out
-
-
-def _quantities(rows_a: list[dict], rows_b: list[dict]) -> list[tuple[str, bool, bool, bool]]:
-    """(name, higher_is_worse, is_ms, judged) for every quantity both runs have."""
-    qs = []
-    for p in PHASES:
-        if _series(rows_a, p) and _series(rows_b, p):
-            qs.append((p, True, True, True))
-    has_phases = bool(qs)
-    for q in ("accept_per_step", "decode_tok_s"):
-        if _series(rows_a, q) and _series(rows_b, q):
-            qs.append((q, False, False, q != "decode_tok_s" or not has_phases))
-    return qs
-
-
-def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float = 0.05,
-            abs_ms: float = 0.05) -> dict[str, Any]:
-    checks = []
-    for q, higher_worse, is_ms, judged in _quantities(rows_a, rows_b):
-        sa, sb = _series(rows_a, q), _series(rows_b, q)
-        f = fit([(c / 1000, s["value"]) for c, s in sa.items()])
-        noise_a_max = max(s["noise"] for s in sa.values())
-        for ctx, b in sorted(sb.items()):
-            if ctx in sa:
-                a_val, a_noise, source = sa[ctx]["value"], sa[ctx]["noise"], "measured"
-            elif f is not None:
-                a_val, a_noise, source = f[0] * ctx / 1000 + f[1], noise_a_max, "A fit"
-            else:
-                continue
-            noise = k * max(a_noise, b["noise"]) + rel * abs(a_val) + (abs_ms if is_ms else 0.0)
-            delta = b["value"] - a_val
-            worse = delta > noise if higher_worse else -delta > noise
-            better = -delta > noise if higher_worse else delta > noise
-            status = "worse" if worse else "better" if better else "same"
-            checks.append({"ctx": ctx, "quantity": q, "a": a_val, "b": b["value"], "delta": delta,
-                           "delta_pct": 100 * delta / a_val if a_val else None, "noise": noise,
-                           "source": source, "status": status if judged else f"({status})"})
-    regressions = [c for c in checks if c["status"] == "worse"]
-    scaling = _scaling(rows_b)
-    if regressions:
-        top = sorted(regressions, key=lambda c: -abs(c["delta_pct"] or 0))[:3]
-        verdict = "regression"
-        why = "; ".join(f"{c['quantity']} at ctx {c['ctx']}: {c['a']:.3g} -> {c['b']:.3g} "
-                        f"({c['delta_pct']:+.0f}%, noise ±{c['noise']:.2g})" for c in top)
-    elif scaling and scaling["drop_pct"] > 100 * rel:
-        verdict = "inherent context scaling"
-        grow = ", ".join(f"{p} {s:+.3f} ms/1k ctx" for p, s in scaling["slopes"].items() if s > 0) or "-"
-        why = (f"tok/s falls {scaling['drop_pct']:.0f}% from ctx {scaling['ctx_lo']} to {scaling['ctx_hi']}, "
-               f"every phase within the baseline's noise; growing phases: {grow}")
-    else:
-        verdict = "no significant change"
-        why = "every phase and the acceptance within noise of the baseline"
-    return {"verdict": verdict, "why": why, "checks": checks, "scaling": scaling,
-            "exit_code": 1 if regressions else 0}
-
-
-def _scaling(rows: list[dict]) -> dict[str, Any] | None:
-    tp = [(r["ctx"], r["decode_tok_s"]["median"]) for r in rows if r["decode_tok_s"]]
-    if len(tp) < 2:
-        return None
-    (c0, v0), (c1, v1) = tp[0], tp[-1]
-    slopes = {}
-    for p in PHASES:
-        f = fit([(c / 1000, s["value"]) for c, s in _series(rows, p).items()])
-        if f is not None and p != "step":
-            slopes[p] = f[0]
-    return {"ctx_lo": c0, "ctx_hi": c1, "tok_s_lo": v0, "tok_s_hi": v1,
-            "drop_pct": 100 * (v0 - v1) / v0 if v0 else 0.0, "slopes": slopes}
 
 
 def run(ns) -> int:

@@ -59,6 +59,8 @@ def _server_profile(args, client) -> None:
     """The server's own view: one profiled window over every context, with the per-phase fit."""
     import random
 
+    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis_text import render_text
     from ..views.profile import Profile
     from ..views.text import render
 
@@ -69,5 +71,9 @@ def _server_profile(args, client) -> None:
         client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
     print("\nThe server's own view, GET /ctx_profile?format=text (one 64-token request per context):\n", flush=True)
     body = client.profile()
-    if body is not None:
-        print(render(Profile.from_dict(body)), end="", flush=True)
+    if body is None:
+        return
+    prof = Profile.from_dict(body)
+    print(render(prof), end="", flush=True)
+    print("\nGET /ctx_profile/diagnosis?format=text:\n", flush=True)
+    print(render_text(diagnose(evidence_from_profile(prof, source="demo server"))), end="", flush=True)

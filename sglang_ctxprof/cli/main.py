@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sglang_ctxprof.cli.sweep", "measure decode tok/s and the phase breakdown across context lengths"),
     "report": ("sglang_ctxprof.cli.report", "table and PNG plots from a saved sweep directory (offline)"),
     "compare": ("sglang_ctxprof.cli.compare", "compare two saved sweeps: regression or inherent context scaling?"),
+    "diagnose": ("sglang_ctxprof.cli.diagnose", "regression or inherent? the verdict from a server, a saved profile or sweep"),
     "patch": ("sglang_ctxprof.cli.patch", "apply/revert/show the SGLang source patches shipped with ctxprof on an SGLang tree"),
 }
 

@@ -38,7 +38,7 @@ def _tok_s(ax, rows: list[dict]) -> None:
     if tp:
         med = [d["median"] for _, d in tp]
         err = [[d["median"] - d["min"] for _, d in tp], [d["max"] - d["median"] for _, d in tp]]
-        ax.errorbar([c for c, _ in tp], med, yerr=err, marker="o", capsize=3, label="two-point (upper bound)")
+        ax.errorbar([c for c, _ in tp], med, yerr=err, marker="o", capsize=3, label="two-point (client, marginal)")
     srv = [(r["ctx"], r["server_tok_s"]) for r in rows if r["server_tok_s"]]
     if srv:
         ax.plot([c for c, _ in srv], [s["median"] for _, s in srv], marker="x", linestyle=":",
@@ -46,7 +46,7 @@ def _tok_s(ax, rows: list[dict]) -> None:
     sus = [(r["ctx"], r["sustained"]) for r in rows if r["sustained"] and r["sustained"].get("decode_tok_s")]
     if sus:
         ax.plot([c for c, _ in sus], [s["decode_tok_s"] for _, s in sus], marker="s", linestyle="--",
-                label="sustained (overall)")
+                label="sustained (client clock)")
         for i, (_, s) in enumerate(sus):
             w = s.get("windows") or []
             if w:

@@ -52,6 +52,8 @@ class SweepArgs:
     no_profile: bool = False
     warmup: bool = True
     launch_log: str | None = None
+    draft_tokens: list[int] = field(default_factory=list)
+    fixed_acceptance: float | None = None
 
     @staticmethod
     def add_cli_args(ap: argparse.ArgumentParser) -> None:
@@ -80,6 +82,13 @@ class SweepArgs:
         ap.add_argument("--no-profile", action="store_true",
                         help="with --launch: do not add --enable-ctx-profile")
         ap.add_argument("--launch-log", default=None, help="with --launch: server log file")
+        ap.add_argument("--draft-tokens", type=int, nargs="+", default=[], metavar="N",
+                        help="with --launch: one sweep per draft budget (a server each; results in OUT/dt-N) "
+                             "and a table of tok/s by budget and context: the budget advice measured")
+        ap.add_argument("--fixed-acceptance", type=float, default=None, metavar="A",
+                        help="with --launch: SGLANG_SIMULATE_ACC_LEN=A (SGLang forces every verify step to "
+                             "accept A tokens incl. the bonus, on average), so context cost is measured apart "
+                             "from acceptance decay; the output tokens are then not the model's")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "SweepArgs":
@@ -98,6 +107,12 @@ class SweepArgs:
             raise CliError("--resume needs --out")
         if self.launch and not self.server_args:
             raise CliError("--launch needs the server arguments after `--` (e.g. -- --model-path M)")
+        if (self.draft_tokens or self.fixed_acceptance is not None) and not self.launch:
+            raise CliError("--draft-tokens and --fixed-acceptance need --launch (they change how the server starts)")
+        if self.draft_tokens and (not self.out or any(n < 2 for n in self.draft_tokens)):
+            raise CliError("--draft-tokens needs --out and values >= 2 (draft tokens include the verified root)")
+        if self.fixed_acceptance is not None and self.fixed_acceptance < 1:
+            raise CliError("--fixed-acceptance is an acceptance length incl. the bonus token: >= 1")
         if self.server_args and not self.launch:
             raise CliError(f"unexpected arguments {' '.join(self.server_args)} (server arguments need --launch)")
 
@@ -114,6 +129,10 @@ def run_args(args: SweepArgs, after=None) -> int:
     args.validate()
     if not args.launch:
         return sweep(args, ServerClient(args.url, args.api_key, args.timeout))
+    if args.draft_tokens:
+        from .sweep_budget import run_budgets
+
+        return run_budgets(args, run_args)
     from .server import ServerError, ServerProcess
 
     sargs = list(args.server_args)
@@ -122,7 +141,8 @@ def run_args(args: SweepArgs, after=None) -> int:
     log = args.launch_log or (str(Path(args.out) / "server.log") if args.out else ".cache/sweep-server.log")
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     print(f"starting SGLang: {' '.join(sargs)} (log: {log})", file=sys.stderr, flush=True)
-    srv = ServerProcess(sargs, log_path=log)
+    env = {} if args.fixed_acceptance is None else {"SGLANG_SIMULATE_ACC_LEN": str(args.fixed_acceptance)}
+    srv = ServerProcess(sargs, log_path=log, env=env)
     try:
         srv.start()
     except ServerError as exc:
@@ -185,6 +205,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
             "short": args.short, "long": args.long, "prompt_mode": args.prompt, "seed": args.seed,
             "cache_policy": CACHE_POLICY, "sustained": args.sustained, "window": args.window,
             "has_profile": has_profile, "max_model_len": max_len, "corpus_tokens": len(stream),
+            "fixed_acceptance": args.fixed_acceptance,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out = _prepare_out(args, meta)
     err.print(f"model {info.get('model_path')}; prompts: {args.prompt} (exact length, two different prompts "

@@ -157,10 +157,12 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         for r in rows:
             n += r["committed"]
             marks_srv.append((r["t_start_ns"] / 1e9 + r["step_ms"] / 1e3, n))
-        out["windows"] = _windows(marks_srv, ctx + 1, window)
+        out["server_windows"] = _windows(marks_srv, ctx + 1, window)
         span = marks_srv[-1][0] - marks_srv[0][0]
-        out["decode_tok_s"] = n / span if span > 0 else client_tok_s
-        out["tok_s_source"] = "server step clock (committed tokens / wall time from first to last decode step)"
+        # beside the client's figure (what users see), never instead of it
+        out["server_decode_tok_s"] = n / span if span > 0 else None
+        out["server_tok_s_source"] = ("server step clock (committed tokens / wall time from first to "
+                                      "last decode step)")
     return out
 
 

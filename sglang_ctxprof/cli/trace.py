@@ -57,6 +57,8 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
            f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
     if r.get("trace_parent"):
         out.append(f"  trace: {r['trace_parent']}")
+    if r.get("waterfall"):
+        out += render_waterfall(r["waterfall"])
     rows = list(r.get("step_rows") or [])
     lost = int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
     if lost:
@@ -73,6 +75,26 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
     if len(shown) < len(rows):
         out.append(f"  ... {len(rows) - len(shown)} more steps (--max-steps 0 shows all)")
     return "\n".join(out) + "\n"
+
+
+def render_waterfall(w: Mapping[str, Any]) -> list[str]:
+    """Where the request's decode wall time went; the parts add up to the wall time."""
+    wall = float(w["wall_ms"]) or 1.0
+
+    def line(name: str, ms: float) -> str:
+        return f"    {name:<28} {ms:10.2f} ms  {100 * ms / wall:5.1f}%"
+
+    out = [f"  wall time {w['wall_ms']:.2f} ms from its first decode step to its last:"]
+    for p, ms in sorted((w.get("own_steps_ms") or {}).items(), key=lambda kv: -kv[1]):
+        out.append(line(f"own steps: {p}", ms))
+    share = w.get("batch_sharing_ms")
+    out.append("      of which batch sharing: " + ("unavailable (no batch-1 step in the same bucket)"
+                                                     if share is None else f"{share:.2f} ms"))
+    out.append(line("other requests' prefill", w.get("others_prefill_ms", 0.0)))
+    out.append(line("other decode steps", w.get("other_decode_ms", 0.0)))
+    out.append(line("host gaps (scheduler)", w.get("host_gaps_ms", 0.0)))
+    out.append(line("unaccounted", w.get("unaccounted_ms", 0.0)))
+    return out
 
 
 def run(ns) -> int:

@@ -1,7 +1,10 @@
 """The one place that knows SGLang's internals (0.5.13 - 0.5.23).
 
 Everything version-specific lives here: the table of hook targets, how to read ranks, sequence
-lengths, acceptance and the control request/reply types.  The hooks call these helpers and never
+lengths, acceptance and the control request/reply types.  Three sibling modules keep it readable and
+follow the same rule: ``adapter_releases`` (which releases are supported and what each lacks),
+``adapter_model`` (the served model's graphs, layout and coverage) and ``block_adapter`` (the
+block-diffusion drafters' workers).  The hooks call these helpers and never
 touch SGLang attributes directly, so supporting another release means editing this module only.
 
 Reads happen where SGLang has already synchronized the step (``process_batch_result`` after
@@ -20,19 +23,15 @@ from typing import Any, Optional
 from ..model.records import RankId
 from . import block_adapter as _block
 from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
+from .adapter_releases import _FROZEN_DRAFT, _RB, _S  # noqa: F401
+from .adapter_releases import (  # noqa: F401
+    NO_PLUGIN_FRAMEWORK, RELEASE_LIMITS, SUPPORTED, UNSUPPORTED, release_limits, sglang_version, support_message)
 
 logger = logging.getLogger(__name__)
 
-# Every release since the plugin framework took its current shape: all required targets resolve
-# (``make check-compat``); what an older release lacks is in RELEASE_LIMITS below.
-SUPPORTED = tuple(f"0.5.{minor}" for minor in range(13, 24))
-
-_S = "sglang.srt.managers.scheduler.Scheduler"
 _EAGLE_DRAFT = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 _NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 _MLE_DRAFT = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
-_FROZEN_DRAFT = "sglang.srt.speculative.frozen_kv_mtp_worker_v2.FrozenKVMTPDraftWorker"
-_RB = "sglang.srt.model_executor.runner_backend"
 
 
 @dataclass(frozen=True)
@@ -113,73 +112,7 @@ SIGNATURES.update({
     "sglang.srt.server_args.ServerArgs.from_cli_args": ("cls", "args"),
 })
 
-# Optional targets that a supported release lacks, and what the user loses there.  This table is
-# the one place where supported releases differ; compat_check's tests hold it equal to the wheels.
-_GRAPH_LOST = ("no runner_backend CUDA-graph backends: under CUDA graphs the verify split "
-               "(attention / MoE) is reported unavailable; eager and CPU runs are unaffected")
-RELEASE_LIMITS: dict[str, dict[str, str]] = {
-    "0.5.13": {
-        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one": _GRAPH_LOST,
-        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay": _GRAPH_LOST,
-        f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup": _GRAPH_LOST,
-        f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": _GRAPH_LOST,
-        f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": _GRAPH_LOST,
-        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
-            "no eager fallback for sampled verify steps (SGLANG_CTXPROF_GRAPH_FALLBACK=eager)",
-        f"{_FROZEN_DRAFT}.draft": "the FrozenKV MTP worker does not exist yet",
-        f"{_FROZEN_DRAFT}._draft_extend_for_decode": "the FrozenKV MTP worker does not exist yet",
-    },
-}
-_OVERLAP_LOST = ("Scheduler.is_disable_overlap_for_batch takes (self, batch): no overlap gate, so "
-                 "in-graph split events are read only where SGLang itself runs without overlap")
-for _v in ("0.5.13", "0.5.14", "0.5.15"):
-    RELEASE_LIMITS.setdefault(_v, {})[f"{_S}.is_disable_overlap_for_batch"] = _OVERLAP_LOST
-
-
 SIGNATURES.update(_block.SIGNATURES)
-for _v, _lost in _block.release_limits(13).items():
-    RELEASE_LIMITS.setdefault(_v, {}).update(_lost)
-
-
-def release_limits(version: Optional[str]) -> list[str]:
-    """What a supported release lacks, one line per distinct effect (empty for the newest)."""
-    return sorted(set(RELEASE_LIMITS.get(version or "", {}).values()))
-
-
-# Releases we know and do not support, with the exact reason (shown at start-up and by compat_check).
-UNSUPPORTED: dict[str, str] = {
-    "0.5.12": ("TpModelWorker.forward_batch_generation takes (self, model_worker_batch, ...) "
-               "instead of (self, batch), so verify is not hooked; with --disable-overlap-schedule "
-               "0.5.12 runs the V1 workers (eagle_worker.EAGLEWorker, ...) whose draft/draft-extend "
-               "seams are not in our target table; FrozenKVMTPDraftWorker does not exist; ranks come "
-               "from Scheduler attributes (no runtime_context). Found by the offline AST check "
-               "(make check-compat); run-time support was not attempted"),
-}
-NO_PLUGIN_FRAMEWORK = ("SGLang {version} has no plugin framework (sglang.srt.plugins, added in 0.5.12); "
-                       "sglang-ctxprof cannot load. Use SGLang {supported}")
-
-
-def support_message(version: Optional[str], has_framework: bool = True) -> Optional[str]:
-    """None for a supported release, else the one-line reason shown at start-up."""
-    sup = ", ".join(SUPPORTED)
-    if not has_framework:
-        return NO_PLUGIN_FRAMEWORK.format(version=version, supported=sup)
-    if version in SUPPORTED:
-        return None
-    if version in UNSUPPORTED:
-        return (f"SGLang {version} is not supported: {UNSUPPORTED[version]}; profiling what can be "
-                f"hooked (supported: {sup})")
-    return (f"SGLang {version} is not a tested release ({sup}); checking every hook target, "
-            f"profiling what can be hooked")
-
-
-def sglang_version() -> Optional[str]:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001
-        return None
 
 
 # ---- batch / request / result accessors ---------------------------------------------------------
@@ -305,6 +238,19 @@ def draft_tokens(result: Any, server_args: Any) -> int:
     return int(n or 0)
 
 
+def draft_depth(result: Any, server_args: Any) -> int:
+    """Draft budget in positions: draft tokens - 1 (chain, top-k 1), else the tree depth; 0 unknown."""
+    if int(getattr(server_args, "speculative_eagle_topk", 1) or 1) > 1:
+        return int(getattr(server_args, "speculative_num_steps", 0) or 0)
+    return max(0, draft_tokens(result, server_args) - 1)
+
+
+def req_cached_tokens(req: Any) -> int:
+    """Prompt tokens SGLang found in its prefix cache for this request (0 when unknown)."""
+    v = getattr(req, "cached_tokens", 0)
+    return v if isinstance(v, int) else 0
+
+
 def algorithm_name(server_args: Any) -> str:
     alg = getattr(server_args, "speculative_algorithm", None)
     return str(alg).upper() if alg else "NONE"
@@ -342,13 +288,6 @@ SIGNATURES.update({
 def graph_key(backend: Any, shape_key: Any) -> Any:
     """Key of one captured graph: the backend instance (one per runner) and its shape key."""
     return (id(backend), shape_key)
-
-
-def verify_graph_ran(result: Any) -> Optional[bool]:
-    """SGLang's ``can_run_cuda_graph`` of a verify/forward result: did the step's target forward
-    replay a CUDA graph (full or piecewise)?  None when the result does not say."""
-    v = getattr(result, "can_run_cuda_graph", None)
-    return None if v is None else bool(v)
 
 
 def batch_step_id(batch: Any) -> Optional[int]:
@@ -448,8 +387,8 @@ def make_control_reply(payload: dict) -> Any:
 # The served model's graphs, parallel layout, sparsity and hook coverage (adapter_model, same rule).
 from . import adapter_model as _model  # noqa: E402
 from .adapter_model import (  # noqa: E402,F401
-    attn_tp_size, has_graph, is_target_verify_graph, is_target_verify_runner, is_timed_shape_key,
-    sparse_attention, target_model, timed_shape_key)
+    attn_backend, attn_tp_size, exec_mode, has_graph, is_target_verify_graph, is_target_verify_runner,
+    is_timed_shape_key, sparse_attention, target_model, timed_shape_key, verify_graph_ran)
 
 
 def model_coverage(scheduler: Any, model: Any = None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The adapter's half about the served model: its verify graphs, attention TP size, sparse
-attention, hook coverage.
+attention, hook coverage, and how a step ran (CUDA graph or eager, and why).
 
 Part of :mod:`.adapter` (which re-exports every name here): SGLang internals read to describe the
 target model.  ``is_target_verify_graph`` picks the only graphs we time (the target runner's
@@ -11,6 +11,8 @@ attention / MoE classes our hooks cover, for ``/ctx_profile/status``.
 from __future__ import annotations
 
 from typing import Any, Optional
+
+from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_REASON_DISABLED
 
 
 _TIMED = "sglang-ctxprof-timed"
@@ -151,3 +153,30 @@ def model_coverage(scheduler: Any, model: Any = None, targets: Any = ()) -> dict
     walk(model, False)
     return {"available": True, "model": type(model).__name__, "attn": attn, "moe": moe,
             "moe_unhooked": unhooked}
+
+
+# ---- how a step ran (graph or eager, and why) -----------------------------------------------
+def verify_graph_ran(result: Any) -> Optional[bool]:
+    """SGLang's ``can_run_cuda_graph`` of a verify/forward result: did the step's target forward
+    replay a CUDA graph (full or piecewise)?  None when the result does not say."""
+    v = getattr(result, "can_run_cuda_graph", None)
+    return None if v is None else bool(v)
+
+
+def attn_backend(server_args: Any) -> str:
+    return str(getattr(server_args, "decode_attention_backend", None)
+               or getattr(server_args, "attention_backend", None) or "")
+
+
+def exec_mode(result: Any, server_args: Any, batch_size: int) -> tuple[str, str]:
+    """(mode, reason) of a decode/verify step: "graph", "eager" (with why, where known) or ""."""
+    dev = str(getattr(server_args, "device", "cuda") or "cuda")
+    if not dev.startswith("cuda") or getattr(server_args, "disable_cuda_graph", False):
+        return EXEC_EAGER, EXEC_REASON_DISABLED
+    ran = verify_graph_ran(result)
+    if ran is None or ran:
+        return ("", "") if ran is None else (EXEC_GRAPH, "")
+    max_bs = getattr(server_args, "cuda_graph_max_bs", None)
+    if isinstance(max_bs, int) and batch_size > max_bs:
+        return EXEC_EAGER, f"batch size {batch_size} larger than the largest captured ({max_bs})"
+    return EXEC_EAGER, f"the graph runner refused batch size {batch_size} (can_run_cuda_graph False)"

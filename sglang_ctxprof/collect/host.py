@@ -52,7 +52,8 @@ class HostFacts:
     __slots__ = ("ids", "step_id", "kind", "algorithm", "rank", "spec", "reqs", "lens_pre", "vct_pre",
                  "emitted", "vct_post", "fin", "accepts", "draft_tokens", "trace_parents",
                  "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases",
-                 "non_draft_tokens", "block_size", "denoise_steps")
+                 "non_draft_tokens", "block_size", "denoise_steps", "t_end_ns", "exec_mode", "exec_reason",
+                 "attn_backend", "draft_depth", "cached_lens")
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -82,6 +83,10 @@ class HostFacts:
         self.non_draft_tokens = 1  # block drafters: set from the result (records.StepRecord)
         self.block_size = 0
         self.denoise_steps = 0
+        self.t_end_ns = 0  # host clock when run_batch returned
+        self.exec_mode = self.exec_reason = self.attn_backend = ""  # decode: adapter.exec_mode
+        self.draft_depth = 0
+        self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""
@@ -121,4 +126,7 @@ class HostFacts:
                           draft_tokens=self.draft_tokens, step_ms=self.step_ms, phases_ms=self.phases_ms,
                           t_start_ns=self.t_start_ns, timing=self.timing, trace_parents=self.trace_parents,
                           block_size=self.block_size, denoise_steps=self.denoise_steps,
-                          non_draft_tokens=self.non_draft_tokens)
+                          non_draft_tokens=self.non_draft_tokens, t_end_ns=self.t_end_ns,
+                          exec_mode=self.exec_mode, exec_reason=self.exec_reason,
+                          attn_backend=self.attn_backend, draft_depth=self.draft_depth,
+                          cached_lens=self.cached_lens)

@@ -125,6 +125,7 @@ class Profiler:
 
     def end_step(self, b: StepBuilder, batch: Any) -> None:
         self.tls.step = None
+        b.t_end_ns = time.time_ns()
         if b.span is None:  # the worker wrapper did not run (e.g. an idle or prebuilt batch)
             return
         b.step_id = sid = adapter.step_id(batch)
@@ -218,11 +219,22 @@ class Profiler:
                 tps = ()
         host = HostFacts(self.ids, b.step_id, b.kind, self.algorithm, self.rank, spec, reqs,
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
+        host.t_end_ns = b.t_end_ns
         if decode:
+            self._exec(host, result, len(reqs))
             host.non_draft_tokens = adapter.non_draft_tokens(result)
             if b.block:
                 host.block_size, host.denoise_steps = adapter.block_size(result), b.denoise
+        else:
+            host.cached_lens = tuple(map(adapter.req_cached_tokens, reqs))
         return host if host.counted() else None
+
+    def _exec(self, host: HostFacts, result: Any, batch_size: int) -> None:
+        """Execution fingerprint and draft budget of a decode step (a few host attributes)."""
+        sa = getattr(self.scheduler, "server_args", None)
+        host.exec_mode, host.exec_reason = adapter.exec_mode(result, sa, batch_size)
+        host.attn_backend = adapter.attn_backend(sa)
+        host.draft_depth = adapter.draft_depth(result, sa) if self.spec else 0
 
     # ---- control commands ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 
 class StepBuilder:
     __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "eager",
-                 "graph_split", "graph_ran", "cost_ns", "step_id", "block", "denoise")
+                 "graph_split", "graph_ran", "cost_ns", "step_id", "block", "denoise", "t_end_ns")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
@@ -47,6 +47,7 @@ class StepBuilder:
         self.step_id = 0  # the batch's forward_iter, set when run_batch returns
         self.block = False  # a block drafter's decode step (names.BLOCK_ALGORITHMS)
         self.denoise = 0  # draft model forward passes that proposed the block
+        self.t_end_ns = 0  # host clock when run_batch returned (gaps between steps)
 
     def in_phase(self, name: str) -> bool:
         return name in self.open

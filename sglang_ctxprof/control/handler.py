@@ -95,7 +95,7 @@ def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
 
 def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     if "rid" in req:
-        r = p.recorder.with_aggregator(lambda a: a.requests.get(str(req["rid"])))
+        r = p.recorder.with_aggregator(lambda a: a.request_with_waterfall(str(req["rid"])))
         return {"requests": [r] if r else []}
     n = int(req.get("slowest", 10))
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))

@@ -73,6 +73,17 @@ TIMING_CUDA_GRAPH = "cuda_graph"  # verify ran in a CUDA graph; its attention/Mo
 # A profile's one ``timing`` is the most informative label among its records (later wins on ties).
 TIMING_RANK = {TIMING_CPU: 0, TIMING_CUDA_EVENTS: 1, TIMING_CUDA_GRAPH: 2, TIMING_CUDA_GRAPH_EVENTS: 3}
 
+# Execution modes of a step's verify forward (StepRecord.exec_mode; counted per bucket).
+EXEC_GRAPH = "graph"
+EXEC_EAGER = "eager"
+EXEC_PIECEWISE = "piecewise"
+EXEC_UNKNOWN = "unknown"  # the key counting records whose exec_mode is ""
+EXEC_MODES: tuple[str, ...] = (EXEC_GRAPH, EXEC_EAGER, EXEC_PIECEWISE, EXEC_UNKNOWN)
+EXEC_REASON_DISABLED = "CUDA graphs disabled"
+
+# The robust per-phase context fit (views report it beside the least-squares one).
+FIT_ROBUST_METHOD = "theil-sen"
+
 # Algorithms whose worker seams we know: they get full phase records, and time outside the named
 # phases is "overhead".  Any other algorithm reports it as "unattributed".
 FULL_PHASE_ALGORITHMS: frozenset[str] = frozenset(
@@ -134,6 +145,7 @@ ROUTE_ENABLE = ROUTE + "/enable"
 ROUTE_DISABLE = ROUTE + "/disable"
 ROUTE_FAULT = ROUTE + "/fault"  # test only
 ROUTE_TRACE_POLICY = ROUTE + "/trace_policy"
+ROUTE_DIAGNOSIS = ROUTE + "/diagnosis"  # ?format=json|text, ?ctx=N (what-if), the verdict
 RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}$"  # a request id the routes accept
 MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"

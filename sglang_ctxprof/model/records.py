@@ -81,6 +81,19 @@ class StepRecord:
         """Draft positions one request could have accepted this step: the chain or block behind its
         anchor (``draft_tokens - 1``; 0 for a record without a draft)."""
         return max(0, self.draft_tokens - 1)
+    # Execution fingerprint of the step: "graph" | "eager" | "piecewise" | "" (unknown), the
+    # attention backend, and why verify did not run as a CUDA graph where that is known.
+    exec_mode: str = ""
+    attn_backend: str = ""
+    # Host clock (time.time_ns) when the scheduler's run_batch returned: the gap to the next step's
+    # t_start_ns is the scheduler's own time between steps.  0 = unknown (an older record).
+    t_end_ns: int = 0
+    # The step's draft budget in positions (the most drafts one request can have accepted: the
+    # chain length, or the tree depth); 0 = unknown.  Positions beyond it are unobserved.
+    draft_depth: int = 0
+    exec_reason: str = ""
+    # Prefill records: prompt tokens already in the prefix cache per request (aligned with rids).
+    cached_lens: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -123,6 +136,12 @@ class StepRecord:
             "block_size": self.block_size,
             "denoise_steps": self.denoise_steps,
             "non_draft_tokens": self.non_draft_tokens,
+            "exec_mode": self.exec_mode,
+            "attn_backend": self.attn_backend,
+            "t_end_ns": self.t_end_ns,
+            "draft_depth": self.draft_depth,
+            "exec_reason": self.exec_reason,
+            "cached_lens": list(self.cached_lens),
         }
 
     @classmethod
@@ -147,6 +166,12 @@ class StepRecord:
             block_size=int(d.get("block_size", 0) or 0),
             denoise_steps=int(d.get("denoise_steps", 0) or 0),
             non_draft_tokens=int(d.get("non_draft_tokens", 1) or 1),
+            exec_mode=str(d.get("exec_mode", "") or ""),
+            attn_backend=str(d.get("attn_backend", "") or ""),
+            t_end_ns=int(d.get("t_end_ns", 0) or 0),
+            draft_depth=int(d.get("draft_depth", 0) or 0),
+            exec_reason=str(d.get("exec_reason", "") or ""),
+            cached_lens=tuple(int(x) for x in d.get("cached_lens", ()) or ()),
         )
 
 
@@ -160,6 +185,8 @@ def validate(rec: StepRecord) -> None:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.trace_parents and len(rec.trace_parents) != n:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
+    if rec.cached_lens and len(rec.cached_lens) != n:
+        raise ValueError(f"cached_lens has {len(rec.cached_lens)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
         raise ValueError("negative duration")
     if rec.block_size < 0 or rec.denoise_steps < 0 or rec.non_draft_tokens < 1:

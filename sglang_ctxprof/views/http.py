@@ -11,7 +11,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``POST /ctx_profile/reset``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N`` and ``GET /ctx_profile/requests/{rid}``;
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
-* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks .
+* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
+* ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``).
 
 Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard: a
 failure of ours gets a 500 JSON error with ``degraded``, logs one warning with the traceback and
@@ -138,6 +139,38 @@ async def get_profile(request: Request):
     return PlainTextResponse(render_prom(profile), media_type="text/plain; version=0.0.4")
 
 
+async def get_diagnosis(request: Request):
+    """The verdict (``views.diagnosis``) of the merged profile; ``?format=text``, ``?ctx=N`` (what-if)."""
+    from .diagnosis import diagnose, evidence_from_profile
+
+    qp = dict(request.query_params)
+    unknown = set(qp) - {"format", "ctx"}
+    if unknown:
+        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    fmt = qp.get("format", "json")
+    if fmt not in ("json", "text"):
+        return _error(400, f"unknown format {fmt!r}; use json or text")
+    ctx = None
+    if "ctx" in qp:
+        try:
+            ctx = int(qp["ctx"])
+        except ValueError:
+            return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx']!r}")
+        if ctx < 0:
+            return _error(400, f"ctx must be >= 0, got {ctx}")
+    profile = served_profile(await _ask(names.CMD_SNAPSHOT))
+    if not any("error" not in r for r in profile.ranks):
+        return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
+    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx)
+    if fmt == "json":
+        return {"schema_version": names.SCHEMA_VERSION, **d}
+    from fastapi.responses import PlainTextResponse
+
+    from .diagnosis_text import render_text
+
+    return PlainTextResponse(render_text(d))
+
+
 async def _command(request: Request, cmd: str):
     if request.query_params:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(request.query_params))}")
@@ -260,6 +293,7 @@ def install_routes(app: Any, client: Any, admin: Any) -> None:
     app.add_api_route(names.ROUTE_REQUESTS, _guarded(get_requests), methods=["GET"])
     app.add_api_route(names.ROUTE_REQUESTS + "/{rid}", _guarded(get_request), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
+    app.add_api_route(names.ROUTE_DIAGNOSIS, _guarded(get_diagnosis), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
     if guard().switchable:  # test only, never in production (see module docstring)
         app.add_api_route(names.ROUTE_FAULT, admin(post_fault), methods=["POST"])

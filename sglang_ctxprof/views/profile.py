@@ -23,6 +23,9 @@ from ..aggregate.snapshot import Snapshot
 from ..model.buckets import Bucketing
 from ..model.names import LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
 from ..model.roofline import bucket_roofline
+from ..model.names import FIT_ROBUST_METHOD
+from ..model.stats import theil_sen
+from ..aggregate import acceptance as acc
 
 
 def _div(a: float, b: float) -> float:
@@ -60,6 +63,9 @@ class BucketView:
     ctx_sum: int
     phases: Mapping[str, PhaseView]
     roofline: Mapping[str, Any]
+    acceptance_by_position: Optional[Mapping[str, Any]] = None  # keyed by each request's own ctx
+    exec_mode: Optional[Mapping[str, Any]] = None
+    step_bs1_ms: Optional[float] = None  # mean step at batch size 1 (the batch-sharing baseline)
 
     @property
     def mean_batch_size(self) -> float:
@@ -112,7 +118,9 @@ class BucketView:
             "roofline": dict(self.roofline),
             "req_steps": self.req_steps, "accepted": self.accepted, "committed": self.committed,
             "draft_tokens": self.draft_tokens, "ctx_sum": self.ctx_sum,
-        }
+        } | {k: v for k, v in (("acceptance_by_position", self.acceptance_by_position),
+                                ("exec_mode", self.exec_mode), ("step_bs1_ms", self.step_bs1_ms))
+             if v is not None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BucketView":
@@ -126,7 +134,8 @@ class BucketView:
                    req_steps, exact("accepted", "accepted_per_step"), exact("committed", "committed_per_step"),
                    exact("draft_tokens", "draft_tokens_per_step"), exact("ctx_sum", "mean_ctx"),
                    {str(p): PhaseView.from_dict(v) for p, v in (d.get("phases") or {}).items()},
-                   dict(d.get("roofline") or {}))
+                   dict(d.get("roofline") or {}), d.get("acceptance_by_position"), d.get("exec_mode"),
+                   None if d.get("step_bs1_ms") is None else float(d["step_bs1_ms"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +147,18 @@ class PrefillView:
     requests: int
     tokens: int
     stats: PhaseView
+    cached_tokens: int = 0  # of ``tokens``, found in the prefix cache (the bucket is the prompt length)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "lo": self.lo, "hi": self.hi, "batches": self.batches,
-                "requests": self.requests, "tokens": self.tokens, **self.stats.to_dict()}
+                "requests": self.requests, "tokens": self.tokens, "cached_tokens": self.cached_tokens,
+                **self.stats.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PrefillView":
         return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]),
                    int(d.get("batches", 0)), int(d.get("requests", 0)), int(d.get("tokens", 0)),
-                   PhaseView.from_dict(d))
+                   PhaseView.from_dict(d), int(d.get("cached_tokens", 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,14 +167,29 @@ class FitView:
     intercept_ms: float
     r2: float
     n: int
+    # The outlier-robust fit (method, ms_per_1k_ctx, intercept_ms, r2, n) on a bounded sample of the
+    # points; the diagnosis uses it.  The fields above are ordinary least squares over every step.
+    robust: Optional[Mapping[str, Any]] = None
+
+    def best(self) -> tuple[float, float, float, int, str]:
+        """(slope, intercept, r2, n, method): the robust fit when there is one, else least squares."""
+        if self.robust:
+            r = self.robust
+            return (float(r["ms_per_1k_ctx"]), float(r["intercept_ms"]), float(r["r2"]), int(r["n"]),
+                    str(r["method"]))
+        return self.ms_per_1k_ctx, self.intercept_ms, self.r2, self.n, "least-squares"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ms_per_1k_ctx": self.ms_per_1k_ctx, "intercept_ms": self.intercept_ms, "r2": self.r2,
-                "n": self.n}
+        out = {"ms_per_1k_ctx": self.ms_per_1k_ctx, "intercept_ms": self.intercept_ms, "r2": self.r2,
+               "n": self.n, "method": "least-squares"}
+        if self.robust:
+            out["robust"] = dict(self.robust)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FitView":
-        return cls(float(d["ms_per_1k_ctx"]), float(d["intercept_ms"]), float(d["r2"]), int(d["n"]))
+        return cls(float(d["ms_per_1k_ctx"]), float(d["intercept_ms"]), float(d["r2"]), int(d["n"]),
+                   d.get("robust"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +229,11 @@ class Profile:
     spans_dropped: int = 0
     ranks: tuple[Mapping[str, Any], ...] = ()
     schema_version: int = SCHEMA_VERSION
+    # Host time between steps and inside steps outside the model call (count, mean, p99, total ms).
+    host: Mapping[str, Any] = field(default_factory=dict)
+    # Acceptance by position for every bucket of requests' own context, also those where no step's
+    # batch-mean context fell (label, lo, hi, acceptance_by_position).
+    acceptance_by_ctx: tuple[Mapping[str, Any], ...] = ()
 
     def served(self, **envelope: Any) -> "Profile":
         return replace(self, **envelope)
@@ -222,6 +253,8 @@ class Profile:
             "prefill": [p.to_dict() for p in self.prefill],
             "fits": {p: f.to_dict() for p, f in self.fits.items()},
             "totals": self.totals.to_dict(),
+            "host": dict(self.host),
+            "acceptance_by_ctx": [dict(a) for a in self.acceptance_by_ctx],
         }
 
     @classmethod
@@ -238,6 +271,8 @@ class Profile:
                 enabled=d.get("enabled"), degraded=d.get("degraded"), dropped=int(d.get("dropped", 0)),
                 spans_dropped=int(d.get("spans_dropped", 0)), ranks=tuple(d.get("ranks") or ()),
                 schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
+                host=dict(d.get("host") or {}),
+                acceptance_by_ctx=tuple(d.get("acceptance_by_ctx") or ()),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a ctx profile body: {type(exc).__name__}: {exc}") from exc
@@ -261,20 +296,28 @@ def build_profile(snap: Snapshot) -> Profile:
         buckets.append(BucketView(
             bk.label(i), lo, hi, b.steps, b.req_steps, b.accepted, b.committed, b.draft_tokens, b.ctx_sum,
             phases, bucket_roofline(snap.hw, _div(b.attn_ctx_sum, attn.count) if attn else 0.0,
-                                    attn.mean_ms if attn else None)))
+                                    attn.mean_ms if attn else None),
+            acc.view(snap.acceptance.get(i, {})), acc.exec_view(b.exec) if b.exec else None,
+            b.step_bs1.mean if b.step_bs1 is not None and b.step_bs1.count else None))
     prefill = []
     for i in sorted(snap.prefill):
         b = snap.prefill[i]
         lo, hi = bk.bounds(i)
         st = b.phases.get(Phase.PREFILL.value)
         prefill.append(PrefillView(bk.label(i), lo, hi, b.steps, b.req_steps, b.ctx_sum,
-                                   _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0)))
+                                   _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0),
+                                   b.cached_sum))
     fits = {}
     for p in REPORTED_PHASES:
         f = snap.fits.get(p)
         sol = f.solve() if f is not None else None
         if sol is not None:
-            fits[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]))
+            pts = snap.fit_points.get(p)
+            rob = theil_sen(pts.points) if pts is not None and len(pts.points) >= 2 else None
+            robust = None if rob is None else {
+                "method": FIT_ROBUST_METHOD, "ms_per_1k_ctx": rob["slope"], "intercept_ms": rob["intercept"],
+                "r2": rob["r2"], "n": int(rob["n"]), "sampled_of": pts.seen}
+            fits[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]), robust)
     totals = Totals(
         records=snap.records,
         decode_steps=sum(b.steps for b in snap.decode.values()),
@@ -284,9 +327,17 @@ def build_profile(snap: Snapshot) -> Profile:
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,
     )
+    accept = []
+    for i in sorted(snap.acceptance):
+        v = acc.view(snap.acceptance[i])
+        if v is not None:
+            lo, hi = bk.bounds(i)
+            accept.append({"label": bk.label(i), "lo": lo, "hi": hi, "acceptance_by_position": v})
+    host = {"between_steps": snap.host_gaps.summary(), "in_step": snap.host_in_step.summary()}
     return Profile(timing=snap.timing, hw=snap.hw, algorithms=tuple(sorted(snap.algorithms)),
                    bucketing=bk.to_dict(), buckets=tuple(buckets), prefill=tuple(prefill), fits=fits,
-                   totals=totals, schema_version=snap.schema_version)
+                   totals=totals, schema_version=snap.schema_version, host=host,
+                   acceptance_by_ctx=tuple(accept))
 
 
 def summarize(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def test_row_budget_is_global_and_exact():
     newest = log.get("r9")
     assert newest["step_rows"][0] == {"step_id": 180, "t_start_ns": 1800, "ctx_len": 100, "batch_size": 2,
                                       "draft_tokens": 4, "accepted": 3, "committed": 3, "step_ms": 5.0,
-                                      "block_size": 0, "denoise_steps": 0,
+                                      "block_size": 0, "denoise_steps": 0, "t_end_ns": 1800 + 5_000_000,
                                       "phases_ms": {"draft": 1.0, "verify": 3.0, "overhead": 1.0}}
 
 

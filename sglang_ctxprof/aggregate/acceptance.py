@@ -1,0 +1,142 @@
+"""Acceptance by draft position, and the execution-mode fingerprint, as exact integer counts.
+
+Per context bucket, keyed by each *request's own* context (not the batch mean), acceptance is kept as
+counts of ``(budget, correct)`` pairs: one per request-step, where ``correct`` is the number of draft
+tokens accepted (SGLang's accepted length minus the bonus token; for tree drafts the accepted depth)
+and ``budget`` the step's draft budget in positions (``StepRecord.draft_depth``).  From them:
+
+* ``hist[n]``: request-steps with exactly ``n`` correct drafts;
+* ``p[i-1]`` = P(position i accepted) = #(correct >= i) / #(budget >= i), i = 1..k: a step whose
+  budget was below ``i`` (adaptive speculation) is unobserved at ``i``, never a rejection;
+* ``c[i-1]`` = p_i / p_{i-1} (p_0 = 1): the conditional rate;
+* ``mean_len`` = 1 + mean correct drafts (the bonus token included: SGLang's accept length).
+
+The execution fingerprint counts steps per mode ("graph" | "eager" | "piecewise" | "unknown"), the
+attention backends seen and the reasons SGLang gave for not running a graph.  A **downgrade** is an
+eager or piecewise step whose reason is not "CUDA graphs disabled": graphs were on and verify ran
+without them.  Pure: counts merge across ranks by addition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, MutableMapping
+
+from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_MODES, EXEC_PIECEWISE, EXEC_REASON_DISABLED, EXEC_UNKNOWN
+
+MAX_REASONS = 8  # distinct reasons kept per bucket (the rest are counted under "other")
+
+
+def key(budget: int, correct: int) -> str:
+    return f"{budget}:{correct}"
+
+
+def add(counts: MutableMapping[str, int], budget: int, correct: int) -> None:
+    """Count one request-step.  A budget below what was accepted is raised to it (never negative)."""
+    correct = max(0, int(correct))
+    budget = max(int(budget), correct)
+    k = key(budget, correct)
+    counts[k] = counts.get(k, 0) + 1
+
+
+def merge_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def _pairs(counts: Mapping[str, int]) -> list[tuple[int, int, int]]:
+    out = []
+    for k, v in counts.items():
+        b, n = k.split(":")
+        out.append((int(b), int(n), int(v)))
+    return out
+
+
+def view(counts: Mapping[str, int]) -> dict[str, Any] | None:
+    """The ``acceptance_by_position`` dict of one bucket, or None without request-steps."""
+    pairs = _pairs(counts)
+    total = sum(v for _, _, v in pairs)
+    if not total:
+        return None
+    k = max(max(b for b, _, _ in pairs), max(n for _, n, _ in pairs))
+    hist = [0] * (k + 1)
+    for _, n, v in pairs:
+        hist[n] += v
+    p, c, observed = [], [], []
+    prev = 1.0
+    for i in range(1, k + 1):
+        obs = sum(v for b, _, v in pairs if b >= i)
+        hit = sum(v for b, n, v in pairs if b >= i and n >= i)
+        pi = hit / obs if obs else 0.0
+        p.append(pi)
+        c.append(pi / prev if prev > 0 else 0.0)
+        observed.append(obs)
+        prev = pi
+    mean_len = 1.0 + sum(n * v for _, n, v in pairs) / total
+    return {"n_steps": total, "hist": hist, "p": p, "c": c, "mean_len": mean_len, "observed": observed}
+
+
+# ---- execution mode ----------------------------------------------------------------------------------
+def new_exec() -> dict[str, Any]:
+    return {**{m: 0 for m in EXEC_MODES}, "backends": {}, "reasons": {}}
+
+
+def add_exec(e: MutableMapping[str, Any], mode: str, backend: str, reason: str) -> None:
+    m = mode if mode in EXEC_MODES else EXEC_UNKNOWN
+    e[m] = e.get(m, 0) + 1
+    if backend:
+        e["backends"][backend] = e["backends"].get(backend, 0) + 1
+    if reason:
+        reasons = e["reasons"]
+        if reason not in reasons and len(reasons) >= MAX_REASONS:
+            reason = "other"
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def merge_exec(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    if not a and not b:
+        return {}
+    out = new_exec()
+    for src in (a, b):
+        for m in EXEC_MODES:
+            out[m] += int(src.get(m, 0))
+        for part in ("backends", "reasons"):
+            for k, v in (src.get(part) or {}).items():
+                out[part][k] = out[part].get(k, 0) + int(v)
+    return out
+
+
+def exec_view(e: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``exec_mode`` dict of one bucket: counts, backend, downgrade flag, share and reason."""
+    counts = {m: int(e.get(m, 0)) for m in EXEC_MODES}
+    total = sum(counts.values())
+    reasons = dict(e.get("reasons") or {})
+    down = sum(v for r, v in reasons.items() if r != EXEC_REASON_DISABLED)
+    down = min(down, counts[EXEC_EAGER] + counts[EXEC_PIECEWISE])
+    backends = e.get("backends") or {}
+    backend = ", ".join(sorted(backends, key=lambda b: -backends[b]))
+    if down:
+        reason = max((r for r in reasons if r != EXEC_REASON_DISABLED), key=lambda r: reasons[r])
+    elif counts[EXEC_EAGER] and not counts[EXEC_GRAPH] and EXEC_REASON_DISABLED in reasons:
+        reason = EXEC_REASON_DISABLED
+    else:
+        reason = ""
+    return {**counts, "attn_backend": backend, "downgrade": bool(down),
+            "downgrade_share": down / total if total else 0.0, "reason": reason,
+            "reasons": reasons}
+
+
+def describe_exec(x: Mapping[str, Any]) -> str:
+    """One phrase: "graph", "eager (CUDA graphs disabled)", "eager in 12% of steps (reason)"..."""
+    total = sum(int(x.get(m, 0)) for m in EXEC_MODES)
+    if not total:
+        return "unknown"
+    if x.get("downgrade"):
+        return (f"downgrade: verify ran without its CUDA graph in {100 * x['downgrade_share']:.0f}% "
+                f"of steps ({x['reason']})")
+    main = max(EXEC_MODES, key=lambda m: int(x.get(m, 0)))
+    if main == EXEC_EAGER and x.get("reason"):
+        return f"eager ({x['reason']})"
+    return main if int(x.get(main, 0)) == total else f"mostly {main}"
+

@@ -1,0 +1,94 @@
+"""Where one request's decode wall time goes: a waterfall that adds up to the wall time.
+
+A request's decode tok/s is committed tokens over its wall time from the start of its first decode
+step to the end of its last (host clock), which is more than the sum of its own steps.  Inside that
+window every millisecond is one of:
+
+* ``own_steps_ms``: its own decode steps, by leaf phase (the whole batch's step: the request waits
+  for it).  ``batch_sharing_ms`` says how much of them is the extra time of steps shared with other
+  requests, against the same context bucket's mean step at batch size 1 where that was measured
+  (else None): it is *part of* ``own_steps_ms``, not an extra term;
+* ``others_prefill_ms``: other requests' prefill batches that ran in between;
+* ``other_decode_ms``: decode steps of the scheduler that did not carry this request;
+* ``host_gaps_ms``: the scheduler's host time between consecutive steps (end of step N's
+  ``run_batch`` to the start of step N+1's) plus host time inside ``run_batch`` outside the model
+  call;
+* ``unaccounted_ms``: the remainder (clock skew, steps that left the bounded timeline); it is
+  reported, never folded into a part, so "adds up" is checked, not built in.
+
+Pure: takes the request's step rows, the aggregator's timeline of recent steps
+``(step_id, kind, t_start_ns, t_end_ns, step_ms)`` and the batch-1 baselines per bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from ..model.names import KIND_PREFILL, LEAF_PHASES, Phase
+
+
+def _row_end(r: Mapping[str, Any]) -> int:
+    return int(r.get("t_end_ns") or 0) or int(r["t_start_ns"]) + int(float(r["step_ms"]) * 1e6)
+
+
+def _leaves(ph: Mapping[str, float]) -> dict[str, float]:
+    """Leaf phases of a step; a verify without its split (CUDA graph, unsampled) stays ``verify``."""
+    out = {p: float(ph[p]) for p in LEAF_PHASES if p in ph}
+    if Phase.VERIFY.value in ph and Phase.VERIFY_ATTN.value not in ph:
+        out[Phase.VERIFY.value] = float(ph[Phase.VERIFY.value])
+    return out
+
+
+def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[tuple], bs1_ms: Mapping[int, float],
+              bucketing: Any) -> Optional[dict[str, Any]]:
+    """The waterfall of one request from its decode ``rows`` (dicts as served), or None without any."""
+    rows = sorted((r for r in rows if r.get("t_start_ns")), key=lambda r: r["t_start_ns"])
+    if not rows:
+        return None
+    t0 = int(rows[0]["t_start_ns"])
+    t1 = max(_row_end(r) for r in rows)
+    wall_ms = (t1 - t0) / 1e6
+    own_ids = {int(r["step_id"]) for r in rows}
+    own: dict[str, float] = {}
+    for r in rows:
+        ph = _leaves(r.get("phases_ms") or {})
+        if not ph:
+            ph = {Phase.UNATTRIBUTED.value: float(r["step_ms"])}
+        for p, ms in ph.items():
+            own[p] = own.get(p, 0.0) + ms
+    shared = [r for r in rows if int(r.get("batch_size", 1)) > 1]
+    sharing: Optional[float] = 0.0
+    measured = 0
+    for r in shared:
+        base = bs1_ms.get(bucketing.index(int(r["ctx_len"])))
+        if base is None:
+            continue
+        measured += 1
+        sharing += max(0.0, float(r["step_ms"]) - base)
+    if shared and not measured:
+        sharing = None
+    steps = sorted((s for s in timeline if s[2] >= t0 and s[3] <= t1 + 1), key=lambda s: s[2])
+    complete = bool(steps) and {s[0] for s in steps if s[1] != KIND_PREFILL} >= own_ids
+    prefill = sum(s[4] for s in steps if s[1] == KIND_PREFILL)
+    other_decode = sum(s[4] for s in steps if s[1] != KIND_PREFILL and s[0] not in own_ids)
+    gaps = 0.0
+    prev_end = t0
+    for s in steps:
+        if s[2] > prev_end:
+            gaps += (s[2] - prev_end) / 1e6
+        gaps += max(0.0, (s[3] - s[2]) / 1e6 - s[4])
+        prev_end = max(prev_end, s[3])
+    parts = sum(own.values()) + prefill + other_decode + gaps
+    return {
+        "wall_ms": wall_ms,
+        "own_steps_ms": own,
+        "own_steps_total_ms": sum(own.values()),
+        "others_prefill_ms": prefill,
+        "other_decode_ms": other_decode,
+        "batch_sharing_ms": sharing,
+        "batch_sharing_steps": {"shared": len(shared), "with_bs1_baseline": measured},
+        "host_gaps_ms": gaps,
+        "unaccounted_ms": wall_ms - parts,
+        "timeline_complete": complete,
+        "steps": len(rows),
+    }

@@ -1,0 +1,72 @@
+"""``sglang-ctxprof diagnose --url URL | PATH [--baseline PATH] [--ctx N]``: regression or inherent?
+
+The source is a live server (its ``/ctx_profile``), a saved profile (a JSON file of that body, e.g.
+from ``--save`` or ``show --json``) or a saved sweep directory; the baseline is a saved profile or
+sweep directory.  Prints the diagnosis of ``views.diagnosis`` (``--json`` for the dict).  Exit code
+1 when the baseline comparison finds a regression (for CI), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_cli_args(ap) -> None:
+    ap.add_argument("path", nargs="?", default=None,
+                    help="saved profile JSON or sweep directory (offline); omit with --url")
+    ap.add_argument("--url", default=None, help="SGLang server base URL (live /ctx_profile)")
+    ap.add_argument("--baseline", default=None, metavar="PATH", help="saved profile JSON or sweep directory")
+    ap.add_argument("--ctx", type=int, default=None, metavar="N", help="what-if: predicted tok/s at N tokens")
+    ap.add_argument("--save", default=None, metavar="FILE", help="also write the fetched profile (a baseline later)")
+    ap.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
+
+
+def load_evidence(path: str, role: str) -> Any:
+    """Evidence of a saved profile JSON or a sweep directory; a clear error for anything else."""
+    from ..views.diagnosis import evidence_from_profile, evidence_from_sweep
+    from ..views.profile import Profile
+    from . import sweep_results as res
+    from .main import CliError
+
+    p = Path(path)
+    if p.is_dir():
+        meta, points, sust = res.load_run(p)
+        return evidence_from_sweep(res.summarize(points, sust), meta, source=f"sweep {path}")
+    if not p.is_file():
+        raise CliError(f"{role} {path!r} is neither a saved profile (JSON file) nor a sweep directory")
+    try:
+        body = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {role} {path}: {exc}") from None
+    if not isinstance(body, dict) or "buckets" not in body:
+        raise CliError(f"{role} {path} is not a /ctx_profile body (no 'buckets')")
+    return evidence_from_profile(Profile.from_dict(body), source=f"profile {path}")
+
+
+def run(ns) -> int:
+    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis_text import render_text
+    from ..views.profile import Profile
+    from .main import CliError
+
+    if (ns.url is None) == (ns.path is None):
+        raise CliError("give either --url URL or a saved PATH, not both and not neither")
+    if ns.url is not None:
+        from .client import ServerClient
+
+        body = ServerClient(ns.url, ns.api_key, timeout=60).require_profile()
+        if ns.save:
+            Path(ns.save).write_text(json.dumps(body, indent=1))
+        ev = evidence_from_profile(Profile.from_dict(body), source=f"server {ns.url}")
+    else:
+        ev = load_evidence(ns.path, "source")
+    base = load_evidence(ns.baseline, "baseline") if ns.baseline else None
+    d = diagnose(ev, base, ctx=ns.ctx)
+    if ns.json:
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        print(render_text(d), end="")
+    return 1 if d["baseline"].get("regressions") else 0

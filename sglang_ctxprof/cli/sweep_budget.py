@@ -1,0 +1,76 @@
+"""``sweep --launch --draft-tokens 2 4 8``: one sweep per draft budget, and the budget advice measured.
+
+Each budget N gets its own server (``--speculative-num-draft-tokens N``; with top-k 1 also
+``--speculative-num-steps N-1``, a chain of N-1 drafts) and its own result directory ``OUT/dt-N``.
+The closing table gives, per context, the two-point decode tok/s (client clock, median over
+repeats) and the server's tok/s for every budget, and the best budget: what the diagnosis's
+draft-budget advice otherwise has to assume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import sweep_results as res
+
+_DT, _STEPS, _TOPK, _ALG = ("--speculative-num-draft-tokens", "--speculative-num-steps",
+                            "--speculative-eagle-topk", "--speculative-algorithm")
+
+
+def _value(sargs: list[str], flag: str) -> str | None:
+    return sargs[sargs.index(flag) + 1] if flag in sargs and sargs.index(flag) + 1 < len(sargs) else None
+
+
+def with_budget(sargs: list[str], n: int) -> list[str]:
+    """The server arguments with draft budget ``n`` (existing budget flags replaced)."""
+    chain = int(_value(sargs, _TOPK) or 1) <= 1 and (_value(sargs, _ALG) or "").upper() != "NGRAM"
+    drop = {_DT} | ({_STEPS} if chain else set())
+    out, skip = [], False
+    for a in sargs:
+        if skip:
+            skip = False
+            continue
+        if a in drop:
+            skip = True
+            continue
+        out.append(a)
+    out += [_DT, str(n)] + ([_STEPS, str(n - 1)] if chain else [])
+    return out
+
+
+def budget_table(per_budget: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per context: tok/s by budget (two-point client median, server) and the best budget."""
+    ctxs = sorted({r["ctx"] for rows in per_budget.values() for r in rows})
+    table = []
+    for c in ctxs:
+        cells = {}
+        for n, rows in sorted(per_budget.items()):
+            r = next((r for r in rows if r["ctx"] == c), None)
+            if r is not None:
+                cells[n] = {"tok_s": res._med(r["decode_tok_s"]), "server_tok_s": res._med(r["server_tok_s"]),
+                            "accept_per_step": res._med(r["accept_per_step"])}
+        scored = {n: v["server_tok_s"] or v["tok_s"] for n, v in cells.items() if v["server_tok_s"] or v["tok_s"]}
+        table.append({"ctx": c, "by_budget": cells, "best": max(scored, key=scored.get) if scored else None})
+    return table
+
+
+def run_budgets(args: Any, run_args) -> int:
+    rc = 0
+    per: dict[int, list[dict[str, Any]]] = {}
+    for n in args.draft_tokens:
+        sub = replace(args, draft_tokens=[], out=str(Path(args.out) / f"dt-{n}"),
+                      server_args=with_budget(list(args.server_args), n), launch_log=None)
+        print(f"\n=== draft budget {n} ({' '.join(sub.server_args[-4:])}) ===", flush=True)
+        rc = max(rc, run_args(sub))
+        meta, points, sust = res.load_run(sub.out)
+        per[n] = res.summarize(points, sust)
+    table = budget_table(per)
+    res.write_json(Path(args.out) / "budgets.json", {"draft_tokens": list(args.draft_tokens), "table": table})
+    print("\ndecode tok/s by draft budget (two-point client / server), best budget per context:")
+    for row in table:
+        cells = "  ".join(f"N={n}: {res._f(v['tok_s'], '{:.1f}')}/{res._f(v['server_tok_s'], '{:.1f}')} "
+                          f"(acc {res._f(v['accept_per_step'])})" for n, v in row["by_budget"].items())
+        print(f"  ctx {row['ctx']:>6}: {cells}  -> best N={row['best']}")
+    return rc

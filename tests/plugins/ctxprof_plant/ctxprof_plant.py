@@ -1,0 +1,90 @@
+"""Test-only SGLang plugin: plant known causes of slow decode, switched at run time from a file.
+
+``CTXPROF_PLANT_FILE`` names a JSON file the test rewrites between phases (re-read when its mtime
+changes, so one server serves every planted case):
+
+* ``attn_ms_per_1k``: extra time in every verify attention call, proportional to the batch's summed
+  context (``forward_batch.seq_lens_sum``): an attention slowdown that grows with context;
+* ``acc_len_above``: ``[ctx, acc_len]`` - at batches whose summed context is above ``ctx``, SGLang's
+  own ``SGLANG_SIMULATE_ACC_LEN`` is set to ``acc_len`` for the next verify (``eagle_utils`` reads
+  ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
+* ``host_sleep_ms``: a sleep in the scheduler loop before each ``get_next_batch_to_run``: a host
+  bubble between steps.
+
+The attention wrapper sits on the intel_amx backend's ``forward_extend``/``forward_decode`` (called
+inside ``RadixAttention.forward``), so the planted time is inside the profiler's verify attention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ENV = "CTXPROF_PLANT_FILE"
+_STATE = {"mtime": None, "cfg": {}}
+
+
+def cfg() -> dict:
+    path = os.environ.get(ENV, "")
+    try:
+        m = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    if m != _STATE["mtime"]:
+        try:
+            with open(path) as f:
+                _STATE["cfg"] = json.load(f)
+        except (OSError, ValueError):
+            _STATE["cfg"] = {}
+        _STATE["mtime"] = m
+    return _STATE["cfg"]
+
+
+def _wrap_attn(cls, name):
+    orig = getattr(cls, name)
+
+    def wrapper(self, q, k, v, layer, forward_batch, *args, **kwargs):
+        c = cfg()
+        mode = getattr(forward_batch, "forward_mode", None)
+        if mode is not None and mode.is_target_verify():
+            ctx = int(getattr(forward_batch, "seq_lens_sum", 0) or 0)
+            per_1k = float(c.get("attn_ms_per_1k", 0.0) or 0.0)
+            if per_1k > 0:
+                time.sleep(per_1k * ctx / 1000.0 / 1000.0)
+            above = c.get("acc_len_above")
+            from sglang.srt.speculative import spec_utils
+
+            spec_utils.SIMULATE_ACC_LEN = float(above[1]) if above and ctx > int(above[0]) else -1.0
+        return orig(self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+    setattr(cls, name, wrapper)
+
+
+def register() -> None:
+    if not os.environ.get(ENV):
+        return
+    from sglang.srt.layers.attention.intel_amx_backend import IntelAMXAttnBackend
+    from sglang.srt.managers.scheduler import Scheduler
+
+    _wrap_attn(IntelAMXAttnBackend, "forward_extend")
+    _wrap_attn(IntelAMXAttnBackend, "forward_decode")
+    orig = Scheduler.get_next_batch_to_run
+
+    def get_next_batch_to_run(self, *args, **kwargs):
+        ms = float(cfg().get("host_sleep_ms", 0.0) or 0.0)
+        if ms > 0 and (self.running_batch is not None and not self.running_batch.is_empty()):
+            time.sleep(ms / 1000.0)
+        return orig(self, *args, **kwargs)
+
+    Scheduler.get_next_batch_to_run = get_next_batch_to_run
+
+
+def write_dist_info(directory: str) -> str:
+    d = os.path.join(directory, "ctxprof_plant-0.1.0.dist-info")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: ctxprof-plant\nVersion: 0.1.0\n")
+    with open(os.path.join(d, "entry_points.txt"), "w") as f:
+        f.write("[sglang.srt.plugins]\nctxprof_plant = ctxprof_plant:register\n")
+    return d
