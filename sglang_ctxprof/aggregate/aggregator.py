@@ -157,7 +157,8 @@ class Aggregator:
             b.step_bs1.add(rec.step_ms)
         if rec.algorithm == "NONE":
             return
-        budget = rec.draft_depth or max(0, rec.draft_tokens - 1)
+        budget = rec.draft_depth or rec.draft_positions
+        nd = rec.non_draft_tokens  # the bonus token, and UNO's clean root as well
         for ctx, a in zip(rec.ctx_lens, rec.accepted):
             if a <= 0:  # unknown (never read from the device)
                 continue
@@ -165,7 +166,7 @@ class Aggregator:
             counts = self.acceptance.get(i)
             if counts is None:
                 counts = self.acceptance[i] = {}
-            acc.add(counts, budget, a - 1)
+            acc.add(counts, budget, max(0, a - nd))
 
     def waterfall(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """Where one request's wall time went (``waterfall``), from its summary with step rows."""

@@ -156,3 +156,23 @@ def test_old_records_load_with_block_defaults():
     rec = StepRecord.from_dict(d)
     assert (rec.block_size, rec.denoise_steps, rec.non_draft_tokens) == (0, 0, 1)
     assert rec.accepted_drafts == (2,) and rec.draft_positions == 3
+
+
+def test_acceptance_by_position_leaves_out_every_non_draft_token():
+    """UNO's accept length counts its clean root and the bonus: two tokens that are not drafts."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.model.records import RankId, StepRecord
+
+    agg = Aggregator()
+    for a in (2, 3, 5):  # 0, 1 and 3 draft positions accepted, of a 4-position block
+        agg.observe(StepRecord(step_id=a, kind="decode", algorithm="UNO", rank=RankId(0, 0, 0),
+                               rids=("r",), ctx_lens=(100,), accepted=(a,), committed=(a,),
+                               finished=(False,), draft_tokens=5, step_ms=1.0, phases_ms={},
+                               non_draft_tokens=2))
+    (counts,) = agg.acceptance.values()
+    want = Aggregator()
+    for d in (0, 1, 3):
+        want.observe(StepRecord(step_id=d, kind="decode", algorithm="DFLASH", rank=RankId(0, 0, 0),
+                                rids=("r",), ctx_lens=(100,), accepted=(d + 1,), committed=(d + 1,),
+                                finished=(False,), draft_tokens=5, step_ms=1.0, phases_ms={}))
+    assert counts == list(want.acceptance.values())[0]
