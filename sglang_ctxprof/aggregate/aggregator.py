@@ -9,7 +9,8 @@
   of tokens (the KV the step attends over), so ``slope`` reads "ms per extra 1k tokens of context";
 * prefill batches in their own buckets (never mixed into decode);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
-  exporters read each finished request from it.
+  exporters read each finished request from it;
+* the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export.
 
 ``snapshot()`` returns a frozen :class:`~.snapshot.Snapshot` with exact counts; ``state()`` is its
 builtins form (str keys, msgpack-safe).  ``views/profile`` turns a snapshot, or several ranks'
@@ -19,10 +20,11 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, REPORTED_PHASES, Phase
+from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, REPORTED_PHASES, Phase
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit
 from .requests import RequestLog
@@ -63,11 +65,13 @@ class Aggregator:
         self.requests = RequestLog(self._request_capacity, self._max_steps)
         self.meta: dict[str, Any] = {"algorithms": {}, "timing": None}
         self.records = 0
+        self.recent: "deque[StepRecord]" = deque(maxlen=MAX_TRACE_STEPS)
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
         if not rec.rids:
             return
+        self.recent.append(rec)
         self.meta["timing"] = rec.timing
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
@@ -107,6 +111,11 @@ class Aggregator:
     def request(self, rid: str) -> dict[str, Any] | None:
         """One request's summary with its step rows, or None (the exporters read finished requests here)."""
         return self.requests.get(rid)
+
+    def recent_steps(self, n: int) -> list[dict[str, Any]]:
+        """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
+        n = max(0, min(int(n), len(self.recent)))
+        return [r.to_dict() for r in list(self.recent)[len(self.recent) - n:]]
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot

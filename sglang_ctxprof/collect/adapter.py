@@ -226,6 +226,11 @@ def metrics_enabled(server_args: Any) -> bool:
     return bool(getattr(server_args, "enable_metrics", False))
 
 
+def served_model_name(server_args: Any) -> str:
+    """The model name SGLang's own metrics carry as ``model_name`` (``--served-model-name`` or the path)."""
+    return str(getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", "") or "")
+
+
 def accept_lens(result: Any, n: int) -> list[int]:
     """Tokens accepted per request including the bonus token (CPU values, already synchronized)."""
     al = getattr(result, "accept_lens", None)
