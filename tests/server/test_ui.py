@@ -357,8 +357,9 @@ def test_clicking_a_slow_request_opens_its_steps(server, page):
     assert page.execute_script("return document.getElementById('detail-rid').textContent") == rid
     assert page.execute_script("return document.querySelectorAll('#steps tbody tr').length") == len(r["step_rows"])
     assert page.execute_script(CANVAS_INK, "#chart-steps") > 1000
-    page.set_window_size(1400, page.execute_script("return document.body.scrollHeight") + 40)
-    time.sleep(0.5)
+    page.set_window_size(1400, page.execute_script("return document.body.scrollHeight") + 140)
+    page.execute_script("window.scrollTo(0, 0)")
+    time.sleep(1)
     page.save_screenshot(str(LOG_DIR / "ui.png"))
 
 

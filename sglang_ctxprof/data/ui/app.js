@@ -72,7 +72,11 @@
     const bs = p.buckets.filter((b) => b.steps > 0);
     const fit = (p.fits || {}).step;
     const pts = bs.map((b) => [b.mean_ctx, b.decode_tok_s]).sort((a, b) => a[0] - b[0]);
-    const xs = pts.map((q) => q[0]);
+    // x: the buckets' mean contexts plus a grid for the fitted curve (points are null off the buckets)
+    const top = pts.length ? pts[pts.length - 1][0] * 1.1 : 1;
+    const grid = Array.from({ length: 41 }, (_, i) => (top * i) / 40);
+    const xs = [...new Set(grid.concat(pts.map((q) => q[0])))].sort((a, b) => a - b);
+    const at = new Map(pts.map((q) => [q[0], q[1]]));
     let curve = xs.map(() => null);
     let note = "no step-time fit yet (needs steps at two or more contexts)";
     if (fit && fit.n >= 2) {
@@ -86,11 +90,11 @@
     $("fit-note").textContent = note;
     draw("toks", $("chart-toks"), {
       series: [{ label: "mean ctx" },
-        { label: "bucket tok/s", stroke: "#4e79a7", width: 0, points: { show: true, size: 8, fill: "#4e79a7" }, value: (u, v) => f(v, 1) },
+        { label: "bucket tok/s", stroke: "#4e79a7", width: 0, paths: () => null, points: { show: true, size: 9, fill: "#4e79a7" }, value: (u, v) => f(v, 1) },
         { label: "fitted", stroke: "#e15759", width: 2, dash: [6, 4], points: { show: false }, value: (u, v) => f(v, 1) }],
       scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.1] } },
       axes: [{ label: "context tokens (bucket mean)" }, { label: "tok/s per request", size: 56 }],
-    }, [xs, pts.map((q) => q[1]), curve]);
+    }, [xs, xs.map((x) => (at.has(x) ? at.get(x) : null)), curve]);
   }
 
   function acceptChart(p) {
@@ -186,12 +190,14 @@
     const cum = []; let acc = rows.map(() => 0);
     present.forEach((p) => { acc = acc.map((a, i) => a + ((rows[i].phases_ms || {})[p] || 0)); cum.push(acc.slice()); });
     const order = present.map((_, i) => i).reverse();
+    const bars = uPlot.paths.bars({ size: [0.7, 40] });
     draw("steps", $("chart-steps"), {
       height: 200,
-      series: [{ label: "step" }].concat(order.map((i) => ({ label: present[i], stroke: COLORS[present[i]], fill: COLORS[present[i]] + "cc", points: { show: false },
+      series: [{ label: "step" }].concat(order.map((i) => ({ label: present[i], stroke: COLORS[present[i]], fill: COLORS[present[i]], paths: bars, points: { show: false },
         value: (u, v, si, di) => (di === null || di === undefined ? "-" : f((rows[di].phases_ms || {})[present[i]], 3) + " ms") }))),
-      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.08] } },
-      axes: [{ label: "decode step of this request" }, { label: "ms (stacked phases)", size: 56 }],
+      scales: { x: { time: false, range: [0.4, rows.length + 0.6] }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.08] } },
+      axes: [{ label: "decode step of this request", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+        { label: "ms (stacked phases)", size: 56 }],
     }, [xs].concat(order.map((i) => cum[i])));
   }
 
