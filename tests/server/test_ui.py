@@ -4,7 +4,9 @@ Perfetto export, and the fleet view, all against real CPU servers.
 One server (tiny DeepSeek-V3 + EAGLE, ``--enable-ctx-profile --enable-metrics --admin-api-key``) serves
 every check; a real Prometheus (Debian's) scrapes it every 2 s from before the first request; headless
 Chromium (Debian's, driven by selenium) loads ``/ctx_profile/ui``.  The fleet check starts a second
-tiny server next to it.  In CI (``CI=true``) a missing browser or Prometheus fails the test; on a
+tiny server next to it.  The optional parts other branches add to the JSON (per-position acceptance,
+exec mode, diagnosis, waterfall, own cost) are shown to the same browser by a stdlib server giving
+the contract's shapes.  In CI (``CI=true``) a missing browser or Prometheus fails the test; on a
 developer machine it skips, naming the apt packages.
 """
 
@@ -419,3 +421,86 @@ def test_fleet_merge_of_two_servers_is_the_sum(server, traffic):
         assert text.returncode == 0 and "fleet of 2 servers" in text.stdout and other.url in text.stdout
     finally:
         other.stop()
+
+
+# ---------------------------------------------------------------------------------------------- optional parts
+def _contract_server():
+    """A stdlib server giving the page the optional keys other parts add (CONTRACTS: per-position
+    acceptance, exec mode, diagnosis, waterfall, own cost), on a profile built by a real Aggregator."""
+    import http.server
+    import threading
+
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.views import ui
+    from sglang_ctxprof.model.records import RankId, StepRecord
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    for i, ctx in enumerate((70, 80, 900, 3000, 3100)):
+        ph = {"draft": 0.5, "verify": 3.0 + ctx / 1000, "verify_attn": 1 + ctx / 1000, "verify_moe": 1.5,
+              "verify_rest": 0.5, "draft_extend": 0.75, "overhead": 0.3}
+        agg.observe(StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("r0",),
+                               ctx_lens=(ctx,), accepted=(4,), committed=(4,), finished=(False,), draft_tokens=4,
+                               step_ms=4.55 + ctx / 1000, phases_ms=ph, t_start_ns=i * 10_000_000))
+    prof = build_profile(agg.snapshot()).served(enabled=True, dropped=0, ranks=({"status": {}},)).to_dict()
+    for b in prof["buckets"]:
+        b["acceptance_by_position"] = {"n_steps": b["steps"], "hist": [0, 1, 1, b["steps"] - 2],
+                                       "p": [0.95, 0.8, 0.6], "c": [0.95, 0.84, 0.75], "mean_len": 3.4}
+        b["exec_mode"] = {"graph": 0, "eager": b["steps"], "piecewise": 0, "unknown": 0, "attn_backend": "intel_amx",
+                          "downgrade": False, "reason": ""}
+    status = {"schema_version": 1, "ranks": [{"status": {
+        "enabled": True, "pid": 1, "rank": {"tp": 0, "dp": 0, "pp": 0}, "algorithm": "EAGLE", "timing": "cpu",
+        "submitted": 5, "dropped": 0, "degraded": None, "hooks": {"a": "ok"},
+        "cost": {"sched_us_per_step": 12.5, "sampled_steps": 5, "drain_us_per_record": 3.0, "events_per_step": None,
+                 "step_share": 0.004}}}]}
+    req = dict(agg.request("r0"), waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
+                                               "others_prefill_ms": 4.0, "batch_sharing_ms": None, "host_gaps_ms": 1.5})
+    diag = {"headline": "verify attention grows 1.0 ms per 1k tokens of context", "flags": [
+        {"kind": "eager", "message": "no CUDA graph on this CPU run"}]}
+    routes = {"": prof, "/status": status, "/requests?slowest=20": {"schema_version": 1, "requests": agg.requests.slowest(20)},
+              "/requests/r0": req, "/diagnosis": diag}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = self.path[len(R):]
+            if path.startswith("/ui"):
+                name = path[len("/ui/"):] or "index.html"
+                body, ctype = ui.read(name), ui.FILES[name]
+            else:
+                body, ctype = json.dumps(routes[path]).encode(), "application/json"
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, prof
+
+
+def test_optional_parts_show_when_present(browser):
+    srv, prof = _contract_server()
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}{names.ROUTE_UI}")
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        assert browser.execute_script("return document.getElementById('position-panel').hidden") is False
+        assert browser.execute_script(CANVAS_INK, "#chart-position") > 1000
+        pos = browser.execute_script("return window.ctxprof.charts['position'].data")
+        assert pos[0] == [1, 2, 3] and pos[1] == [0.95, 0.8, 0.6]
+        assert browser.execute_script("return document.getElementById('diag-headline').textContent") == \
+            "verify attention grows 1.0 ms per 1k tokens of context"
+        assert "no CUDA graph" in browser.execute_script("return document.getElementById('diag-flags').textContent")
+        assert "12.5 µs/step (0.40% of step)" in browser.execute_script("return document.querySelector('#status tbody').textContent")
+        assert "eager" in browser.execute_script("return document.querySelector('#buckets tbody').textContent")
+        browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
+        _wait(browser, "return !document.getElementById('waterfall').hidden")
+        parts = browser.execute_script("return [...document.querySelectorAll('#waterfall div')].map(d => d.textContent)")
+        assert parts == ["draft", "verify_attn", "others' prefill", "host gaps"]
+        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert not logs, logs
+    finally:
+        srv.shutdown()
