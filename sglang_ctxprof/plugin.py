@@ -152,4 +152,7 @@ def _exporters(profiler):
     def metrics_enabled() -> bool:
         return adapter.metrics_enabled(getattr(profiler.scheduler, "server_args", None))
 
-    return install(profiler, metrics_enabled=metrics_enabled)
+    def model_name() -> str:
+        return adapter.served_model_name(getattr(profiler.scheduler, "server_args", None))
+
+    return install(profiler, metrics_enabled=metrics_enabled, model_name=model_name)

@@ -14,7 +14,8 @@
   bounded timeline of recent steps, from which ``waterfall`` charges a request's wall time;
 * prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
-  exporters read each finished request from it.
+  exporters read each finished request from it;
+* the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export.
 
 ``snapshot()`` returns a frozen :class:`~.snapshot.Snapshot` with exact counts; ``state()`` is its
 builtins form (str keys, msgpack-safe).  ``views/profile`` turns a snapshot, or several ranks'
@@ -24,13 +25,12 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
+from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
-from collections import deque
-
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .requests import RequestLog
@@ -90,11 +90,13 @@ class Aggregator:
         self.host_in_step = DurationStats()
         self.timeline: deque = deque(maxlen=TIMELINE_STEPS)
         self._last_end_ns = 0
+        self.recent: "deque[StepRecord]" = deque(maxlen=MAX_TRACE_STEPS)
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
         if not rec.rids:
             return
+        self.recent.append(rec)
         cur = self.meta["timing"]
         if cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0):
             self.meta["timing"] = rec.timing  # steps differ (graph, eager, sampled): keep the best seen
@@ -191,6 +193,11 @@ class Aggregator:
         if r is not None:
             r["waterfall"] = self.waterfall(r)
         return r
+
+    def recent_steps(self, n: int) -> list[dict[str, Any]]:
+        """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
+        n = max(0, min(int(n), len(self.recent)))
+        return [r.to_dict() for r in list(self.recent)[len(self.recent) - n:]]
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot

@@ -5,6 +5,10 @@ Fetches ``/ctx_profile/requests/{rid}`` (or ``?slowest=N``) and prints, per requ
 per decode step: context length, batch size, draft/accepted/committed tokens, the step time and its
 phases (draft, verify = attention + MoE + rest, draft_extend, and the remainder).  ``--json`` prints
 the raw answer.  No tracing backend needed.
+
+``--perfetto out.json`` instead writes Chrome trace events (``GET /ctx_profile/trace.json``): the last
+``--last N`` steps of every rank (default 256, at most 2048: what each rank keeps), or with a RID that
+request's prefill and steps, for ui.perfetto.dev or chrome://tracing.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..model import names
 from ..model.names import Phase
 
 COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
@@ -30,6 +35,42 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--max-steps", type=int, default=0, metavar="K",
                     help="print at most K step rows per request (0: all)")
     ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
+    ap.add_argument("--perfetto", default=None, metavar="OUT.json",
+                    help="write Chrome trace events (ui.perfetto.dev, chrome://tracing) to this file")
+    ap.add_argument("--last", type=int, default=None, metavar="N",
+                    help=f"with --perfetto: the last N steps per rank (default {names.DEFAULT_TRACE_STEPS}, "
+                         f"at most {names.MAX_TRACE_STEPS})")
+
+
+def perfetto(ns) -> int:
+    """Fetch ``/ctx_profile/trace.json`` and write it to ``ns.perfetto``."""
+    import urllib.parse
+
+    from .client import RID_RE, ClientError, ServerClient
+    from .main import CliError
+
+    if ns.slowest is not None:
+        raise CliError("--perfetto takes a RID or --last N, not --slowest")
+    if ns.rid is not None and ns.last is not None:
+        raise CliError("give either a RID or --last N, not both")
+    client = ServerClient(ns.url, ns.api_key, timeout=120)
+    if ns.rid is not None:
+        if not RID_RE.match(ns.rid):
+            raise ClientError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
+        query = "rid=" + urllib.parse.quote(ns.rid, safe="")
+    else:
+        n = names.DEFAULT_TRACE_STEPS if ns.last is None else ns.last
+        if not 1 <= n <= names.MAX_TRACE_STEPS:
+            raise CliError(f"--last must be between 1 and {names.MAX_TRACE_STEPS}, got {n}")
+        query = f"last={n}"
+    body = client._require(f"{names.ROUTE_TRACE_JSON}?{query}")
+    with open(ns.perfetto, "w") as f:
+        json.dump(body, f)
+    ev = body.get("traceEvents", [])
+    steps = sum(1 for e in ev if e.get("ph") == "X" and e.get("cat") in ("decode", "prefill"))
+    print(f"wrote {len(ev)} trace events ({steps} steps and prefill batches) to {ns.perfetto}; "
+          "open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0
 
 
 def fetch(ns) -> list[dict[str, Any]]:
@@ -98,6 +139,12 @@ def render_waterfall(w: Mapping[str, Any]) -> list[str]:
 
 
 def run(ns) -> int:
+    if ns.perfetto:
+        return perfetto(ns)
+    if ns.last is not None:
+        from .main import CliError
+
+        raise CliError("--last goes with --perfetto")
     reqs = fetch(ns)
     if ns.json:
         print(json.dumps(reqs if ns.rid is None else reqs[0], indent=2))

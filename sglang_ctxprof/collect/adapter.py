@@ -231,6 +231,11 @@ def metrics_enabled(server_args: Any) -> bool:
     return bool(getattr(server_args, "enable_metrics", False))
 
 
+def served_model_name(server_args: Any) -> str:
+    """The model name SGLang's own metrics carry as ``model_name`` (``--served-model-name`` or the path)."""
+    return str(getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", "") or "")
+
+
 def draft_tokens(result: Any, server_args: Any) -> int:
     n = getattr(result, "speculative_num_draft_tokens", None)
     if n is None:

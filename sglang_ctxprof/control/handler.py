@@ -8,7 +8,8 @@ SGLang: the tokenizer manager waits for exactly one reply per rank, so we always
 ``{"error": ...}`` if need be.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N or one ``rid``), ``trace_policy``, and the test-only ``fault`` switch.
+``requests`` (``slowest`` N or one ``rid``), ``recent`` (the last N step records), ``trace_policy``, and
+the test-only ``fault`` switch.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_REQUESTS, CMD_RESET, CMD_SNAPSHOT,
-                           CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY)
+from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS, CMD_RESET,
+                           CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY)
 from .protocol import decode
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
         return _requests(p, req)
     if cmd == CMD_TRACE_POLICY:
         return _trace_policy(p, req)
+    if cmd == CMD_RECENT:
+        n = int(req.get("last", 0))
+        return {"status": p.status(), "steps": p.recorder.with_aggregator(lambda a: a.recent_steps(n))}
     raise ValueError(f"unknown command {cmd!r}")
 
 

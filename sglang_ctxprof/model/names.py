@@ -134,6 +134,7 @@ CMD_STATUS = "status"
 CMD_REQUESTS = "requests"  # the slowest N requests, or one by rid, with their steps
 CMD_TRACE_POLICY = "trace_policy"  # read or change the tail-sampling policy
 CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAULT=runtime at start)
+CMD_RECENT = "recent"  # the last N step records of a rank (the trace export)
 CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
 
 # ---- HTTP routes on SGLang's port, and the app path multi-tokenizer workers import -----------
@@ -146,6 +147,11 @@ ROUTE_DISABLE = ROUTE + "/disable"
 ROUTE_FAULT = ROUTE + "/fault"  # test only
 ROUTE_TRACE_POLICY = ROUTE + "/trace_policy"
 ROUTE_DIAGNOSIS = ROUTE + "/diagnosis"  # ?format=json|text, ?ctx=N (what-if), the verdict
+ROUTE_UI = ROUTE + "/ui"  # the live page; its files under ROUTE_UI + "/{name}"
+ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export, ?last=N or ?rid=
+FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
+MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers
+DEFAULT_TRACE_STEPS = 256
 RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}$"  # a request id the routes accept
 MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
@@ -185,6 +191,13 @@ ATTR_FINISHED = "ctxprof.finished"
 METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"
 METRIC_ACCEPTED = "sglang_ctxprof_accepted_tokens"
 METRIC_STEPS = "sglang_ctxprof_steps"
+METRIC_REQUEST_STEPS = "sglang_ctxprof_request_steps"  # request-steps (steps x batch size)
+METRIC_DRAFT_TOKENS = "sglang_ctxprof_draft_tokens"  # draft budget x batch size
+METRIC_POSITION_ACCEPTED = "sglang_ctxprof_position_accepted"  # request-steps whose draft position i was accepted
+METRIC_DROPPED = "sglang_ctxprof_dropped_records"  # records the hot path's queue dropped
+METRIC_DEGRADED = "sglang_ctxprof_degraded"  # 1 while a component is disabled after a failure
+LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model
+MAX_POSITION_LABEL = 32  # draft positions above this are not labelled (bounded cardinality)
 
 # ---- log events ------------------------------------------------------------------------------
 LOGGER_NAME = "sglang_ctxprof.events"

@@ -43,8 +43,10 @@ class Sinks:
     def __init__(self, bucketing: Any, policy: TracePolicy, *, history: History,
                  env: Optional[Mapping[str, str]] = None, logs: Any = None, otel: Any = None,
                  otel_queue: int = DEFAULT_OTEL_QUEUE, primary: Callable[[], bool] = lambda: True,
-                 metrics_enabled: Callable[[], bool] = lambda: False) -> None:
-        """``history(rid)`` returns a request's summary with its step rows (the aggregator's)."""
+                 metrics_enabled: Callable[[], bool] = lambda: False,
+                 metrics_args: Callable[[], Mapping[str, Any]] = dict) -> None:
+        """``history(rid)`` returns a request's summary with its step rows (the aggregator's);
+        ``metrics_args()`` the live metrics' ``model``, ``dropped`` and ``degraded`` (asked on first need)."""
         self.bucketing = bucketing
         self.policy = policy
         self.env = dict(os.environ if env is None else env)  # the standard OTEL_* exporter variables
@@ -56,6 +58,7 @@ class Sinks:
         self._decided: "OrderedDict[str, None]" = OrderedDict()
         self.primary = primary
         self._metrics_enabled = metrics_enabled
+        self._metrics_args = metrics_args
         self.metrics: Any = None
         self._metrics_checked = False
         self.finished = 0
@@ -126,7 +129,7 @@ class Sinks:
             if self._metrics_enabled() and self.primary():
                 from .metrics import maybe_create
 
-                self.metrics = maybe_create(self.bucketing, True)
+                self.metrics = maybe_create(self.bucketing, True, **dict(self._metrics_args()))
         if self.metrics is not None:
             self.metrics.observe(rec)
 
@@ -154,12 +157,14 @@ class Sinks:
 
 
 def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
-          metrics_enabled: Callable[[], bool] = lambda: False) -> Sinks:
+          metrics_enabled: Callable[[], bool] = lambda: False,
+          model_name: Callable[[], str] = lambda: "") -> Sinks:
     """Sinks for one scheduler's Profiler, configured by ``profiler.config`` (its ``trace``,
     ``logs`` and ``export`` parts); ``env`` holds only the standard ``OTEL_*`` exporter variables.
 
     ``metrics_enabled`` says whether SGLang runs with ``--enable-metrics`` (asked on first need,
-    since the server arguments are known only once the profiler is bound)."""
+    since the server arguments are known only once the profiler is bound); ``model_name`` the served
+    model, the live metrics' ``model_name`` label."""
     cfg = profiler.config
     policy = TracePolicy.from_settings(cfg.trace)
     logs = None
@@ -179,8 +184,12 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
     def history(rid: str) -> Optional[Mapping[str, Any]]:
         return profiler.recorder.aggregator.request(rid, lazy=True)  # rows read only to export
 
+    def metrics_args() -> dict[str, Any]:
+        return {"model": model_name(), "dropped": lambda: profiler.recorder.dropped,
+                "degraded": profiler.guard.status}
+
     s = Sinks(cfg.bucketing(), policy, history=history, env=env, logs=logs, primary=primary,
-              metrics_enabled=metrics_enabled, otel_queue=cfg.export.otel_queue)
+              metrics_enabled=metrics_enabled, metrics_args=metrics_args, otel_queue=cfg.export.otel_queue)
     sinks_ref.append(s)
     if logs is not None:
         logs.start()
@@ -188,11 +197,12 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
 
 
 def install(profiler: Any, env: Optional[Mapping[str, str]] = None,
-            metrics_enabled: Callable[[], bool] = lambda: False) -> Optional[Sinks]:
+            metrics_enabled: Callable[[], bool] = lambda: False,
+            model_name: Callable[[], str] = lambda: "") -> Optional[Sinks]:
     """Build the sinks and register them on ``profiler.recorder``; never raises into SGLang.
     Returns them (the session keeps them as ``profiler.sinks``), or None."""
     try:
-        s = build(profiler, env, metrics_enabled)
+        s = build(profiler, env, metrics_enabled, model_name)
     except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the profiler
         logger.warning("sglang-ctxprof: tracing sinks not installed: %s", exc)
         return None

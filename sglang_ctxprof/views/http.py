@@ -13,6 +13,9 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
 * ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``).
+* ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views/trace_events``);
+* ``GET  /ctx_profile/ui`` and its files - the live page (``views/ui``), a read route like the others;
+* ``GET  /ctx_profile?format=state`` - the ranks' merged state (exact histograms), for the fleet view.
 
 Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard: a
 failure of ours gets a 500 JSON error with ``degraded``, logs one warning with the traceback and
@@ -40,7 +43,7 @@ from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("json", "text", "prometheus")
+FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
 
@@ -111,6 +114,17 @@ def served_profile(payloads: list[dict[str, Any]]) -> Profile:
     )
 
 
+def served_state(payloads: list[dict[str, Any]]):
+    """The ranks' states merged exactly (``Snapshot.to_dict()``), for merging several servers."""
+    states = [p for p in payloads if "state" in p]
+    if not states:
+        return _error(503, "; ".join(p.get("error", "no answer") for p in payloads) or "no scheduler answered")
+    snaps = [Snapshot.from_dict(p["state"]) for p in states]
+    return {"schema_version": names.SCHEMA_VERSION, "state": merge(snaps).to_dict(), "ranks": len(payloads),
+            "dropped": sum(int(p["status"].get("dropped", 0)) for p in states),
+            "enabled": all(p["status"].get("enabled") for p in states)}
+
+
 async def get_profile(request: Request):
     fmt = request.query_params.get("format", "json")
     if fmt not in FORMATS:
@@ -118,6 +132,8 @@ async def get_profile(request: Request):
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    if fmt == names.FORMAT_STATE:
+        return served_state(await _ask(names.CMD_SNAPSHOT))
     try:
         profile = served_profile(await _ask(names.CMD_SNAPSHOT))
     except Exception as exc:  # noqa: BLE001
@@ -235,6 +251,39 @@ async def get_request(request: Request):
     return rows[0]
 
 
+async def get_trace_json(request: Request):
+    """Chrome trace events of the last ``last`` steps per rank (bounded), or of one ``rid``."""
+    from .trace_events import request_trace, steps_trace
+
+    qp = dict(request.query_params)
+    unknown = set(qp) - {"last", "rid"}
+    if unknown:
+        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    if "rid" in qp:
+        if "last" in qp:
+            return _error(400, "give either last=N or rid=RID, not both")
+        if not _RID_RE.match(qp["rid"]):
+            return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
+        rows = [r for p in await _ask(names.CMD_REQUESTS, rid=qp["rid"]) for r in p.get("requests", [])]
+        if not rows:
+            return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
+        return request_trace(rows[0])
+    raw = qp.get("last", str(names.DEFAULT_TRACE_STEPS))
+    try:
+        n = int(raw)
+    except ValueError:
+        return _error(400, f"last must be an integer, got {raw!r}")
+    if not 1 <= n <= names.MAX_TRACE_STEPS:
+        return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
+                           f"last {names.MAX_TRACE_STEPS} steps), got {n}")
+    payloads = await _ask(names.CMD_RECENT, last=n)
+    errors = [p["error"] for p in payloads if "error" in p]
+    if errors and len(errors) == len(payloads):
+        return _error(503, "; ".join(errors))
+    return steps_trace([((p.get("status") or {}).get("rank") or i, p.get("steps", []))
+                        for i, p in enumerate(payloads) if "steps" in p], n)
+
+
 async def post_fault(request: Request):
     """Test-only runtime fault switch (installed only with ``SGLANG_CTXPROF_FAULT=runtime``)."""
     try:
@@ -295,5 +344,10 @@ def install_routes(app: Any, client: Any, admin: Any) -> None:
     app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
     app.add_api_route(names.ROUTE_DIAGNOSIS, _guarded(get_diagnosis), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
+    app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(get_trace_json), methods=["GET"])
+    from .ui import get_ui, get_ui_file
+
+    app.add_api_route(names.ROUTE_UI, _guarded(get_ui), methods=["GET"])
+    app.add_api_route(names.ROUTE_UI + "/{name}", _guarded(get_ui_file), methods=["GET"])
     if guard().switchable:  # test only, never in production (see module docstring)
         app.add_api_route(names.ROUTE_FAULT, admin(post_fault), methods=["POST"])

@@ -7,7 +7,19 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_phase_seconds`` histogram, labels ``phase`` and ``ctx_bucket``: seconds per
   decode step for every reported phase (``step``, ``draft``, ``verify``, ``verify_attn``, ...);
 * ``sglang_ctxprof_accepted_tokens_total`` counter, label ``ctx_bucket``: accepted tokens (incl. bonus);
-* ``sglang_ctxprof_steps_total`` counter, label ``ctx_bucket``: decode steps.
+* ``sglang_ctxprof_steps_total`` counter, label ``ctx_bucket``: decode steps;
+* ``sglang_ctxprof_request_steps_total`` counter, label ``ctx_bucket``: request-steps (steps x batch
+  size), the denominator of "accepted tokens per step" as ``/ctx_profile`` reports it;
+* ``sglang_ctxprof_draft_tokens_total`` counter, label ``ctx_bucket``: draft budget x batch size;
+* ``sglang_ctxprof_position_accepted_total`` counter, labels ``ctx_bucket`` and ``position``: request-
+  steps whose draft position ``i`` (1..32) was accepted, so ``p_i`` = its rate / request-steps' rate;
+* ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
+  (read from the recorder when the next record drains);
+* ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
+  failure, else 0 (updated as records drain; ``livemax`` over the scheduler processes).
+
+Every family carries ``model_name`` (the served model, the label SGLang's own ``sglang:*`` metrics use),
+so one Prometheus scraping a fleet can select by model and by ``instance``.
 
 Label cardinality is bounded: ``phase`` is the closed phase vocabulary and ``ctx_bucket`` the label of
 a configured bucket range (``Bucketing``, at most 256), keyed like ``/ctx_profile`` by the batch's
@@ -17,10 +29,13 @@ nothing is created (``/ctx_profile?format=prometheus`` renders the aggregate ins
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS, REPORTED_PHASES, Phase
+from ..model.guard import COMPONENTS
+from ..model.names import (KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
+                           METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
+                           METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase)
 from ..model.records import StepRecord
 
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
@@ -29,36 +44,85 @@ PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 
 
 class MetricsView:
-    def __init__(self, bucketing: Bucketing, registry: Any = None) -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram
+    """``dropped()`` gives the recorder's dropped-record count, ``degraded()`` the guard's status
+    (``{"components": {name: why}}`` or None); both are read as records drain."""
+
+    def __init__(self, bucketing: Bucketing, registry: Any = None, model: str = "",
+                 dropped: Callable[[], int] = lambda: 0,
+                 degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
+        m = LABEL_MODEL
         self.bucketing = bucketing
+        self.model = model
+        self._dropped_fn = dropped
+        self._degraded_fn = degraded
         self.phase_seconds = Histogram(METRIC_PHASE_SECONDS, "Seconds per speculative decode step phase.",
-                                       ["phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
+                                       [m, "phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
         self.accepted = Counter(METRIC_ACCEPTED, "Accepted tokens (incl. the bonus token) of decode steps.",
-                                ["ctx_bucket"], registry=reg)
-        self.steps = Counter(METRIC_STEPS, "Speculative decode steps.", ["ctx_bucket"], registry=reg)
+                                [m, "ctx_bucket"], registry=reg)
+        self.steps = Counter(METRIC_STEPS, "Speculative decode steps.", [m, "ctx_bucket"], registry=reg)
+        self.req_steps = Counter(METRIC_REQUEST_STEPS, "Request-steps (decode steps x batch size).",
+                                 [m, "ctx_bucket"], registry=reg)
+        self.draft_tokens = Counter(METRIC_DRAFT_TOKENS, "Draft token budget x batch size of decode steps.",
+                                    [m, "ctx_bucket"], registry=reg)
+        self.position = Counter(METRIC_POSITION_ACCEPTED, "Request-steps whose draft position was accepted.",
+                                [m, "ctx_bucket", "position"], registry=reg)
+        self.dropped = Counter(METRIC_DROPPED, "Step records dropped by the bounded hot-path queue.", [m],
+                               registry=reg)
+        self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
+                              [m, "component"], registry=reg, multiprocess_mode="livemax")
+        self.dropped.labels(model).inc(0)  # exported from the start: 0 is an answer
+        self._dropped_seen = 0
+        self._degraded_seen: Optional[frozenset] = None
+        self._update_health()
         self.observed = 0
 
+    def _update_health(self) -> None:
+        n = int(self._dropped_fn() or 0)
+        if n > self._dropped_seen:
+            self.dropped.labels(self.model).inc(n - self._dropped_seen)
+            self._dropped_seen = n
+        bad = frozenset(((self._degraded_fn() or {}).get("components") or {}))
+        if bad != self._degraded_seen:
+            for c in COMPONENTS:
+                self.degraded.labels(self.model, c).set(1 if c in bad else 0)
+            self._degraded_seen = bad
+
     def observe(self, rec: StepRecord) -> None:
+        self._update_health()
         if rec.kind != KIND_DECODE or not rec.rids:
             return
+        model = self.model
         label = self.bucketing.label(self.bucketing.index(rec.ctx_mean))
         for name in REPORTED_PHASES:
             if name != Phase.STEP.value and name not in rec.phases_ms:
                 continue
-            self.phase_seconds.labels(name, label).observe(rec.phase(name) / 1e3)
-        self.accepted.labels(label).inc(sum(rec.accepted))
-        self.steps.labels(label).inc()
+            self.phase_seconds.labels(model, name, label).observe(rec.phase(name) / 1e3)
+        self.accepted.labels(model, label).inc(sum(rec.accepted))
+        self.steps.labels(model, label).inc()
+        self.req_steps.labels(model, label).inc(rec.batch_size)
+        self.draft_tokens.labels(model, label).inc(rec.draft_tokens * rec.batch_size)
+        # accepted includes the bonus token: a request that accepted a tokens accepted drafts 1..a-1
+        counts = [0] * (MAX_POSITION_LABEL + 1)
+        for a in rec.accepted:
+            for i in range(1, min(a - 1, MAX_POSITION_LABEL) + 1):
+                counts[i] += 1
+        for i in range(1, MAX_POSITION_LABEL + 1):
+            if counts[i]:
+                self.position.labels(model, label, str(i)).inc(counts[i])
+            elif i <= rec.draft_tokens - 1:
+                self.position.labels(model, label, str(i)).inc(0)  # a position tried and never accepted
         self.observed += 1
 
 
-def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None) -> Optional[MetricsView]:
-    """A view when SGLang exports metrics (``--enable-metrics``) and prometheus_client is present."""
+def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None, **kw: Any) -> Optional[MetricsView]:
+    """A view when SGLang exports metrics (``--enable-metrics``) and prometheus_client is present;
+    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped`` and ``degraded``."""
     if not enabled:
         return None
     try:
-        return MetricsView(bucketing, registry)
+        return MetricsView(bucketing, registry, **kw)
     except ImportError:
         return None

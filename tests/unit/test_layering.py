@@ -30,7 +30,7 @@ ALLOWED = {
     "testing": {"model", "aggregate", "collect", "testing"},
 }
 PURE_ROOMS = ("model", "aggregate")
-PURE_MODULES = ("control.protocol", "collect.step", "views.policy", "views.profile")  # pure modules in other rooms
+PURE_MODULES = ("control.protocol", "collect.step", "views.policy", "views.profile", "views.trace_events")  # pure modules in other rooms
 
 
 def _modules() -> dict[str, Path]:

@@ -70,3 +70,34 @@ def test_format_prometheus_text_parses_and_matches_live_counters():
     assert cnt[("step", "2048-4095")] == 3
     sums = {(s.labels["phase"], s.labels["ctx_bucket"]): s.value for s in ph.samples if s.name.endswith("_sum")}
     assert abs(sums[("verify", "2048-4095")] - 0.009) < 1e-9
+
+
+def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
+    reg = CollectorRegistry()
+    state = {"dropped": 0, "degraded": None}
+    view = MetricsView(Bucketing.parse("pow2"), reg, model="tiny-dsv3", dropped=lambda: state["dropped"],
+                       degraded=lambda: state["degraded"])
+    fam = _families(generate_latest(reg).decode())
+    # exported before any step: a dashboard's "dropped" and "degraded" panels have an answer (0)
+    assert [(s.labels, s.value) for s in fam["sglang_ctxprof_dropped_records"].samples if s.name.endswith("_total")] \
+        == [({"model_name": "tiny-dsv3"}, 0.0)]
+    assert {s.labels["component"]: s.value for s in fam["sglang_ctxprof_degraded"].samples} == \
+        {c: 0.0 for c in ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control")}
+    recs = _recs()
+    view.observe(recs[0])  # accepted (3, 2): positions 1, 2 accepted once; 1 once more; 3 tried, never
+    state["dropped"], state["degraded"] = 5, {"components": {"exporter": "boom"}}
+    view.observe(recs[1])
+    fam = _families(generate_latest(reg).decode())
+    s = {s.name: s for s in fam["sglang_ctxprof_request_steps"].samples if s.name.endswith("_total")}
+    assert s["sglang_ctxprof_request_steps_total"].value == 4
+    assert s["sglang_ctxprof_request_steps_total"].labels == {"model_name": "tiny-dsv3", "ctx_bucket": "64-127"}
+    draft = [x.value for x in fam["sglang_ctxprof_draft_tokens"].samples if x.name.endswith("_total")]
+    assert draft == [16.0]
+    pos = {x.labels["position"]: x.value for x in fam["sglang_ctxprof_position_accepted"].samples
+           if x.name.endswith("_total")}
+    assert pos == {"1": 4.0, "2": 2.0, "3": 0.0}
+    assert [x.value for x in fam["sglang_ctxprof_dropped_records"].samples if x.name.endswith("_total")] == [5.0]
+    deg = {x.labels["component"]: x.value for x in fam["sglang_ctxprof_degraded"].samples}
+    assert deg["exporter"] == 1.0 and sum(deg.values()) == 1.0
+    h = fam["sglang_ctxprof_phase_seconds"]
+    assert {x.labels["model_name"] for x in h.samples} == {"tiny-dsv3"}

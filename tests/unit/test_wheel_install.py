@@ -60,6 +60,10 @@ def test_wheel_ships_the_data(installed):
     assert "sglang_ctxprof/data/patches/multi-tokenizer-app-path.patch" in names
     assert "sglang_ctxprof/data/patches/serve-help-plugin-flags.patch" in names
     assert any(n.startswith("sglang_ctxprof/data/corpus/") and n.endswith(".txt") for n in names)
+    from sglang_ctxprof.views.ui import FILES
+
+    for f in FILES:  # the live page and its vendored chart library, with its licence
+        assert f"sglang_ctxprof/data/ui/{f}" in names, f
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [ln for ln in zipfile.ZipFile(installed["wheel"]).read(meta).decode().splitlines()
                 if ln.startswith("Requires-Dist:")]
@@ -70,10 +74,12 @@ def test_wheel_ships_the_data(installed):
 
 def test_installed_package_is_the_wheel_and_finds_its_data(installed):
     code = ("import sglang_ctxprof, sglang_ctxprof.cli.patching as p, sglang_ctxprof.cli.prompts as pr;"
-            "print(sglang_ctxprof.__file__); print(len(p.load_patches())); print(len(pr.corpus_text()) > 1000)")
+            "import sglang_ctxprof.views.ui as ui;"
+            "print(sglang_ctxprof.__file__); print(len(p.load_patches())); print(len(pr.corpus_text()) > 1000);"
+            "print(all(len(ui.read(f)) > 500 for f in ui.FILES))")
     out = _run([installed["py"], "-c", code], cwd=installed["tmp"]).stdout.split()
     assert out[0].startswith(str(installed["venv"])), out
-    assert out[1:] == ["2", "True"], out
+    assert out[1:] == ["2", "True", "True"], out
 
 
 def test_entry_point_loads_the_plugin(installed):

@@ -1,0 +1,254 @@
+// sglang-ctxprof live page: reads the /ctx_profile JSON routes of this server and draws them with uPlot.
+// Shows ids, lengths and timings only (the routes never carry prompt or output text).
+"use strict";
+(function () {
+  const BASE = location.pathname.replace(/\/ui\/?$/, "");   // "/ctx_profile" (also behind a prefix)
+  const REFRESH_MS = 3000;
+  const SLOWEST = 20;
+  const LEAVES = ["draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead", "unattributed"];
+  const COLORS = { draft: "#4e79a7", verify_attn: "#e15759", verify_moe: "#f28e2b", verify_rest: "#76b7b2",
+    draft_extend: "#59a14f", overhead: "#bab0ac", unattributed: "#9c755f" };
+  const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"];
+  const $ = (id) => document.getElementById(id);
+  const charts = {};          // name -> uPlot instance (window.ctxprof.charts, read by the tests)
+  const state = { profile: null, status: null, slow: [], rid: null, refreshes: 0, lastError: null };
+  window.ctxprof = { charts, state, refresh: () => refresh() };
+
+  const f = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(d);
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+
+  async function getJSON(path) {
+    const r = await fetch(BASE + path, { headers: { Accept: "application/json" }, cache: "no-store" });
+    let body = null;
+    try { body = await r.json(); } catch (e) { body = null; }
+    return { status: r.status, body };
+  }
+
+  function message(text, isError) {
+    const m = $("msg");
+    m.hidden = !text;
+    m.textContent = text || "";
+    m.className = isError ? "error" : "";
+  }
+
+  function width(el) { return Math.max(320, el.clientWidth - 4); }
+
+  function draw(name, el, opts, data) {
+    if (charts[name]) { charts[name].destroy(); delete charts[name]; }
+    el.textContent = "";
+    opts.width = width(el);
+    opts.height = opts.height || 240;
+    charts[name] = new uPlot(opts, data, el);
+  }
+
+  // ---- charts ---------------------------------------------------------------------------------------
+  function bucketAxis(labels) {
+    return { values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) && labels[t] !== undefined) ? labels[t] : ""),
+      splits: () => labels.map((_, i) => i), rotate: 0, size: 40 };
+  }
+
+  function phaseChart(p) {
+    const bs = p.buckets;
+    const present = LEAVES.filter((ph) => bs.some((b) => b.phases[ph]));
+    const labels = bs.map((b) => b.label);
+    const x = bs.map((_, i) => i);
+    // stacked bars: series hold cumulative sums, drawn top-down so each lower phase paints over
+    const raw = present.map((ph) => bs.map((b) => (b.phases[ph] ? b.phases[ph].mean_ms : 0)));
+    const cum = []; let acc = bs.map(() => 0);
+    raw.forEach((row) => { acc = acc.map((a, i) => a + row[i]); cum.push(acc.slice()); });
+    const order = present.map((_, i) => i).reverse();
+    const bars = uPlot.paths.bars({ size: [0.6, 80] });
+    const series = [{ label: "bucket", value: (u, v) => (v === null ? "-" : labels[v]) }].concat(order.map((i) => ({
+      label: present[i], fill: COLORS[present[i]], stroke: COLORS[present[i]], paths: bars, points: { show: false },
+      value: (u, v, si, di) => (di === null || di === undefined ? "-" : f(raw[i][di], 3) + " ms"),
+    })));
+    draw("phases", $("chart-phases"), {
+      series, scales: { x: { time: false, range: [-0.6, Math.max(0.6, bs.length - 0.4)] }, y: { range: (u, lo, hi) => [0, hi * 1.08 || 1] } },
+      axes: [bucketAxis(labels), { label: "ms per step", size: 56 }], legend: { live: true },
+    }, [x].concat(order.map((i) => cum[i])));
+  }
+
+  function toksChart(p) {
+    const bs = p.buckets.filter((b) => b.steps > 0);
+    const fit = (p.fits || {}).step;
+    const pts = bs.map((b) => [b.mean_ctx, b.decode_tok_s]).sort((a, b) => a[0] - b[0]);
+    // x: the buckets' mean contexts plus a grid for the fitted curve (points are null off the buckets)
+    const top = pts.length ? pts[pts.length - 1][0] * 1.1 : 1;
+    const grid = Array.from({ length: 41 }, (_, i) => (top * i) / 40);
+    const xs = [...new Set(grid.concat(pts.map((q) => q[0])))].sort((a, b) => a - b);
+    const at = new Map(pts.map((q) => [q[0], q[1]]));
+    let curve = xs.map(() => null);
+    let note = "no step-time fit yet (needs steps at two or more contexts)";
+    if (fit && fit.n >= 2) {
+      const steps = bs.reduce((a, b) => a + b.steps, 0), reqSteps = bs.reduce((a, b) => a + b.req_steps, 0);
+      const accepted = bs.reduce((a, b) => a + b.accepted, 0);
+      const bsz = steps ? reqSteps / steps : 1, acc = reqSteps ? accepted / reqSteps : 0;
+      curve = xs.map((c) => { const ms = fit.intercept_ms + fit.ms_per_1k_ctx * (bsz * c / 1000); return ms > 0 ? acc / (ms / 1000) : null; });
+      note = `fit: step ms = ${f(fit.intercept_ms, 3)} + ${f(fit.ms_per_1k_ctx, 4)} × (batch context / 1k tokens), r² ${f(fit.r2, 2)}, n ${fit.n}; ` +
+        `curve at mean batch size ${f(bsz, 2)} and ${f(acc, 2)} accepted tokens per step`;
+    }
+    $("fit-note").textContent = note;
+    draw("toks", $("chart-toks"), {
+      series: [{ label: "mean ctx" },
+        { label: "bucket tok/s", stroke: "#4e79a7", width: 0, paths: () => null, points: { show: true, size: 9, fill: "#4e79a7" }, value: (u, v) => f(v, 1) },
+        { label: "fitted", stroke: "#e15759", width: 2, dash: [6, 4], points: { show: false }, value: (u, v) => f(v, 1) }],
+      scales: { x: { time: false }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.1] } },
+      axes: [{ label: "context tokens (bucket mean)" }, { label: "tok/s per request", size: 56 }],
+    }, [xs, xs.map((x) => (at.has(x) ? at.get(x) : null)), curve]);
+  }
+
+  function acceptChart(p) {
+    const bs = p.buckets;
+    const labels = bs.map((b) => b.label);
+    const bars = uPlot.paths.bars({ size: [0.6, 80] });
+    draw("accept", $("chart-accept"), {
+      series: [{ label: "bucket", value: (u, v) => (v === null ? "-" : labels[v]) },
+        { label: "draft budget / step", stroke: "#bab0ac", fill: "#e7e3e0", paths: bars, points: { show: false }, value: (u, v) => f(v, 2) },
+        { label: "accepted / step (incl. bonus)", stroke: "#59a14f", fill: "#59a14f", paths: uPlot.paths.bars({ size: [0.35, 50] }), points: { show: false }, value: (u, v) => f(v, 2) }],
+      scales: { x: { time: false, range: [-0.6, Math.max(0.6, bs.length - 0.4)] }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.1] } },
+      axes: [bucketAxis(labels), { label: "tokens per request-step", size: 56 }],
+    }, [bs.map((_, i) => i), bs.map((b) => b.draft_tokens_per_step), bs.map((b) => b.accepted_per_step)]);
+  }
+
+  function positionChart(p) {
+    const bs = p.buckets.filter((b) => b.acceptance_by_position && (b.acceptance_by_position.p || []).length);
+    $("position-panel").hidden = !bs.length;
+    if (!bs.length) { if (charts.position) { charts.position.destroy(); delete charts.position; } return; }
+    const k = Math.max(...bs.map((b) => b.acceptance_by_position.p.length));
+    const xs = Array.from({ length: k }, (_, i) => i + 1);
+    draw("position", $("chart-position"), {
+      series: [{ label: "position" }].concat(bs.map((b, j) => ({ label: b.label, stroke: PALETTE[j % PALETTE.length], width: 2, value: (u, v) => f(v, 3) }))),
+      scales: { x: { time: false }, y: { range: [0, 1] } },
+      axes: [{ label: "draft position i", splits: () => xs }, { label: "P(accepted)", size: 56 }],
+    }, [xs].concat(bs.map((b) => xs.map((i) => (b.acceptance_by_position.p[i - 1] ?? null)))));
+  }
+
+  // ---- tables ---------------------------------------------------------------------------------------
+  function bucketTable(p) {
+    const present = LEAVES.filter((ph) => p.buckets.some((b) => b.phases[ph]));
+    const extra = p.buckets.some((b) => b.exec_mode) ? ["exec"] : [];
+    $("buckets").tHead.innerHTML = "<tr>" + ["ctx", "steps", "batch", "acc/step", "tok/s", "step ms"].concat(present.map((ph) => ph + " ms"), extra)
+      .map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
+    $("buckets").tBodies[0].innerHTML = p.buckets.map((b) => {
+      const em = b.exec_mode ? [Object.entries(b.exec_mode).filter(([k, v]) => typeof v === "number" && v > 0).map(([k, v]) => `${k} ${v}`).join(", ") + (b.exec_mode.downgrade ? " ⚠" : "")] : [];
+      const cells = [b.label, b.steps, f(b.mean_batch_size, 1), f(b.accepted_per_step, 2), f(b.decode_tok_s, 1), f(b.phases.step ? b.phases.step.mean_ms : null, 2)]
+        .concat(present.map((ph) => f(b.phases[ph] ? b.phases[ph].mean_ms : null, 2)), em);
+      return `<tr data-bucket="${esc(b.label)}" data-steps="${b.steps}">` + cells.map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>";
+    }).join("") || `<tr><td colspan="6" class="muted">no decode steps recorded yet</td></tr>`;
+    $("prefill").textContent = (p.prefill || []).length ? "prefill batches: " + p.prefill.map((q) => `${q.label}: ${q.batches} batches, ${f(q.mean_ms, 1)} ms mean`).join("; ") : "";
+  }
+
+  function slowTable(rows) {
+    $("slow").tBodies[0].innerHTML = rows.map((r) => `<tr data-rid="${esc(r.rid)}" class="${r.rid === state.rid ? "selected" : ""}">` +
+      [r.rid, r.prompt_tokens, r.steps, f(r.decode_tok_s, 1), f(r.accepted_per_step, 2), f(r.decode_ms, 1), f(r.prefill_ms, 1),
+        `${r.ctx_first ?? "-"}→${r.ctx_last ?? "-"}`, r.finished ? "yes" : "no"].map((c) => `<td>${esc(c ?? "-")}</td>`).join("") + "</tr>").join("") ||
+      `<tr><td colspan="9" class="muted">no finished decode requests yet</td></tr>`;
+  }
+
+  function statusTable(st) {
+    $("status").tBodies[0].innerHTML = (st.ranks || []).map((r) => {
+      if (r.error) return `<tr><td colspan="10" class="bad">${esc(r.error)}</td></tr>`;
+      const s = r.status || r;
+      const hooks = Object.values(s.hooks || {});
+      const ok = hooks.filter((v) => v === "ok").length;
+      const deg = s.degraded && s.degraded.components ? Object.keys(s.degraded.components).join(", ") : "";
+      const c = s.cost;
+      const cost = c ? `${f(c.sched_us_per_step, 1)} µs/step (${f(100 * (c.step_share || 0), 2)}% of step)` : "-";
+      const rank = s.rank ? `tp${s.rank.tp}-dp${s.rank.dp}-pp${s.rank.pp}` : "-";
+      return "<tr>" + [rank, s.pid, s.enabled ? "yes" : "no", s.algorithm, s.timing, s.submitted, s.dropped, `${ok}/${hooks.length} ok`]
+        .map((v) => `<td>${esc(v ?? "-")}</td>`).join("") + `<td class="${deg ? "bad" : ""}">${esc(deg || "none")}</td><td>${esc(cost)}</td></tr>`;
+    }).join("");
+  }
+
+  function diagnosis(d) {
+    const box = $("diagnosis");
+    if (!d || d.status !== 200 || !d.body || typeof d.body.headline !== "string") { box.hidden = true; return; }
+    box.hidden = false;
+    $("diag-headline").textContent = d.body.headline;
+    $("diag-flags").innerHTML = (d.body.flags || []).map((fl) => `<li><span class="flag-kind">${esc(fl.kind)}</span>${esc(fl.message)}</li>`).join("");
+  }
+
+  // ---- one request ----------------------------------------------------------------------------------
+  async function openRequest(rid) {
+    state.rid = rid;
+    document.querySelectorAll("#slow tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.rid === rid));
+    const r = await getJSON("/requests/" + encodeURIComponent(rid));
+    const box = $("detail");
+    box.hidden = false;
+    $("detail-rid").textContent = rid;
+    if (r.status !== 200) { $("detail-head").textContent = `could not load: HTTP ${r.status} ${(r.body && r.body.error) || ""}`; return; }
+    const q = r.body, rows = q.step_rows || [];
+    $("detail-head").textContent = `prompt ${q.prompt_tokens ?? "-"} tokens, prefill ${f(q.prefill_ms, 1)} ms; ${q.steps} decode steps, ` +
+      `${q.committed} tokens committed, ${f(q.accepted_per_step, 2)} accepted/step, ${f(q.decode_tok_s, 1)} tok/s; ctx ${q.ctx_first}→${q.ctx_last}` +
+      ((q.steps_truncated || q.step_rows_dropped) ? `; ${(q.steps_truncated || 0) + (q.step_rows_dropped || 0)} step rows not kept` : "");
+    waterfall(q.waterfall);
+    const present = LEAVES.filter((ph) => rows.some((s) => (s.phases_ms || {})[ph] !== undefined));
+    $("steps").tHead.innerHTML = "<tr>" + ["#", "ctx", "batch", "draft", "acc", "com", "step ms"].concat(present.map((p) => p + " ms")).map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
+    $("steps").tBodies[0].innerHTML = rows.map((s, i) => "<tr>" + [i + 1, s.ctx_len, s.batch_size, s.draft_tokens, s.accepted, s.committed, f(s.step_ms, 3)]
+      .concat(present.map((p) => f((s.phases_ms || {})[p], 3))).map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>").join("");
+    const xs = rows.map((_, i) => i + 1);
+    const cum = []; let acc = rows.map(() => 0);
+    present.forEach((p) => { acc = acc.map((a, i) => a + ((rows[i].phases_ms || {})[p] || 0)); cum.push(acc.slice()); });
+    const order = present.map((_, i) => i).reverse();
+    const bars = uPlot.paths.bars({ size: [0.7, 40] });
+    draw("steps", $("chart-steps"), {
+      height: 200,
+      series: [{ label: "step" }].concat(order.map((i) => ({ label: present[i], stroke: COLORS[present[i]], fill: COLORS[present[i]], paths: bars, points: { show: false },
+        value: (u, v, si, di) => (di === null || di === undefined ? "-" : f((rows[di].phases_ms || {})[present[i]], 3) + " ms") }))),
+      scales: { x: { time: false, range: [0.4, rows.length + 0.6] }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.08] } },
+      axes: [{ label: "decode step of this request", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+        { label: "ms (stacked phases)", size: 56 }],
+    }, [xs].concat(order.map((i) => cum[i])));
+  }
+
+  function waterfall(w) {
+    const el = $("waterfall");
+    if (!w || !w.wall_ms) { el.hidden = true; el.textContent = ""; return; }
+    const parts = Object.entries(w.own_steps_ms || {}).map(([k, v]) => [k, v, COLORS[k] || "#888"])
+      .concat([["others' prefill", w.others_prefill_ms, "#b07aa1"], ["batch sharing", w.batch_sharing_ms, "#edc948"], ["host gaps", w.host_gaps_ms, "#555"]])
+      .filter((p) => p[1] > 0);
+    el.hidden = false;
+    el.innerHTML = parts.map(([k, v, c]) => `<div style="flex:${v};background:${c}" title="${esc(k)}: ${f(v, 2)} ms">${esc(k)}</div>`).join("");
+  }
+
+  // ---- refresh loop ---------------------------------------------------------------------------------
+  async function refresh() {
+    try {
+      const [p, st, sl, dg] = await Promise.all([getJSON(""), getJSON("/status"), getJSON(`/requests?slowest=${SLOWEST}`), getJSON("/diagnosis")]);
+      if (p.status !== 200) throw new Error(`/ctx_profile answered HTTP ${p.status}: ${(p.body && p.body.error) || ""}`);
+      state.profile = p.body; state.status = st.body; state.slow = (sl.body && sl.body.requests) || [];
+      const P = p.body;
+      $("summary").textContent = `${P.enabled ? "enabled" : "DISABLED"} · ${(P.ranks || []).length} rank(s) · timing ${P.timing || "-"} · ` +
+        `${(P.algorithms || []).join(", ") || "-"} · ${P.totals.decode_steps} steps, ${P.totals.prefill_batches} prefill batches · dropped ${P.dropped}` +
+        (P.degraded ? " · DEGRADED" : "");
+      $("summary").className = P.degraded ? "bad" : "muted";
+      phaseChart(P); toksChart(P); acceptChart(P); positionChart(P); bucketTable(P);
+      slowTable(state.slow);
+      if (st.status === 200) statusTable(st.body);
+      diagnosis(dg);
+      state.refreshes += 1; state.lastError = null;
+      $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    } catch (e) {
+      state.lastError = String(e);
+      $("updated").textContent = "refresh failed: " + e.message;
+    }
+  }
+
+  async function reset() {
+    const key = $("admin-key").value;
+    const headers = { "Content-Type": "application/json" };
+    if (key) headers.Authorization = "Bearer " + key;
+    const r = await fetch(BASE + "/reset", { method: "POST", headers, body: "{}" });
+    if (r.ok) { message("profile reset", false); state.rid = null; $("detail").hidden = true; refresh(); return; }
+    let why = ""; try { why = (await r.json()).error || ""; } catch (e) { why = ""; }
+    message(`reset refused: HTTP ${r.status} ${why}` + (r.status === 401 || r.status === 403 ? " (wrong or missing admin key)" : ""), true);
+  }
+
+  $("reset").addEventListener("click", reset);
+  $("slow").addEventListener("click", (ev) => { const tr = ev.target.closest("tr[data-rid]"); if (tr) openRequest(tr.dataset.rid); });
+  $("detail-close").addEventListener("click", () => { state.rid = null; $("detail").hidden = true; });
+  document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
+  window.addEventListener("resize", () => Object.entries(charts).forEach(([n, u]) => u.setSize({ width: width(u.root.parentNode), height: u.height })));
+  setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+  refresh();
+})();

@@ -1,0 +1,509 @@
+"""Look, don't read: the live page in a real browser, the board through a real Prometheus, the
+Perfetto export, and the fleet view, all against real CPU servers.
+
+One server (tiny DeepSeek-V3 + EAGLE, ``--enable-ctx-profile --enable-metrics --admin-api-key``) serves
+every check; a real Prometheus (Debian's) scrapes it every 2 s from before the first request; headless
+Chromium (Debian's, driven by selenium) loads ``/ctx_profile/ui``.  The fleet check starts a second
+tiny server next to it.  The optional parts other branches add to the JSON (per-position acceptance,
+exec mode, diagnosis, waterfall, own cost) are shown to the same browser by a stdlib server giving
+the contract's shapes.  In CI (``CI=true``) a missing browser or Prometheus fails the test; on a
+developer machine it skips, naming the apt packages.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+import ctxprof_ref
+from conftest import LOG_DIR, ROOT, generate, http, rand_ids, start_server
+from sglang_ctxprof.cli.server import free_port
+from sglang_ctxprof.model import names
+
+pytestmark = pytest.mark.server
+
+ADMIN_KEY = "ui-admin-key"
+R = names.ROUTE
+DASH = ROOT / "dashboards"
+CLI = [sys.executable, "-m", "sglang_ctxprof.cli.main"]
+# substitutions a test makes for Grafana's variables (All selected; the window of the test run)
+GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "5m", "$instance": ".*", "$model": ".*"}
+
+
+def _need(*tools: str) -> None:
+    missing = [t for t in tools if shutil.which(t) is None]
+    if not missing:
+        return
+    msg = f"{', '.join(missing)} not installed: apt-get install -y chromium chromium-driver prometheus (.ci/run does)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start_server("ui", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics",
+                                                          "--admin-api-key", ADMIN_KEY])
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(server, tmp_path_factory):
+    """Debian's Prometheus scraping the server every 2 s, with our rules, started before traffic."""
+    _need("prometheus", "promtool")
+    d = tmp_path_factory.mktemp("prom")
+    port = free_port()
+    target = urllib.parse.urlparse(server.url).netloc
+    (d / "prometheus.yml").write_text(
+        "global: {scrape_interval: 2s, scrape_timeout: 2s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{DASH / 'ctxprof-rules.yml'}']\n"
+        f"scrape_configs: [{{job_name: sglang, static_configs: [{{targets: ['{target}']}}]}}]\n")
+    log = open(LOG_DIR / "ui-prometheus.log", "w")
+    proc = subprocess.Popen(["prometheus", f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while time.time() - t0 < 120:
+            assert proc.poll() is None, open(LOG_DIR / "ui-prometheus.log").read()[-2000:]
+            st, body = http("GET", url + "/api/v1/query?query=up", timeout=5) if _up(url) else (0, None)
+            if st == 200 and any(r["value"][1] == "1" for r in body["data"]["result"]):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError("Prometheus never scraped the server")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _up(url: str) -> bool:
+    try:
+        return http("GET", url + "/-/ready", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def traffic(server, prometheus):
+    """Requests at three contexts, twice, and two sharing batches, while Prometheus scrapes.
+
+    Prometheus computes a rate from two samples of a series: the first round creates the series
+    (labelled children appear on first use), the second moves them after they were scraped."""
+    outs = []
+    for _ in range(2):
+        outs += [generate(server.url, rand_ids(n, seed=n + len(outs)), max_new_tokens=16) for n in (64, 700, 1500)]
+        time.sleep(5)  # at least two scrapes in between
+    with cf.ThreadPoolExecutor(2) as ex:
+        outs += [f.result() for f in [ex.submit(generate, server.url, rand_ids(n, seed=900 + n), 12) for n in (300, 1500)]]
+    time.sleep(5)  # a few more scrapes and rule evaluations after the last step
+    return outs
+
+
+def _profile(url: str) -> dict:
+    st, body = http("GET", url + R)
+    assert st == 200, body
+    return body
+
+
+# ---------------------------------------------------------------------------------------------- Prometheus
+def _exprs() -> list[tuple[str, str]]:
+    """(where, PromQL) for every expression of the dashboard and the rules."""
+    import yaml
+
+    dash = json.loads((DASH / "ctxprof-grafana.json").read_text())
+    out = []
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            e = t["expr"]
+            for k, v in GRAFANA_VARS.items():
+                e = e.replace(k, v)
+            out.append((f"panel {p['id']} {p['title']!r} {t['refId']}", e))
+    for g in yaml.safe_load((DASH / "ctxprof-rules.yml").read_text())["groups"]:
+        for r in g["rules"]:
+            out.append((f"rule {r.get('record') or r.get('alert')}", r["expr"].strip()))
+            if "record" in r:
+                out.append((f"recorded {r['record']}", r["record"]))
+    return out
+
+
+def test_promtool_checks_the_rules():
+    _need("promtool")
+    p = subprocess.run(["promtool", "check", "rules", str(DASH / "ctxprof-rules.yml")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "SUCCESS" in p.stdout
+
+
+def test_every_dashboard_and_rule_expression_answers(server, prometheus, traffic):
+    # recording rules are evaluated every second; wait until the last group has produced its series
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        st, body = http("GET", prometheus + "/api/v1/query?query=" + urllib.parse.quote("ctxprof:position_acceptance:ratio5m"))
+        if st == 200 and body["data"]["result"]:
+            break
+        time.sleep(1)
+    report, empty = {}, []
+    for where, expr in _exprs():
+        st, body = http("GET", prometheus + "/api/v1/query?query=" + urllib.parse.quote(expr))
+        assert st == 200 and body["status"] == "success", (where, expr, body)  # parses and evaluates
+        res = body["data"]["result"]
+        values = [float(r["value"][1]) for r in res]
+        report[where] = {"series": len(res), "sample": [{**r["metric"], "value": r["value"][1]} for r in res[:4]]}
+        may_be_empty = "offset 1d" in expr or where.startswith("rule CtxProfVerifyAttentionSlower")
+        if not may_be_empty:
+            assert res, (where, expr)
+            assert any(math.isfinite(v) for v in values), (where, values)
+        elif not res:
+            empty.append(where)
+    (LOG_DIR / "ui-prometheus-panels.json").write_text(json.dumps(report, indent=1))
+    # the board's variables (Grafana's label_values) through the same API
+    for label in ("instance", "model_name"):
+        st, body = http("GET", prometheus + f"/api/v1/label/{label}/values?match[]=sglang_ctxprof_steps_total")
+        assert st == 200 and body["data"], (label, body)
+    # the live counters agree with /ctx_profile (same records, same buckets)
+    prof = _profile(server.url)
+    st, body = http("GET", prometheus + "/api/v1/query?query=" + urllib.parse.quote("sum(sglang_ctxprof_steps_total)"))
+    assert int(float(body["data"]["result"][0]["value"][1])) == prof["totals"]["decode_steps"]
+
+
+# ---------------------------------------------------------------------------------------------- trace export
+def _ns(us: float) -> int:
+    return int(round(us * 1000))
+
+
+def check_trace(body: dict) -> dict[int, list[dict]]:
+    """Chrome trace-event format: required fields; phases tile their step; steps in time order per track."""
+    ev = body["traceEvents"]
+    assert isinstance(ev, list) and ev
+    for e in ev:
+        assert isinstance(e["name"], str) and e["ph"] in ("X", "M") and isinstance(e["pid"], int), e
+        if e["ph"] == "X":
+            assert isinstance(e["tid"], int) and isinstance(e["ts"], (int, float)) and e["dur"] >= 0, e
+        else:
+            assert isinstance(e["args"]["name" if e["name"].endswith("_name") else "sort_index"], (str, int)), e
+    json.dumps(body)
+    steps: dict[int, list[dict]] = {}
+    for e in ev:
+        if e["ph"] == "X" and e.get("cat") in ("decode", "prefill"):
+            steps.setdefault(e["tid"], []).append(e)
+    for tid, ss in steps.items():
+        starts = [_ns(s["ts"]) for s in ss]
+        assert starts == sorted(starts), tid  # time order per track
+        for a, b in zip(ss, ss[1:]):
+            assert _ns(a["ts"]) + _ns(a["dur"]) <= _ns(b["ts"]) + 1, (a, b)  # no overlap on one rank
+        for s in ss:
+            if s["cat"] != "decode":
+                continue
+            lo, hi = _ns(s["ts"]), _ns(s["ts"]) + _ns(s["dur"])
+            inner = [e for e in ev if e["ph"] == "X" and e["tid"] == tid and e.get("cat") == "phase"
+                     and lo <= _ns(e["ts"]) and _ns(e["ts"]) + _ns(e["dur"]) <= hi]
+            top = [e for e in inner if e["name"] not in ("verify_attn", "verify_moe", "verify_rest")]
+            assert [e["name"] for e in top][:2] == ["draft", "verify"], [e["name"] for e in top]
+            cur = lo
+            for e in top:  # the phases tile the step exactly (integer nanoseconds)
+                assert _ns(e["ts"]) == cur, (s["args"], e)
+                cur = _ns(e["ts"]) + _ns(e["dur"])
+            assert abs(cur - hi) <= 1, (s["args"], cur, hi)
+            v = next(e for e in top if e["name"] == "verify")
+            kids = [e for e in inner if e["name"] in ("verify_attn", "verify_moe", "verify_rest")]
+            cur = _ns(v["ts"])
+            for k in kids:
+                assert _ns(k["ts"]) == cur
+                cur = _ns(k["ts"]) + _ns(k["dur"])
+            assert abs(cur - (_ns(v["ts"]) + _ns(v["dur"]))) <= 1
+            assert s["args"]["batch_size"] >= 1 and s["args"].get("ctx_mean", s["args"].get("ctx_len")) > 0
+    return steps
+
+
+def test_trace_json_recent_steps(server, traffic):
+    st, body = http("GET", server.url + f"{R}/trace.json?last=5")
+    assert st == 200, body
+    steps = check_trace(body)
+    assert len(steps) == 1  # one track per rank: this server has one
+    names_ = [e["args"]["name"] for e in body["traceEvents"] if e["name"] == "thread_name"]
+    assert names_ == ["rank tp0-dp0-pp0"]
+    ss = next(iter(steps.values()))
+    assert len(ss) == 5 and {"decode"} <= {s["cat"] for s in ss}
+    assert body["otherData"]["max_last"] == names.MAX_TRACE_STEPS
+    st, body = http("GET", server.url + f"{R}/trace.json?last={names.MAX_TRACE_STEPS}")
+    ss = next(iter(check_trace(body).values()))
+    prof = _profile(server.url)
+    assert sum(s["cat"] == "decode" for s in ss) == prof["totals"]["decode_steps"]  # all kept (< the bound)
+    assert sum(s["cat"] == "prefill" for s in ss) == prof["totals"]["prefill_batches"]
+    for bad in ("last=0", f"last={names.MAX_TRACE_STEPS + 1}", "last=x", "rid=a&last=3", "rid=%20bad", "n=3"):
+        st, body = http("GET", server.url + f"{R}/trace.json?{bad}")
+        assert st == 400 and "error" in body, (bad, body)
+    assert http("GET", server.url + f"{R}/trace.json?rid=no-such-request")[0] == 404
+
+
+def test_trace_of_one_request_and_the_cli(server, traffic, tmp_path):
+    rid = traffic[4]["meta_info"]["id"]
+    out = tmp_path / "req.json"
+    p = subprocess.run(CLI + ["trace", rid, "--perfetto", str(out), "--url", server.url], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "ui.perfetto.dev" in p.stdout
+    body = json.loads(out.read_text())
+    steps = check_trace(body)
+    decode = [s for ss in steps.values() for s in ss if s["cat"] == "decode"]
+    assert len(decode) == traffic[4]["meta_info"]["spec_verify_ct"]
+    assert [s for ss in steps.values() for s in ss if s["cat"] == "prefill"]
+    out2 = tmp_path / "recent.json"
+    p = subprocess.run(CLI + ["trace", "--perfetto", str(out2), "--last", "5", "--url", server.url], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert sum(len(v) for v in check_trace(json.loads(out2.read_text())).values()) == 5
+
+
+# ---------------------------------------------------------------------------------------------- the page
+@pytest.fixture(scope="module")
+def browser():
+    _need("chromium", "chromedriver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def _wait(drv, js: str, timeout: float = 60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = drv.execute_script(js)
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"never true: {js}")
+
+
+CANVAS_INK = """
+const c = document.querySelector(arguments[0] + ' canvas'); if (!c) return -1;
+const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;
+for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++; return n;"""
+
+
+@pytest.fixture(scope="module")
+def page(server, traffic, browser):
+    browser.get(server.url + names.ROUTE_UI)
+    _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+    return browser
+
+
+def test_page_draws_every_chart_and_the_bucket_table(server, page):
+    assert page.execute_script("return window.ctxprof.state.lastError") is None
+    prof = _profile(server.url)
+    for name in ("phases", "toks", "accept"):
+        assert page.execute_script(CANVAS_INK, f"#chart-{name}") > 1000, name  # drawn, not blank
+        data = page.execute_script(f"return window.ctxprof.charts['{name}'].data")
+        assert len(data) >= 2 and any(v not in (None, 0) for s in data[1:] for v in s), (name, data)
+    has_pos = any(b.get("acceptance_by_position") for b in prof["buckets"])
+    assert page.execute_script("return !document.getElementById('position-panel').hidden") == has_pos
+    if has_pos:
+        assert page.execute_script(CANVAS_INK, "#chart-position") > 1000
+    # the phase chart's top series is the step total of each bucket (leaf phases add up to the step)
+    top = page.execute_script("return window.ctxprof.charts['phases'].data[1]")
+    for b, v in zip(prof["buckets"], top):
+        assert v == pytest.approx(b["phases"]["step"]["mean_ms"], rel=1e-6)
+    rows = page.execute_script(
+        "return [...document.querySelectorAll('#buckets tbody tr')].map(r => [r.dataset.bucket, +r.dataset.steps,"
+        " [...r.cells].map(c => c.textContent)])")
+    assert [(r[0], r[1]) for r in rows] == [(b["label"], b["steps"]) for b in prof["buckets"]]
+    for (_, _, cells), b in zip(rows, prof["buckets"]):
+        assert cells[3] == f"{b['accepted_per_step']:.2f}" and cells[4] == f"{b['decode_tok_s']:.1f}"
+        assert cells[5] == f"{b['phases']['step']['mean_ms']:.2f}"
+    status = page.execute_script("return document.querySelector('#status tbody').textContent")
+    assert "tp0-dp0-pp0" in status and "cpu" in status
+    assert page.execute_script("return document.getElementById('diagnosis').hidden") == \
+        (http("GET", server.url + names.ROUTE_DIAGNOSIS)[0] != 200)
+
+
+def test_no_prompt_or_output_text_on_the_page(server, traffic, page):
+    html = page.page_source
+    texts = [o["text"] for o in traffic if len(o["text"].strip()) > 8]
+    assert texts and not [t for t in texts if t in html]
+
+
+def test_clicking_a_slow_request_opens_its_steps(server, page):
+    row = page.find_element("css selector", "#slow tbody tr[data-rid]")
+    rid = row.get_attribute("data-rid")
+    row.click()
+    _wait(page, "return !document.getElementById('detail').hidden && "
+                "document.querySelectorAll('#steps tbody tr').length > 0")
+    st, r = http("GET", f"{server.url}{R}/requests/{rid}")
+    assert st == 200
+    assert page.execute_script("return document.getElementById('detail-rid').textContent") == rid
+    assert page.execute_script("return document.querySelectorAll('#steps tbody tr').length") == len(r["step_rows"])
+    assert page.execute_script(CANVAS_INK, "#chart-steps") > 1000
+    page.set_window_size(1400, page.execute_script("return document.body.scrollHeight") + 140)
+    page.execute_script("window.scrollTo(0, 0)")
+    time.sleep(1)
+    page.save_screenshot(str(LOG_DIR / "ui.png"))
+
+
+def test_reset_with_a_wrong_admin_key_is_refused_and_said(server, page):
+    before = _profile(server.url)["totals"]["decode_steps"]
+    page.find_element("id", "admin-key").send_keys("wrong-key")
+    page.find_element("id", "reset").click()
+    msg = _wait(page, "const m = document.getElementById('msg'); return !m.hidden && m.textContent")
+    assert "refused" in msg and "401" in msg, msg
+    assert page.execute_script("return document.getElementById('msg').className") == "error"
+    assert _profile(server.url)["totals"]["decode_steps"] == before  # nothing was reset
+
+
+def test_no_javascript_errors(page):
+    logs = page.get_log("browser")
+    js = [e for e in logs if e["level"] == "SEVERE" and e.get("source") != "network"]
+    assert not js, js
+    # the only failed loads are the refused reset and routes this server does not have (yet)
+    net = [e["message"] for e in logs if e["level"] == "SEVERE" and e.get("source") == "network"]
+    assert all(re.search(r"/ctx_profile/(reset|diagnosis) ", m) for m in net), sorted(set(net))
+
+
+def test_ui_cli_prints_the_address_without_a_browser(server):
+    p = subprocess.run(CLI + ["ui", "--url", server.url, "--no-browser"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"no browser available; open {server.url}{names.ROUTE_UI}"
+    st, text = http("GET", server.url + names.ROUTE_UI + "/nope.js")
+    assert st == 404
+
+
+# ---------------------------------------------------------------------------------------------- fleet
+def test_fleet_merge_of_two_servers_is_the_sum(server, traffic):
+    other = start_server("ui-fleet-b", ctxprof_ref.model_args() + [names.CLI_FLAG])
+    try:
+        for n in (100, 2100):
+            generate(other.url, rand_ids(n, seed=40 + n), max_new_tokens=10)
+        a, b = _profile(server.url), _profile(other.url)
+        p = subprocess.run(CLI + ["show", "--json", "--url", server.url, "--url", other.url],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        m = out["merged"]
+        for k in ("decode_steps", "prefill_batches", "accepted", "committed", "requests_tracked"):
+            assert m["totals"][k] == a["totals"][k] + b["totals"][k], k
+        by = {x["label"]: x for x in a["buckets"]}
+        for x in b["buckets"]:
+            by[x["label"]] = {k: by[x["label"]].get(k, 0) + x[k] for k in ("steps", "req_steps", "accepted")} \
+                if x["label"] in by else x
+        assert {x["label"]: (x["steps"], x["req_steps"], x["accepted"]) for x in m["buckets"]} == \
+            {lab: (x["steps"], x["req_steps"], x["accepted"]) for lab, x in by.items()}
+        for x in m["buckets"]:  # exact: the merged step time is the sum of both servers' totals
+            parts = [y["phases"]["step"]["total_ms"] for y in a["buckets"] + b["buckets"] if y["label"] == x["label"]]
+            assert x["phases"]["step"]["total_ms"] == pytest.approx(sum(parts), rel=1e-9)
+        assert [s["url"] for s in out["servers"]] == [server.url, other.url]
+        assert [s["decode_steps"] for s in out["servers"]] == [a["totals"]["decode_steps"], b["totals"]["decode_steps"]]
+        text = subprocess.run(CLI + ["show", "--url", server.url, "--url", other.url], capture_output=True, text=True)
+        assert text.returncode == 0 and "fleet of 2 servers" in text.stdout and other.url in text.stdout
+    finally:
+        other.stop()
+
+
+# ---------------------------------------------------------------------------------------------- optional parts
+def _contract_server():
+    """A stdlib server giving the page the optional keys other parts add (CONTRACTS: per-position
+    acceptance, exec mode, diagnosis, waterfall, own cost), on a profile built by a real Aggregator."""
+    import http.server
+    import threading
+
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.views import ui
+    from sglang_ctxprof.model.records import RankId, StepRecord
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    for i, ctx in enumerate((70, 80, 900, 3000, 3100)):
+        ph = {"draft": 0.5, "verify": 3.0 + ctx / 1000, "verify_attn": 1 + ctx / 1000, "verify_moe": 1.5,
+              "verify_rest": 0.5, "draft_extend": 0.75, "overhead": 0.3}
+        agg.observe(StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("r0",),
+                               ctx_lens=(ctx,), accepted=(4,), committed=(4,), finished=(False,), draft_tokens=4,
+                               step_ms=4.55 + ctx / 1000, phases_ms=ph, t_start_ns=i * 10_000_000))
+    prof = build_profile(agg.snapshot()).served(enabled=True, dropped=0, ranks=({"status": {}},)).to_dict()
+    for b in prof["buckets"]:
+        b["acceptance_by_position"] = {"n_steps": b["steps"], "hist": [0, 1, 1, b["steps"] - 2],
+                                       "p": [0.95, 0.8, 0.6], "c": [0.95, 0.84, 0.75], "mean_len": 3.4}
+        b["exec_mode"] = {"graph": 0, "eager": b["steps"], "piecewise": 0, "unknown": 0, "attn_backend": "intel_amx",
+                          "downgrade": False, "reason": ""}
+    status = {"schema_version": 1, "ranks": [{"status": {
+        "enabled": True, "pid": 1, "rank": {"tp": 0, "dp": 0, "pp": 0}, "algorithm": "EAGLE", "timing": "cpu",
+        "submitted": 5, "dropped": 0, "degraded": None, "hooks": {"a": "ok"},
+        "cost": {"sched_us_per_step": 12.5, "sampled_steps": 5, "drain_us_per_record": 3.0, "events_per_step": None,
+                 "step_share": 0.004}}}]}
+    req = dict(agg.request("r0"), waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
+                                               "others_prefill_ms": 4.0, "batch_sharing_ms": None, "host_gaps_ms": 1.5})
+    diag = {"headline": "verify attention grows 1.0 ms per 1k tokens of context", "flags": [
+        {"kind": "eager", "message": "no CUDA graph on this CPU run"}]}
+    routes = {"": prof, "/status": status, "/requests?slowest=20": {"schema_version": 1, "requests": agg.requests.slowest(20)},
+              "/requests/r0": req, "/diagnosis": diag}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = self.path[len(R):]
+            if path.startswith("/ui"):
+                name = path[len("/ui/"):] or "index.html"
+                body, ctype = ui.read(name), ui.FILES[name]
+            else:
+                body, ctype = json.dumps(routes[path]).encode(), "application/json"
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, prof
+
+
+def test_optional_parts_show_when_present(browser):
+    srv, prof = _contract_server()
+    try:
+        browser.get_log("browser")  # drop what the previous page logged
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        browser.get(base + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        assert browser.execute_script("return document.getElementById('position-panel').hidden") is False
+        assert browser.execute_script(CANVAS_INK, "#chart-position") > 1000
+        pos = browser.execute_script("return window.ctxprof.charts['position'].data")
+        assert pos[0] == [1, 2, 3] and pos[1] == [0.95, 0.8, 0.6]
+        assert browser.execute_script("return document.getElementById('diag-headline').textContent") == \
+            "verify attention grows 1.0 ms per 1k tokens of context"
+        assert "no CUDA graph" in browser.execute_script("return document.getElementById('diag-flags').textContent")
+        assert "12.5 µs/step (0.40% of step)" in browser.execute_script("return document.querySelector('#status tbody').textContent")
+        assert "eager" in browser.execute_script("return document.querySelector('#buckets tbody').textContent")
+        browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
+        _wait(browser, "return !document.getElementById('waterfall').hidden")
+        parts = browser.execute_script("return [...document.querySelectorAll('#waterfall div')].map(d => d.textContent)")
+        assert parts == ["draft", "verify_attn", "others' prefill", "host gaps"]
+        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
+                and (e.get("source") != "network" or base in e["message"])]
+        assert not logs, logs  # every route answered: no failed load, no JavaScript error
+    finally:
+        srv.shutdown()
