@@ -7,16 +7,9 @@ per step, two-point decode tok/s), B is compared with what A predicts:
 * at a context only B measured: A's per-phase least-squares fit over context (ms per 1k ctx), so a
   longer-context run is judged against the baseline's own context scaling.
 
-Noise-aware.  A phase's ms per step is taken as the best (minimum) of the repeats - on a shared
-machine contention only ever adds time - and its noise is the gap between the best two repeats;
-acceptance and tok/s use the median and half the min-max range.  A change counts only beyond
-``k * max(noise_A, noise_B) + rel * |A| + abs`` (``k``=2, ``rel``=5 %, ``abs``=0.05 ms by default).
-Two-point tok/s is shown but only judged when the runs have no phase breakdown (the client-side
-figure carries the prefill noise that the server's per-step times do not).
-
-Verdict: **regression** when any quantity got worse beyond noise (exit code 1, for CI); otherwise
-**inherent context scaling** when B's tok/s falls with context and the per-phase fit explains it
-(the phases that grow per 1k ctx are listed); otherwise **no significant change**.
+The noise model and the verdict (regression / inherent context scaling / no significant change;
+exit code 1 on a regression, for CI) are :mod:`sglang_ctxprof.model.noise`'s, shared with
+``diagnose --baseline``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def load_evidence(path: str, role: str) -> Any:
     from ..views.diagnosis import evidence_from_profile, evidence_from_sweep
     from ..views.profile import Profile
     from . import sweep_results as res
-    from .main import CliError
+    from .main import CliError, read_json_object
 
     p = Path(path)
     if p.is_dir():
@@ -37,12 +37,7 @@ def load_evidence(path: str, role: str) -> Any:
         return evidence_from_sweep(res.summarize(points, sust), meta, source=f"sweep {path}")
     if not p.is_file():
         raise CliError(f"{role} {path!r} is neither a saved profile (JSON file) nor a sweep directory")
-    try:
-        body = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read {role} {path}: {exc}") from None
-    if not isinstance(body, dict) or "buckets" not in body:
-        raise CliError(f"{role} {path} is not a /ctx_profile body (no 'buckets')")
+    body = read_json_object(p, "buckets", "a /ctx_profile body", role)
     return evidence_from_profile(Profile.from_dict(body), source=f"profile {path}")
 
 
@@ -50,7 +45,7 @@ def run(ns) -> int:
     from ..views.diagnosis import diagnose, evidence_from_profile
     from ..views.diagnosis_text import render_text
     from ..views.profile import Profile
-    from .main import CliError
+    from .main import CliError, read_json_object
 
     if (ns.url is None) == (ns.path is None):
         raise CliError("give either --url URL or a saved PATH, not both and not neither")

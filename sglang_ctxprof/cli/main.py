@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 # name -> (module, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -62,6 +65,19 @@ class CliError(Exception):
     def __init__(self, msg: str, code: int = 2) -> None:
         super().__init__(msg)
         self.code = code
+
+
+def read_json_object(path: Any, key: str, what: str, role: str = "") -> dict:
+    """The JSON object saved at ``path``, which must hold ``key``; a :class:`CliError` naming the file
+    (``role``: how the command calls it, e.g. "baseline") for anything else."""
+    name = f"{role} {path}" if role else str(path)
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {name}: {exc}") from None
+    if not isinstance(obj, dict) or key not in obj:
+        raise CliError(f"{name} is not {what} (no {key!r})")
+    return obj
 
 
 def build_parser() -> argparse.ArgumentParser:

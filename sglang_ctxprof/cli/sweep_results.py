@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..model.names import LEAF_PHASES
-from .main import CliError
+from .main import CliError, read_json_object
 
 SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
          "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step"}
@@ -55,13 +55,7 @@ def load_run(d: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
 
 
 def _read(f: Path) -> dict:
-    try:
-        obj = json.loads(f.read_text())
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read {f}: {exc}") from None
-    if not isinstance(obj, dict) or "ctx" not in obj:
-        raise CliError(f"{f} is not a sweep result file")
-    return obj
+    return read_json_object(f, "ctx", "a sweep result file")
 
 
 def _stat(values: Iterable[float | None]) -> dict[str, float] | None:

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 BLOCK_SIZE = 4
 TARGET_LAYER_IDS = (1, 2)
 MASK_TOKEN, MASK_TOKEN_ID = "<|pad|>", 2  # build_tokenizer's special tokens: bos, eos, pad, ...
 
 
-def save_dflash(name: str, target_cfg, out: str, tok_dir: str, layers: int = 1, seed: int = 11,
+def save_dflash(name: str, target_cfg, out: str, layers: int = 1, seed: int = 11,
                 log=print) -> str:
-    """Write a DFlash drafter for ``target_cfg`` (an HF config with hidden_size and vocab_size)."""
+    """Write a DFlash drafter for ``target_cfg`` (an HF config with hidden_size and vocab_size);
+    returns its folder (the caller puts the tokenizer beside it)."""
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -51,9 +51,5 @@ def save_dflash(name: str, target_cfg, out: str, tok_dir: str, layers: int = 1, 
                             "mask_token": MASK_TOKEN, "mask_token_id": MASK_TOKEN_ID})
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
-    for fn in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        p = os.path.join(tok_dir, fn)
-        if os.path.exists(p):
-            shutil.copy(p, d)
     log(f"{name}: DFlash drafter block_size={BLOCK_SIZE} layers={layers} tensors={len(sd)} -> {d}")
     return d

@@ -114,30 +114,39 @@ def cfg_qwen2_moe():
                           decoder_sparse_step=1, mlp_only_layers=[], **COMMON)
 
 
+def _deepseek(config_cls, **kw):
+    """A 4-layer MLA + MoE config (DeepSeek V2/V3 share every size; ``kw`` is what differs)."""
+    return config_cls(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                      n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+                      kv_lora_rank=64, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32,
+                      n_group=1, topk_group=1, first_k_dense_replace=1, moe_layer_freq=1,
+                      **kw, **{**COMMON, **YARN})
+
+
 def cfg_deepseek_v3(q_lora_rank=None):
     from transformers import DeepseekV3Config
 
-    return DeepseekV3Config(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                            n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-                            routed_scaling_factor=2.5, kv_lora_rank=64, q_lora_rank=q_lora_rank,
-                            qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32,
-                            n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, moe_layer_freq=1,
-                            topk_method="noaux_tc", scoring_func="sigmoid",
-                            **{**COMMON, **YARN})
+    return _deepseek(DeepseekV3Config, routed_scaling_factor=2.5, q_lora_rank=q_lora_rank,
+                     norm_topk_prob=True, topk_method="noaux_tc", scoring_func="sigmoid")
 
 
 def cfg_deepseek_v2():
     from transformers import DeepseekV2Config
 
-    return DeepseekV2Config(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-                            n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-                            routed_scaling_factor=1.0, kv_lora_rank=64, q_lora_rank=None,
-                            qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32,
-                            n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=False, moe_layer_freq=1,
-                            topk_method="greedy", scoring_func="softmax",
-                            **{**COMMON, **YARN})
+    return _deepseek(DeepseekV2Config, routed_scaling_factor=1.0, q_lora_rank=None,
+                     norm_topk_prob=False, topk_method="greedy", scoring_func="softmax")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def copy_tokenizer(tok_dir: str, d: str) -> None:
+    """Put the tiny tokenizer's files beside a model's weights (SGLang loads them from there)."""
+    for f in TOKENIZER_FILES:
+        p = os.path.join(tok_dir, f)
+        if os.path.exists(p):
+            shutil.copy(p, d)
 
 
 def save_hf(name, cfg, out, tok_dir, seed=0):
@@ -150,10 +159,7 @@ def save_hf(name, cfg, out, tok_dir, seed=0):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
     model.save_pretrained(d, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        p = os.path.join(tok_dir, f)
-        if os.path.exists(p):
-            shutil.copy(p, d)
+    copy_tokenizer(tok_dir, d)
     n = sum(p.numel() for p in model.parameters())
     _log(f"{name}: {type(model).__name__} params={n/1e6:.2f}M -> {d}")
     return d
@@ -187,10 +193,7 @@ def save_eagle(name, target_cfg_fn, out, tok_dir, seed=1):
     c["architectures"] = ["LlamaForCausalLMEagle"]
     c["torch_dtype"] = "bfloat16"
     json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=2)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        p = os.path.join(tok_dir, f)
-        if os.path.exists(p):
-            shutil.copy(p, d)
+    copy_tokenizer(tok_dir, d)
     _log(f"{name}: EAGLE head tensors={len(sd)} -> {d}")
     return d
 
@@ -243,10 +246,7 @@ def save_eagle3(name, out, tok_dir, H=256, heads=4, kv=2, inter=512, seed=3):
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
     }
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        p = os.path.join(tok_dir, f)
-        if os.path.exists(p):
-            shutil.copy(p, d)
+    copy_tokenizer(tok_dir, d)
     _log(f"{name}: EAGLE3 head tensors={len(sd)} -> {d}")
 
 
@@ -366,7 +366,7 @@ def build(args: TinyModelArgs) -> dict[str, str]:
     elif args.draft == "dflash":
         from .tiny_block import save_dflash
 
-        save_dflash("draft", ARCHS[args.arch](), work, tok_dir, log=_log)
+        copy_tokenizer(tok_dir, save_dflash("draft", ARCHS[args.arch](), work, log=_log))
     elif args.draft == "standalone":
         if args.high_acceptance:
             save_hf("sa", cfg_llama(), work, tok_dir)

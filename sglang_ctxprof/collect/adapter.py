@@ -176,30 +176,27 @@ _RID = attrgetter("rid")
 _PROMPT = attrgetter("origin_input_ids")
 
 
+def _vct(reqs: tuple) -> list[int]:
+    """``spec_verify_ct`` per request (0 for an object without it)."""
+    try:
+        return list(map(_VCT, reqs))
+    except AttributeError:
+        return [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
+
+
 def reqs_before(reqs: Any, with_vct: bool) -> tuple[tuple, list, list[int], Optional[list[int]]]:
     """Before the result is processed: (the requests, their ``output_ids`` objects, the lengths of
     those, ``spec_verify_ct`` per request or None when ``with_vct`` is false)."""
     reqs = tuple(reqs)
     outs = list(map(_OUT, reqs))
-    vct = None
-    if with_vct:
-        try:
-            vct = list(map(_VCT, reqs))
-        except AttributeError:
-            vct = [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
-    return reqs, outs, list(map(len, outs)), vct
+    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None
 
 
 def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Optional[list[int]], list[bool]]:
     """After the result is processed: (tokens emitted per request, i.e. ``len(output_ids)`` capped at
     ``finished_len`` when one is set; ``spec_verify_ct`` or None; finished per request)."""
     emitted = list(map(len, outs))
-    vct = None
-    if with_vct:
-        try:
-            vct = list(map(_VCT, reqs))
-        except AttributeError:
-            vct = [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
+    vct = _vct(reqs) if with_vct else None
     try:
         fin = list(map(is_not, map(_FIN, reqs), repeat(None)))
     except AttributeError:  # an object without SGLang's finished_reason: ask finished() itself

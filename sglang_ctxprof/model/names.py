@@ -45,17 +45,7 @@ LEAF_PHASES: tuple[str, ...] = (
     Phase.UNATTRIBUTED.value,
 )
 # Every phase that gets statistics in a decode bucket (display order).
-REPORTED_PHASES: tuple[str, ...] = (
-    Phase.STEP.value,
-    Phase.DRAFT.value,
-    Phase.VERIFY.value,
-    Phase.VERIFY_ATTN.value,
-    Phase.VERIFY_MOE.value,
-    Phase.VERIFY_REST.value,
-    Phase.DRAFT_EXTEND.value,
-    Phase.OVERHEAD.value,
-    Phase.UNATTRIBUTED.value,
-)
+REPORTED_PHASES: tuple[str, ...] = (Phase.STEP.value, Phase.DRAFT.value, Phase.VERIFY.value) + LEAF_PHASES[1:]
 # Phases a custom worker may declare through ``sglang_ctxprof.phase(name)``.
 DECLARABLE_PHASES: frozenset[str] = frozenset(
     {Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value}
