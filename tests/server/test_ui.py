@@ -338,8 +338,10 @@ def test_page_draws_every_chart_and_the_bucket_table(server, page):
         assert cells[5] == f"{b['phases']['step']['mean_ms']:.2f}"
     status = page.execute_script("return document.querySelector('#status tbody').textContent")
     assert "tp0-dp0-pp0" in status and "cpu" in status
-    assert page.execute_script("return document.getElementById('diagnosis').hidden") == \
-        (http("GET", server.url + names.ROUTE_DIAGNOSIS)[0] != 200)
+    st, diag = http("GET", server.url + names.ROUTE_DIAGNOSIS)
+    assert st == 200, diag
+    assert not page.execute_script("return document.getElementById('diagnosis').hidden")
+    assert page.execute_script("return document.getElementById('diag-headline').textContent") == diag["headline"]
 
 
 def test_no_prompt_or_output_text_on_the_page(server, traffic, page):
@@ -359,6 +361,10 @@ def test_clicking_a_slow_request_opens_its_steps(server, page):
     assert page.execute_script("return document.getElementById('detail-rid').textContent") == rid
     assert page.execute_script("return document.querySelectorAll('#steps tbody tr').length") == len(r["step_rows"])
     assert page.execute_script(CANVAS_INK, "#chart-steps") > 1000
+    # the request's waterfall (where its wall time went) is drawn from the same route's body
+    assert r["waterfall"] and r["waterfall"]["wall_ms"] > 0
+    assert page.execute_script("return !document.getElementById('waterfall').hidden && "
+                               "document.querySelectorAll('#waterfall div').length > 0")
     page.set_window_size(1400, page.execute_script("return document.body.scrollHeight") + 140)
     page.execute_script("window.scrollTo(0, 0)")
     time.sleep(1)
