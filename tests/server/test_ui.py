@@ -459,8 +459,11 @@ def _contract_server():
         "submitted": 5, "dropped": 0, "degraded": None, "hooks": {"a": "ok"},
         "cost": {"sched_us_per_step": 12.5, "sampled_steps": 5, "drain_us_per_record": 3.0, "events_per_step": None,
                  "step_share": 0.004}}}]}
+    # the shape of aggregate.waterfall: the terms tile wall_ms; batch sharing is a part of the own steps
     req = dict(agg.request("r0"), waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
-                                               "others_prefill_ms": 4.0, "batch_sharing_ms": None, "host_gaps_ms": 1.5})
+                                               "own_steps_total_ms": 8.0, "others_prefill_ms": 4.0,
+                                               "other_decode_ms": 5.0, "batch_sharing_ms": 3.0, "host_gaps_ms": 1.5,
+                                               "unaccounted_ms": 1.5})
     diag = {"headline": "verify attention grows 1.0 ms per 1k tokens of context", "flags": [
         {"kind": "eager", "message": "no CUDA graph on this CPU run"}]}
     routes = {"": prof, "/status": status, "/requests?slowest=20": {"schema_version": 1, "requests": agg.requests.slowest(20)},
@@ -507,7 +510,10 @@ def test_optional_parts_show_when_present(browser):
         browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
         _wait(browser, "return !document.getElementById('waterfall').hidden")
         parts = browser.execute_script("return [...document.querySelectorAll('#waterfall div')].map(d => d.textContent)")
-        assert parts == ["draft", "verify_attn", "others' prefill", "host gaps"]
+        assert parts == ["draft", "verify_attn", "others' prefill", "other decode steps", "host gaps", "unaccounted"]
+        flex = browser.execute_script("return [...document.querySelectorAll('#waterfall div')].map(d => +d.style.flexGrow)")
+        assert sum(flex) == pytest.approx(20.0)  # the wall time, once: batch sharing is not drawn again
+        assert "3.0 ms is batch sharing" in browser.execute_script("return document.getElementById('waterfall').title")
         logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
                 and (e.get("source") != "network" or base in e["message"])]
         assert not logs, logs  # every route answered: no failed load, no JavaScript error

@@ -204,10 +204,14 @@
   function waterfall(w) {
     const el = $("waterfall");
     if (!w || !w.wall_ms) { el.hidden = true; el.textContent = ""; return; }
+    // the terms tile the wall time; batch sharing is part of the own steps, so it is said, not drawn
     const parts = Object.entries(w.own_steps_ms || {}).map(([k, v]) => [k, v, COLORS[k] || "#888"])
-      .concat([["others' prefill", w.others_prefill_ms, "#b07aa1"], ["batch sharing", w.batch_sharing_ms, "#edc948"], ["host gaps", w.host_gaps_ms, "#555"]])
+      .concat([["others' prefill", w.others_prefill_ms, "#b07aa1"], ["other decode steps", w.other_decode_ms, "#edc948"],
+               ["host gaps", w.host_gaps_ms, "#555"], ["unaccounted", w.unaccounted_ms, "#ccc"]])
       .filter((p) => p[1] > 0);
     el.hidden = false;
+    const share = w.batch_sharing_ms > 0 ? `; of the own steps, ${f(w.batch_sharing_ms, 1)} ms is batch sharing` : "";
+    el.title = `wall ${f(w.wall_ms, 1)} ms${share}`;
     el.innerHTML = parts.map(([k, v, c]) => `<div style="flex:${v};background:${c}" title="${esc(k)}: ${f(v, 2)} ms">${esc(k)}</div>`).join("");
   }
 
