@@ -30,12 +30,12 @@ def key(budget: int, correct: int) -> str:
     return f"{budget}:{correct}"
 
 
-def add(counts: MutableMapping[str, int], budget: int, correct: int) -> None:
-    """Count one request-step.  A budget below what was accepted is raised to it (never negative)."""
+def add(counts: MutableMapping[str, int], budget: int, correct: int, n: int = 1) -> None:
+    """Count ``n`` request-steps.  A budget below what was accepted is raised to it (never negative)."""
     correct = max(0, int(correct))
     budget = max(int(budget), correct)
     k = key(budget, correct)
-    counts[k] = counts.get(k, 0) + 1
+    counts[k] = counts.get(k, 0) + n
 
 
 def merge_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:

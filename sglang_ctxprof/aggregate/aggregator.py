@@ -25,7 +25,9 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_right
+from collections import Counter, deque
+from itertools import repeat
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
@@ -103,22 +105,23 @@ class Aggregator:
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
         table = self.decode if rec.kind == KIND_DECODE else self.prefill
-        idx = self.bucketing.index(rec.ctx_mean)
+        ctx_sum = rec.ctx_sum  # one pass over the requests' lengths, used four times below
+        idx = self.bucketing.index(ctx_sum / len(rec.ctx_lens))
         b = table.get(idx)
         if b is None:
             b = table[idx] = _Bucket()
         b.steps += 1
         b.req_steps += rec.batch_size
-        b.ctx_sum += rec.ctx_sum
+        b.ctx_sum += ctx_sum
         self._host_time(rec)
         if rec.kind == KIND_DECODE:
             self._decode_extras(b, rec)
             b.accepted += sum(rec.accepted)
             b.committed += sum(rec.committed)
             b.draft_tokens += rec.draft_tokens * rec.batch_size
-            x = rec.ctx_sum / 1000.0
+            x = ctx_sum / 1000.0
             if Phase.VERIFY_ATTN.value in rec.phases_ms:
-                b.attn_ctx_sum += rec.ctx_sum
+                b.attn_ctx_sum += ctx_sum
             for name in REPORTED_PHASES:
                 if name != Phase.STEP.value and name not in rec.phases_ms:
                     continue
@@ -161,14 +164,17 @@ class Aggregator:
             return
         budget = rec.draft_depth or rec.draft_positions
         nd = rec.non_draft_tokens  # the bonus token, and UNO's clean root as well
-        for ctx, a in zip(rec.ctx_lens, rec.accepted):
+        # One C-level pass groups the requests by (own context bucket, accepted); Python then runs
+        # once per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
+        pairs = Counter(zip(map(bisect_right, repeat(self.bucketing.edges), rec.ctx_lens), rec.accepted))
+        for (i1, a), n in pairs.items():
             if a <= 0:  # unknown (never read from the device)
                 continue
-            i = self.bucketing.index(ctx)
+            i = max(0, i1 - 1)
             counts = self.acceptance.get(i)
             if counts is None:
                 counts = self.acceptance[i] = {}
-            acc.add(counts, budget, max(0, a - nd))
+            acc.add(counts, budget, max(0, a - nd), n)
 
     def waterfall(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """Where one request's wall time went (``waterfall``), from its summary with step rows."""

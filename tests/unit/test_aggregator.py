@@ -204,3 +204,27 @@ def test_linear_fit_reads_a_raw_sum_state():
     got = LinearFit.from_state(old).solve()
     assert got["slope"] == pytest.approx(f.solve()["slope"], rel=1e-9)
     assert got["intercept"] == pytest.approx(f.solve()["intercept"], rel=1e-9)
+
+
+def test_acceptance_by_position_equals_a_per_request_count():
+    """The grouped count (one pass per distinct bucket/accepted pair) equals counting request by request."""
+    import random
+
+    from sglang_ctxprof.aggregate import acceptance as acc_mod
+    from sglang_ctxprof.model.records import RankId, StepRecord
+
+    rng = random.Random(7)
+    agg, want = Aggregator(), {}
+    for step in range(200):
+        n = rng.choice((1, 3, 64, 256))
+        ctx = tuple(rng.randint(1, 9000) for _ in range(n))
+        accepted = tuple(rng.randint(0, 5) for _ in range(n))  # 0: unknown, not counted
+        depth = rng.choice((0, 3, 4))
+        agg.observe(StepRecord(step_id=step, kind="decode", algorithm="EAGLE", rank=RankId(0, 0, 0),
+                               rids=tuple(f"r{step}-{j}" for j in range(n)), ctx_lens=ctx, accepted=accepted,
+                               committed=accepted, finished=(False,) * n, draft_tokens=5, step_ms=1.0,
+                               phases_ms={}, draft_depth=depth))
+        for c, a in zip(ctx, accepted):
+            if a > 0:
+                acc_mod.add(want.setdefault(agg.bucketing.index(c), {}), depth or 4, a - 1)
+    assert agg.acceptance == want
