@@ -71,6 +71,8 @@ class ToyDDTreeBlockWorker(DFlashWorkerV2):
         draft_input = batch.spec_info
         bs, k = len(batch.seq_lens), int(self.block_size)
         prefix_lens = batch.seq_lens
+        # carried over from the previous overlap iteration, possibly from another stream (as DFLASH)
+        prefix_lens.record_stream(torch.get_device_module(self.device).current_stream())
         with _phase("draft"):
             tokens, positions, cache_loc_2d, kv_loc_plan = self._draft_block(batch, draft_input, bs, k)
         target_out = self._verify_block(batch, draft_input, tokens, positions, cache_loc_2d, kv_loc_plan, k)
