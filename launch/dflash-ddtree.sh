@@ -9,7 +9,9 @@
 # phase records the worker declares its phases:
 #     import sglang_ctxprof
 #     with sglang_ctxprof.phase("draft"): ...          # also "verify", "draft_extend"
-# (a no-op when profiling is off).  tests/plugins/toy_ddtree is a working example (ALG=TOY_DDTREE).
+# (a no-op when profiling is off).  tests/plugins/toy_ddtree is a working example (ALG=TOY_DDTREE);
+# tests/plugins/toy_ddtree_block is one on the DFLASH block drafter, with its own tree step
+# (ALG=TOY_DDTREE_BLOCK, a DFlash drafter as DRAFT).
 #
 #   ALG=DDTREE DRAFT=org/block-diffusion-drafter launch/dflash-ddtree.sh [extra sglang args]
 set -euo pipefail
