@@ -30,6 +30,19 @@ def tiny(arch: str, draft: str | None = None, high_acceptance: bool = False) -> 
                                high_acceptance=high_acceptance))
 
 
+def write_dist_info(directory: str, module: str) -> str:
+    """Write ``<module>-0.1.0.dist-info`` (METADATA + the ``sglang.srt.plugins`` entry point
+    ``module:register``) into ``directory``; with it and the plugin's folder on ``PYTHONPATH``, SGLang
+    loads a test plugin from tests/plugins without installing it.  Returns the folder."""
+    d = os.path.join(directory, f"{module}-0.1.0.dist-info")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1.0\n")
+    with open(os.path.join(d, "entry_points.txt"), "w") as f:
+        f.write(f"[sglang.srt.plugins]\n{module} = {module}:register\n")
+    return d
+
+
 def start_server(name: str, args: list[str], env: dict | None = None):
     from sglang_ctxprof.cli.server import ServerProcess
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args
 
@@ -74,7 +74,7 @@ def selfcheck_env() -> tuple[str, dict]:
         import ctxprof_selfcheck
     finally:
         sys.path.remove(str(SELFCHECK_PLUGIN))
-    ctxprof_selfcheck.write_dist_info(d)
+    write_dist_info(d, ctxprof_selfcheck.__name__)
     return d, {ctxprof_selfcheck.ENV: d, "PYTHONPATH": f"{SELFCHECK_PLUGIN}:{d}"}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MODEL_CACHE, ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import MODEL_CACHE, ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server
@@ -40,15 +40,7 @@ DFLASH_FIX = ROOT / "tests" / "plugins" / "cpu_dflash"
 
 
 def _plugin_env(fix, module: str, tmp_dir) -> dict:
-    import importlib
-    import sys
-
-    sys.path.insert(0, str(fix))
-    try:
-        mod = importlib.import_module(module)
-    finally:
-        sys.path.remove(str(fix))
-    mod.write_dist_info(str(tmp_dir))
+    write_dist_info(str(tmp_dir), module)
     return {"PYTHONPATH": f"{fix}:{tmp_dir}"}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server
@@ -36,7 +36,7 @@ def run(request, tmp_path_factory):
     finally:
         sys.path.remove(str(PLUGIN_DIR))
     ep_dir = tmp_path_factory.mktemp("toy-ep")
-    toy_ddtree.write_dist_info(str(ep_dir))
+    write_dist_info(str(ep_dir), toy_ddtree.__name__)
     m = tiny("qwen3-moe", "standalone", high_acceptance=True)  # MoE target: verify_moe is measurable
     args = cpu_args(m["target"], algorithm=toy_ddtree.NAME, draft=m["draft"], topk=2,
                     num_draft_tokens=6) + ["--enable-ctx-profile"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server
@@ -45,8 +45,8 @@ def _import(folder, module: str):
 def run(tmp_path_factory):
     toy = _import(PLUGIN_DIR, "toy_ddtree_block")
     ep_dir = tmp_path_factory.mktemp("toy-block-ep")
-    toy.write_dist_info(str(ep_dir))
-    _import(DFLASH_FIX, "cpu_dflash").write_dist_info(str(ep_dir))
+    write_dist_info(str(ep_dir), toy.__name__)
+    write_dist_info(str(ep_dir), "cpu_dflash")
     m = tiny("qwen3-moe", "dflash")  # MoE target: verify_moe is measurable
     args = cpu_args(m["target"], algorithm=toy.NAME, draft=m["draft"]) + ["--enable-ctx-profile"]
     # SGLang turns the overlap scheduler off on CPU for its own algorithms only; a custom one must ask.

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import cpu_args
 from sglang_ctxprof.model.buckets import Bucketing
@@ -42,7 +42,7 @@ def server(tmp_path_factory):
         import ctxprof_plant
     finally:
         sys.path.remove(str(PLANT))
-    ctxprof_plant.write_dist_info(str(d))
+    write_dist_info(str(d), ctxprof_plant.__name__)
     plant_file = d / "plant.json"
     plant_file.write_text("{}")
     m = tiny("deepseek-v3", "eagle", high_acceptance=True)

@@ -17,7 +17,7 @@ import concurrent.futures as cf
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny
+from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
 from sglang_ctxprof.cli.server import cpu_args
 
 pytestmark = pytest.mark.server
@@ -34,7 +34,7 @@ def _gloo_env(tmp) -> dict:
         import cpu_tp_gloo
     finally:
         sys.path.remove(str(GLOO))
-    cpu_tp_gloo.write_dist_info(str(tmp))
+    write_dist_info(str(tmp), cpu_tp_gloo.__name__)
     return {"PYTHONPATH": f"{GLOO}:{tmp}"}
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, write_dist_info
 
 LAUNCH = ROOT / "launch"
 TOY = ROOT / "tests" / "plugins" / "toy_ddtree"
@@ -72,7 +72,7 @@ def parsed(tmp_path_factory):
     finally:
         sys.path.remove(str(TOY))
     ep = tmp_path_factory.mktemp("toy-ep")
-    toy_ddtree.write_dist_info(str(ep))
+    write_dist_info(str(ep), toy_ddtree.__name__)
     argvs = {name: _argv(name, env) for name, (env, _) in RECIPES.items()}
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": f"{TOY}:{ep}"}

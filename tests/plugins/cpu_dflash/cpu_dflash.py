@@ -9,7 +9,6 @@ real platform.  It changes nothing on CUDA.
 
 from __future__ import annotations
 
-import os
 
 
 class _Platform:
@@ -71,13 +70,3 @@ def register() -> None:
     choices = draft_worker_common.DRAFT_ATTENTION_BACKEND_CHOICES
     if "intel_amx" not in choices:  # else the draft runner falls back to FlashInfer (CUDA only)
         draft_worker_common.DRAFT_ATTENTION_BACKEND_CHOICES = [*choices, "intel_amx"]
-
-
-def write_dist_info(directory: str) -> str:
-    d = os.path.join(directory, "cpu_dflash-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: cpu-dflash\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\ncpu_dflash = cpu_dflash:register\n")
-    return d

@@ -9,7 +9,6 @@ to get past it.  It changes nothing when CUDA is available.
 
 from __future__ import annotations
 
-import os
 
 
 def register() -> None:
@@ -17,13 +16,3 @@ def register() -> None:
 
     if not torch.cuda.is_available():
         torch.cuda.synchronize = lambda *args, **kwargs: None
-
-
-def write_dist_info(directory: str) -> str:
-    d = os.path.join(directory, "cpu_no_cuda_sync-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: cpu-no-cuda-sync\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\ncpu_no_cuda_sync = cpu_no_cuda_sync:register\n")
-    return d

@@ -8,7 +8,6 @@ passes ``use_pynccl=False`` when CUDA is unavailable.  Path-loaded by tests/serv
 
 from __future__ import annotations
 
-import os
 
 
 def _no_pynccl(*args, **kwargs):
@@ -25,13 +24,3 @@ def register() -> None:
 
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           _no_pynccl, HookType.BEFORE)
-
-
-def write_dist_info(directory: str) -> str:
-    d = os.path.join(directory, "cpu_tp_gloo-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: cpu-tp-gloo\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\ncpu_tp_gloo = cpu_tp_gloo:register\n")
-    return d

@@ -78,13 +78,3 @@ def register() -> None:
         return orig(self, *args, **kwargs)
 
     Scheduler.get_next_batch_to_run = get_next_batch_to_run
-
-
-def write_dist_info(directory: str) -> str:
-    d = os.path.join(directory, "ctxprof_plant-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: ctxprof-plant\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\nctxprof_plant = ctxprof_plant:register\n")
-    return d

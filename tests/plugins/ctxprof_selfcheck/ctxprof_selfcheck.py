@@ -44,13 +44,3 @@ def _loop(directory: str) -> None:
         with open(tmp, "w") as f:
             json.dump({"pid": os.getpid(), "wrapped": report, "profiler": hooks.SESSION is not None}, f)
         os.replace(tmp, os.path.join(directory, f"selfcheck-{os.getpid()}.json"))
-
-
-def write_dist_info(directory: str) -> str:
-    d = os.path.join(directory, "ctxprof_selfcheck-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: ctxprof-selfcheck\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\nctxprof_selfcheck = ctxprof_selfcheck:register\n")
-    return d

@@ -11,12 +11,11 @@ With ``TOY_DDTREE_DECLARE_PHASES=1`` the worker declares its phases to ctxprof w
 
 Loading: either ``pip install -e tests/plugins/toy_ddtree`` (entry point ``sglang.srt.plugins``),
 or path-loaded as the tests do: put this folder and a folder holding a ``toy_ddtree-*.dist-info``
-with the same entry point on ``PYTHONPATH`` (``write_dist_info``), so nothing is installed.
+with the same entry point on ``PYTHONPATH`` (``write_dist_info`` in tests/conftest.py), so nothing is installed.
 """
 
 from __future__ import annotations
 
-import os
 
 NAME = "TOY_DDTREE"
 DECLARE_ENV = "TOY_DDTREE_DECLARE_PHASES"
@@ -49,14 +48,3 @@ def register() -> None:
     @SpeculativeAlgorithm.register(NAME, supports_overlap=True, spec_class=ToyDDTreeSpec)
     def _factory(server_args):
         return worker.ToyDDTreeWorker
-
-
-def write_dist_info(directory: str) -> str:
-    """Write ``toy_ddtree-0.1.0.dist-info`` (METADATA + entry point) into ``directory``; return it."""
-    d = os.path.join(directory, "toy_ddtree-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: toy-ddtree\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\ntoy_ddtree = toy_ddtree:register\n")
-    return d

@@ -19,12 +19,11 @@ aux-hidden-state export).  On a CPU it needs tests/plugins/cpu_dflash loaded too
 
 Loading: either ``pip install -e tests/plugins/toy_ddtree_block`` (entry point
 ``sglang.srt.plugins``), or path-loaded as the tests do: put this folder and a folder holding a
-``toy_ddtree_block-*.dist-info`` with the same entry point on ``PYTHONPATH`` (``write_dist_info``).
+``toy_ddtree_block-*.dist-info`` with the same entry point on ``PYTHONPATH`` (``write_dist_info`` in tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 
 NAME = "TOY_DDTREE_BLOCK"
 DECLARE_ENV = "TOY_DDTREE_BLOCK_DECLARE_PHASES"
@@ -68,14 +67,3 @@ def _delegate(target, attr: str):
 
     method.__name__ = attr
     return method
-
-
-def write_dist_info(directory: str) -> str:
-    """Write ``toy_ddtree_block-0.1.0.dist-info`` (METADATA + entry point) into ``directory``."""
-    d = os.path.join(directory, "toy_ddtree_block-0.1.0.dist-info")
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: toy-ddtree-block\nVersion: 0.1.0\n")
-    with open(os.path.join(d, "entry_points.txt"), "w") as f:
-        f.write("[sglang.srt.plugins]\ntoy_ddtree_block = toy_ddtree_block:register\n")
-    return d
