@@ -30,27 +30,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from overhead import http  # noqa: E402  (bench/ is this script's folder: the A/B's JSON client)
 from sglang_ctxprof.cli.server import ServerError, ServerProcess, cpu_args  # noqa: E402
 
 PHASES = ("draft", "verify", "verify_attn", "verify_rest", "draft_extend")
-
-
-def http(method: str, url: str, body=None, timeout: float = 600):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
 
 
 def generate(url: str, n_prompt: int, seed: int, max_new_tokens: int) -> dict:

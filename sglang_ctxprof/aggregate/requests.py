@@ -52,7 +52,8 @@ class RequestLog:
         get, move = reqs.get, reqs.move_to_end
         step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
         blk, den = rec.block_size, rec.denoise_steps
-        te = rec.t_end_ns or t0 + int(step_ms * 1e6)  # host clock when run_batch returned
+        t_dev = t0 + int(step_ms * 1e6)  # the step's end by its device time (a request's t_end_ns)
+        te = rec.t_end_ns or t_dev  # the row's: host clock when run_batch returned
         ph = _phases(rec)
         added = 0
         for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
@@ -69,7 +70,7 @@ class RequestLog:
                 added += 1
             else:  # no row kept: fold the step into the totals now
                 r["steps_truncated"] += 1
-                self._fold_step(r, ctx, acc, com, step_ms, t0 + int(step_ms * 1e6), bool(rows))
+                self._fold_step(r, ctx, acc, com, step_ms, t_dev, bool(rows))
             if fin:
                 r["finished"] = True
         if rec.trace_parents:

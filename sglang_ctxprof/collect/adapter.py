@@ -240,11 +240,12 @@ def draft_tokens(result: Any, server_args: Any) -> int:
     return int(n or 0)
 
 
-def draft_depth(result: Any, server_args: Any) -> int:
-    """Draft budget in positions: draft tokens - 1 (chain, top-k 1), else the tree depth; 0 unknown."""
+def draft_depth(draft: int, server_args: Any) -> int:
+    """Draft budget in positions, from the step's ``draft_tokens``: draft - 1 (a chain, top-k 1),
+    else the tree depth; 0 unknown."""
     if int(getattr(server_args, "speculative_eagle_topk", 1) or 1) > 1:
         return int(getattr(server_args, "speculative_num_steps", 0) or 0)
-    return max(0, draft_tokens(result, server_args) - 1)
+    return max(0, draft - 1)
 
 
 def req_cached_tokens(req: Any) -> int:

@@ -168,12 +168,12 @@ def attn_backend(server_args: Any) -> str:
                or getattr(server_args, "attention_backend", None) or "")
 
 
-def exec_mode(result: Any, server_args: Any, batch_size: int) -> tuple[str, str]:
-    """(mode, reason) of a decode/verify step: "graph", "eager" (with why, where known) or ""."""
+def exec_mode(ran: Optional[bool], server_args: Any, batch_size: int) -> tuple[str, str]:
+    """(mode, reason) of a decode/verify step whose :func:`verify_graph_ran` was ``ran``: "graph",
+    "eager" (with why, where known) or ""."""
     dev = str(getattr(server_args, "device", "cuda") or "cuda")
     if not dev.startswith("cuda") or getattr(server_args, "disable_cuda_graph", False):
         return EXEC_EAGER, EXEC_REASON_DISABLED
-    ran = verify_graph_ran(result)
     if ran is None or ran:
         return ("", "") if ran is None else (EXEC_GRAPH, "")
     max_bs = getattr(server_args, "cuda_graph_max_bs", None)

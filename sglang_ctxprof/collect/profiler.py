@@ -152,8 +152,8 @@ class Profiler:
             self.parked.retry(self._finish)
         host = None
         try:
-            host = self._host(b, batch, result)
             b.graph_ran = adapter.verify_graph_ran(result)
+            host = self._host(b, batch, result)
             if host is not None and self.graph is not None:
                 self.graph.read(b)  # graph events: now or never (the next replay overwrites them)
         finally:
@@ -209,9 +209,10 @@ class Profiler:
         spec = decode and self.spec
         emitted, vct_post, fin = adapter.reqs_after(reqs, outs, spec)
         tps: tuple[str, ...] = ()
+        sa = getattr(self.scheduler, "server_args", None)
         if decode:
             accepts = adapter.accept_list(result)
-            draft = adapter.draft_tokens(result, getattr(self.scheduler, "server_args", None))
+            draft = adapter.draft_tokens(result, sa)
         else:
             accepts, draft = None, 0
             tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
@@ -221,20 +222,15 @@ class Profiler:
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
         host.t_end_ns = b.t_end_ns
         if decode:
-            self._exec(host, result, len(reqs))
+            host.exec_mode, host.exec_reason = adapter.exec_mode(b.graph_ran, sa, len(reqs))
+            host.attn_backend = adapter.attn_backend(sa)
+            host.draft_depth = adapter.draft_depth(draft, sa) if spec else 0
             host.non_draft_tokens = adapter.non_draft_tokens(result)
             if b.block:
                 host.block_size, host.denoise_steps = adapter.block_size(result), b.denoise
         else:
             host.cached_lens = tuple(map(adapter.req_cached_tokens, reqs))
         return host if host.counted() else None
-
-    def _exec(self, host: HostFacts, result: Any, batch_size: int) -> None:
-        """Execution fingerprint and draft budget of a decode step (a few host attributes)."""
-        sa = getattr(self.scheduler, "server_args", None)
-        host.exec_mode, host.exec_reason = adapter.exec_mode(result, sa, batch_size)
-        host.attn_backend = adapter.attn_backend(sa)
-        host.draft_depth = adapter.draft_depth(result, sa) if self.spec else 0
 
     # ---- control commands ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -52,9 +52,6 @@ class StepBuilder:
     def in_phase(self, name: str) -> bool:
         return name in self.open
 
-    def add(self, phase: str, a: Any, b: Any) -> None:
-        self.marks.append((phase, a, b))
-
 
 def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[float, dict[str, float]]]:
     """Return ``(step_ms, phases_ms)`` or None if the device has not finished yet."""
