@@ -25,7 +25,12 @@ It models the properties our GPU timing code relies on, through the same names a
   write, as the host copies a step's inputs into a graph's static buffers), so replays of the same
   graph take step-dependent times and a read of the wrong replay shows up as a wrong number;
 * every ``synchronize()`` the code under test calls is counted (``syncs``); :meth:`advance` is the
-  harness's own wait (SGLang's ``copy_done.synchronize()``) and is not counted.
+  harness's own wait (SGLang's ``copy_done.synchronize()``) and is not counted;
+* ``concurrent=True`` gives each stream its own clock: a kernel starts when its stream and every
+  stream it waits on have got there, so work on two streams overlaps in time as on a GPU (the
+  default is one serial clock, where nothing overlaps);
+* :meth:`on_launch` queues a host call made when the work is *launched*: at once outside a capture,
+  on every replay inside one (``fake_comm`` pairs in-graph collectives across ranks with it).
 
 ``supports_external=False`` builds a device whose ``Event`` rejects ``external=`` with a
 ``TypeError`` (older PyTorch), to exercise the feature detection and fallback.
@@ -37,6 +42,8 @@ import contextlib
 import weakref
 from collections import deque
 from typing import Any, Callable, Iterator, Optional
+
+from .fake_capture import GraphCapture
 
 
 class FakeEvent:
@@ -95,6 +102,8 @@ class FakeStream:
         self.launched = 0
         self.done = 0
         self.capture: Optional["FakeGraph"] = None
+        self.t_ms = 0.0  # this stream's clock (concurrent devices)
+        self.done_at: list[float] = []  # stream time at which each executed operation completed
 
     def wait_stream(self, other: "FakeStream") -> None:
         self.device._wait(self, other, len_of=True)
@@ -153,6 +162,8 @@ class FakeGraph:
                 elif kind == "record":
                     ev = dev._live[arg]()
                     dev._enqueue_record(ev, streams[i], node=True)
+                elif kind == "launch":
+                    arg()
                 else:
                     dev._enqueue(streams[i], kind, arg)
         for i in range(1, len(self.branches)):  # the launch completes when every branch has
@@ -165,9 +176,11 @@ class FakeGraph:
 class FakeDevice:
     """Streams and graphs on one simulated device clock (milliseconds)."""
 
-    def __init__(self, supports_external: bool = True, record_cost_ms: float = 0.0) -> None:
+    def __init__(self, supports_external: bool = True, record_cost_ms: float = 0.0,
+                 concurrent: bool = False) -> None:
         self.supports_external = supports_external
         self.record_cost_ms = record_cost_ms
+        self.concurrent = concurrent
         self.now_ms = 0.0
         self.static: Any = 0
         self.syncs = 0
@@ -216,8 +229,8 @@ class FakeDevice:
         return object()
 
     def graph(self, cuda_graph: Optional[FakeGraph] = None, pool: Any = None,
-              stream: Optional[FakeStream] = None) -> "_Capture":
-        return _Capture(self, cuda_graph or FakeGraph(self), pool, stream)
+              stream: Optional[FakeStream] = None) -> Any:
+        return GraphCapture(self, cuda_graph or FakeGraph(self), pool, stream)
 
     def is_current_stream_capturing(self) -> bool:
         return self.current.capture is not None
@@ -232,6 +245,14 @@ class FakeDevice:
 
     def _sleep(self, cycles: int) -> None:  # torch.cuda._sleep: a spin kernel (1 GHz: 1e6 cycles = 1 ms)
         self.kernel(cycles / 1e6)
+
+    def on_launch(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` when this point of the stream is launched: now, or on each replay of a capture."""
+        s = self.current
+        if s.capture is not None:
+            s.capture.branches[self._branch(s)].append(("launch", fn))
+        else:
+            fn()
 
     def set_static(self, value: Any) -> None:
         """Enqueue a write of the static input buffer (executes in stream order)."""
@@ -321,6 +342,11 @@ class FakeDevice:
 
     def _exec(self, s: FakeStream) -> None:
         kind, arg = s.q.popleft()
+        conc = self.concurrent
+        if conc:  # the stream's own clock, never behind the work it waited for
+            if kind == "wait" and arg[1] > 0:
+                s.t_ms = max(s.t_ms, arg[0].done_at[arg[1] - 1])
+            self.now_ms = s.t_ms
         if kind == "kernel":
             self.now_ms += float(arg(self.static) if callable(arg) else arg)
         elif kind == "set":
@@ -333,6 +359,9 @@ class FakeDevice:
                 ev.pending -= 1
             if kind == "node":  # an event node in a graph serializes the graph: it costs time
                 self.now_ms += self.record_cost_ms
+        if conc:
+            s.t_ms = self.now_ms
+            s.done_at.append(s.t_ms)
         s.done += 1
 
     def run(self, max_ops: Optional[int] = None) -> int:
@@ -364,39 +393,6 @@ class FakeDevice:
     @property
     def idle(self) -> bool:
         return not any(s.q for s in self.streams)
-
-
-class _Capture:
-    def __init__(self, device: FakeDevice, graph: FakeGraph, pool: Any, stream: Optional[FakeStream]) -> None:
-        self.device = device
-        self.graph = graph
-        self.graph.pool = pool
-        self.stream = stream
-
-    def __enter__(self) -> FakeGraph:
-        dev = self.device
-        self._ctx = dev.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        self._ctx.__enter__()
-        s = dev.current
-        if s.capture is not None:
-            raise RuntimeError("nested capture")
-        s.capture = self.graph
-        self.graph.streams[0] = s
-        return self.graph
-
-    def __exit__(self, *exc: Any) -> None:
-        g = self.graph
-        try:
-            for s in g.streams:
-                if s is not None:
-                    s.capture = None
-            if exc[0] is None:
-                for br in range(1, len(g.branches)):
-                    if g.joined.get(br, -1) < len(g.branches[br]):
-                        raise RuntimeError("capture ended with an unjoined side stream "
-                                           "(cudaErrorStreamCaptureUnjoined)")
-        finally:
-            self._ctx.__exit__(*exc)
 
 
 def factory(device: FakeDevice, **kw: Any) -> Callable[[], FakeEvent]:

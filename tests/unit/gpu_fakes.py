@@ -16,7 +16,13 @@ Shaped like SGLang 0.5.23 where our code relies on it:
   metadata) and once in ``_forward_raw`` inside verify.  If the two answers differ the fake fails
   like the real one would (metadata prepared for a graph replay, forward run eagerly);
 * every kernel's duration depends on the step id (``load``), so a read of another step's events
-  gives a wrong number.
+  gives a wrong number;
+* ranks (``make_ranks``): one simulated device, scheduler, worker and profiler per rank, run in
+  lockstep; each layer all-reduces through ``testing.fake_comm.FakeComm`` (custom all-reduce's
+  capture-order pairing), so ranks that replay different graphs fail loudly; IDLE batches (a DP
+  rank with no requests) still draft and verify, as SGLang's do;
+* ``TargetWorker``'s capture runs the model runner's ``capture_tail_hooks`` like SGLang's
+  ``run_once`` (DSPARK's verify epilogue registers the captured graph's outputs there).
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from types import SimpleNamespace as NS
 
 from fakes import Batch, Mode, Req, Result, ServerArgs  # noqa: F401 - re-exported for tests
 
+from sglang_ctxprof.testing.fake_comm import FakeComm
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
 DEV: FakeDevice = FakeDevice()
+COMM: "FakeComm | None" = None  # the ranks' in-graph all-reduce (None: one rank, no collectives)
+RANK = 0  # the rank whose device, scheduler and profiler run now (make_ranks switches it)
 LAYERS = 3
 DRAFT_LAYERS = 1
 
@@ -61,9 +70,10 @@ def expected(step_id):
             "draft": draft_ms(step_id), "draft_extend": DRAFT_EXT_MS}
 
 
-def reset(supports_external=True, record_cost_ms=0.0):
-    global DEV
-    DEV = FakeDevice(supports_external=supports_external, record_cost_ms=record_cost_ms)
+def reset(supports_external=True, record_cost_ms=0.0, concurrent=False):
+    global DEV, COMM, RANK
+    DEV = FakeDevice(supports_external=supports_external, record_cost_ms=record_cost_ms, concurrent=concurrent)
+    COMM, RANK = None, 0
     return DEV
 
 
@@ -86,6 +96,8 @@ class Model:
             a.forward()
             m.forward()
             DEV.kernel(REST_MS)
+            if COMM is not None:  # tensor-parallel: the layer's output is all-reduced
+                COMM.all_reduce(DEV, RANK)
         return "logits"
 
 
@@ -103,16 +115,19 @@ class DraftModel:
 
 
 class GraphBackend:
-    def __init__(self, runner):
+    def __init__(self, runner, fail_copy=False):
         self._cuda_graph_runner = runner
         self._graphs = {}
         self._outputs = {}
         self.captures = 0
+        self.fail_copy = fail_copy  # this rank runs out of memory capturing a key SGLang never asked for
 
     def capture_one(self, shape_key, forward_fn):
         for _ in range(2):  # warm-ups run eagerly, outside the capture
             forward_fn()
             DEV.run()
+        if self.fail_copy and isinstance(shape_key, tuple):
+            raise RuntimeError("CUDA out of memory (capturing a second graph of this shape, this rank only)")
         g = DEV.CUDAGraph()
         with DEV.graph(g):
             out = forward_fn()
@@ -121,7 +136,8 @@ class GraphBackend:
         self._outputs[shape_key] = out
 
     def replay(self, shape_key, static_forward_batch=None):
-        self._graphs[shape_key].replay()
+        g = self.last_replayed = self._graphs[shape_key]
+        g.replay()
         return self._outputs[shape_key]
 
     def cleanup(self):
@@ -134,25 +150,54 @@ class GraphBackend:
 class GraphRunner:
     """DecodeCudaGraphRunner: the target's runs TARGET_VERIFY, a draft runner does not."""
 
-    def __init__(self, use_graph, draft=False):
+    def __init__(self, use_graph, draft=False, tp_size=1, fail_copy=False):
         self.use_graph = use_graph
-        self.model_runner = NS(is_draft_worker=draft)
+        self.model_runner = NS(is_draft_worker=draft, capture_tail_hooks=[], tp_size=tp_size)
         self.capture_forward_mode = NS(is_target_verify=lambda: True)
         self.calls = 0
-        self.backend = GraphBackend(self)
+        self.backend = GraphBackend(self, fail_copy=fail_copy)
 
     def can_run_graph(self, forward_batch):
         self.calls += 1
         return self.use_graph
 
 
+class CaptureState:
+    """DSPARK's verify epilogue, reduced: a capture tail hook stores the captured graph's outputs by
+    batch size (``static_io[bs] = io``), and its sampling-accept graph reads them on every step."""
+
+    def __init__(self):
+        self.static_io = {}
+        self.reads = self.stale = 0
+
+    def capture_hook(self, bs, graph):
+        self.static_io[bs] = graph
+
+    def read(self, bs, replayed):
+        self.reads += 1
+        if self.static_io.get(bs) is not replayed:
+            self.stale += 1  # the outputs of another capture than the graph that just ran
+
+
 class TargetWorker:
-    def __init__(self, use_graph):
+    def __init__(self, use_graph, tp_size=1, capture_state=None, fail_copy=False):
         self.model = Model()
-        self.runner = GraphRunner(use_graph)
+        self.runner = GraphRunner(use_graph, tp_size=tp_size, fail_copy=fail_copy)
         self.backend = self.runner.backend
+        self.capture_state = capture_state
+        if capture_state is not None:
+            self.runner.model_runner.capture_tail_hooks.append(capture_state.capture_hook)
         if use_graph:
-            self.backend.capture_one("bs1", self.model.forward)
+            self.backend.capture_one("bs1", self.run_once)
+
+    def run_once(self):
+        """The runner's capture forward: the model, then the capture tail hooks (SGLang's run_once)."""
+        out = self.model.forward()
+        graph = DEV.current.capture
+        if graph is not None:
+            for hook in self.runner.model_runner.capture_tail_hooks:
+                hook("bs1", graph)
+        return out
 
     def forward_batch_generation(self, batch, is_verify=False, prepared_for_graph=None):
         ran_graph = self.runner.can_run_graph(batch)  # model_runner._forward_raw
@@ -162,6 +207,8 @@ class TargetWorker:
                                   "a graph replay" if prepared_for_graph else "eager"))
         if ran_graph:
             self.backend.replay("bs1")
+            if self.capture_state is not None:
+                self.capture_state.read("bs1", self.backend.last_replayed)
         else:
             self.model.forward()
         return ran_graph
@@ -170,12 +217,12 @@ class TargetWorker:
 class Worker:
     """EAGLE-shaped speculative worker: draft graph, prepare-for-verify, verify, draft-extend."""
 
-    def __init__(self, use_graph=True, draft_graph=True):
-        self.draft_runner = GraphRunner(draft_graph, draft=True)
+    def __init__(self, use_graph=True, draft_graph=True, tp_size=1, capture_state=None, fail_copy=False):
+        self.draft_runner = GraphRunner(draft_graph, draft=True, tp_size=tp_size)
         self.draft_model = DraftModel()
         if draft_graph:
             self.draft_runner.backend.capture_one("draft-bs1", self.draft_model.forward)
-        self.target = TargetWorker(use_graph)
+        self.target = TargetWorker(use_graph, tp_size=tp_size, capture_state=capture_state, fail_copy=fail_copy)
 
     def forward_batch_generation(self, batch):
         self.draft(batch)
@@ -233,14 +280,21 @@ class Scheduler:
     def loop_overlap(self, batches):
         """Scheduler.event_loop_overlap, reduced to what matters here."""
         for batch in list(batches) + [None]:
-            disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
-            if disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            if batch is not None:
-                self.result_queue.append((batch, self.run_batch(batch)))
-            if self.last_batch is not None and not disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            self.last_batch = batch
+            self.step(batch)
+        self.drain()
+
+    def step(self, batch):
+        """One iteration of the overlap loop (None: nothing to launch)."""
+        disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
+        if disable and self.result_queue:
+            self.process_batch_result(*self.result_queue.popleft())
+        if batch is not None:
+            self.result_queue.append((batch, self.run_batch(batch)))
+        if self.last_batch is not None and not disable and self.result_queue:
+            self.process_batch_result(*self.result_queue.popleft())
+        self.last_batch = batch
+
+    def drain(self):
         while self.result_queue:
             self.process_batch_result(*self.result_queue.popleft())
 
@@ -260,3 +314,112 @@ TARGETS_SPEC = (
     (f"{M}.GraphBackend.cleanup", "graph_cleanup"),
     (f"{M}.GraphRunner.can_run_graph", "graph_eager_fallback"),
 )
+
+
+class Ranks:
+    """``n`` tensor-parallel ranks in one process, run in lockstep, each as its own process would be.
+
+    Each rank gets its own copy of this module (its own device, classes and hooks: ctxprof patches
+    rank r's classes only, as it patches one scheduler process), its own scheduler, EAGLE worker and
+    ctxprof session; every layer all-reduces through one shared ``FakeComm``.  ``use(r)`` points
+    ctxprof's process handle at rank r's session while rank r runs."""
+
+    def __init__(self, n, *, k=4, external=True, fallback="off", capture_state=False, fail_copy_on=None,
+                 config=None):
+        from sglang_ctxprof.model.config import CtxProfConfig
+
+        self.n = n
+        self.comm = FakeComm(n)
+        self.mods, self.scheds, self.sessions, self.captures = [], [], [], []
+        try:
+            for r in range(n):
+                self._add_rank(r, k, external, fallback, capture_state, fail_copy_on == r,
+                               config or CtxProfConfig())
+        except BaseException:
+            self.close()
+            raise
+
+    def _add_rank(self, r, k, external, fallback, capture_state, fail_copy, config):
+        import importlib.util
+
+        from sglang_ctxprof.collect import hooks
+        from sglang_ctxprof.collect.adapter import Target
+        from sglang_ctxprof.collect.clocks import CudaEventClock
+        from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
+        from sglang_ctxprof.collect.session import CtxProfSession
+        from sglang_ctxprof.testing.session import Capture
+
+        spec = importlib.util.spec_from_file_location(f"{__name__}_rank{r}", __file__)
+        mod = importlib.util.module_from_spec(spec)
+        import sys
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        mod.DEV, mod.RANK, mod.COMM = FakeDevice(supports_external=external), r, self.comm
+        self.mods.append(mod)
+        session = CtxProfSession(config, targets=[Target(path, hook) for path, hook in mod.TARGETS_SPEC])
+        hooks.SESSION = None
+        session.instrument()
+        self.sessions.append(session)
+        with self.use(r):
+            p = session.profiler
+            self.captures.append(Capture(p))
+            sched = mod.Scheduler(None)
+            p.bind(sched)
+            p.clock = CudaEventClock(event_factory=lambda: mod.DEV.Event(enable_timing=True))
+            factory, reason = external_event_factory(mod.DEV.Event)
+            p.graph = GraphTimer(factory, lambda: mod.DEV.is_current_stream_capturing(), sample_every=k,
+                                 fallback=fallback, reason=reason)
+            self.scheds.append(sched)
+            sched.model_worker = mod.Worker(tp_size=self.n, fail_copy=fail_copy,
+                                            capture_state=mod.CaptureState() if capture_state else None)
+
+    @property
+    def devs(self):
+        return [m.DEV for m in self.mods]
+
+    def use(self, r):
+        import contextlib
+
+        from sglang_ctxprof.collect import hooks
+
+        @contextlib.contextmanager
+        def ctx():
+            saved = hooks.SESSION
+            hooks.SESSION = self.sessions[r]
+            try:
+                yield self.sessions[r].profiler
+            finally:
+                hooks.SESSION = saved
+        return ctx()
+
+    def step(self, batches):
+        """One scheduler iteration on every rank (``batches[r]``: rank r's batch, None for nothing)."""
+        for r, batch in enumerate(batches):
+            with self.use(r):
+                self.scheds[r].step(batch)
+
+    def drain(self):
+        for r in range(self.n):
+            with self.use(r):
+                self.scheds[r].step(None)
+                self.scheds[r].drain()
+
+    def records(self, r):
+        return self.captures[r].records()
+
+    def close(self):
+        import sys
+
+        from sglang_ctxprof.collect import hooks
+
+        for s in self.sessions:
+            hooks.SESSION = s
+            s.uninstrument()
+        hooks.SESSION = None
+        for m in self.mods:
+            sys.modules.pop(m.__name__, None)
+
+
+def decode(*rids):
+    """A decode batch of fresh requests, or an IDLE batch (a DP rank with nothing to run) for none."""
+    return Batch([Req(r, 100 * (i + 1)) for i, r in enumerate(rids)]) if rids else Batch([], mode="IDLE")
