@@ -280,13 +280,12 @@ def p9(D, n=2000, regions=120):
     with D.graph(g):
         for i in range(regions):
             gt.region("verify_attn" if i % 2 else "verify_moe", D.tiny, (), {})
-    gt.capture_end("k")
+    gt.capture_end("k", True)
     reads = []
     for _ in range(20):
         b = StepBuilder("decode", 0)
         b.open.append("verify")
-        gt.sampled_now = True
-        gt.on_replay("k", b, True)
+        gt.on_replay("k", b, gt.rule(0, "k") == "timed")
         g.replay()
         D.synchronize()
         t0 = time.perf_counter_ns()

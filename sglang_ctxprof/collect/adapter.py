@@ -34,18 +34,29 @@ _NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 _MLE_DRAFT = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
 
 
+# Hook kinds installed for the session's lifetime: the control channel, and the CUDA-graph hooks,
+# which decide what every rank launches (``graph_hooks``).  Every other kind toggles with timing.
+CONTROL_HOOKS = frozenset({"control", "graph_capture", "graph_replay", "graph_cleanup", "overlap_gate",
+                           "graph_eager_fallback"})
+
+
 @dataclass(frozen=True)
 class Target:
-    """One hook target: dotted path, the hook kind (see ``hooks.HOOKS``), and whether it must exist."""
+    """One hook target: dotted path, the hook kind (see ``session.HOOKS``), whether it must exist,
+    and its group, from the kind: ``control`` (stays) or ``timing`` (toggles with enable/disable)."""
 
     path: str
     hook: str
     required: bool = True
-    group: str = "timing"  # "timing" targets toggle with enable/disable; "control" stays
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            object.__setattr__(self, "group", "control" if self.hook in CONTROL_HOOKS else "timing")
 
 
 TARGETS: tuple[Target, ...] = (
-    Target(f"{_S}.get_internal_state", "control", group="control"),
+    Target(f"{_S}.get_internal_state", "control"),
     Target(f"{_S}.run_batch", "run_batch"),
     Target(f"{_S}.process_batch_result", "process_batch_result"),
     Target("sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation", "verify"),
@@ -69,15 +80,14 @@ TARGETS: tuple[Target, ...] = (
     # DeepEP's MoE overrides FusedMoE.forward: without this, models with no hooked MoE block would
     # lose their MoE time into verify_rest under --moe-a2a-backend deepep.
     Target("sglang.srt.layers.moe.ep_moe.layer.DeepEPMoE.forward", "moe", required=False),
-    # CUDA graphs (graph_clock): the target's TARGET_VERIFY graphs get a timed copy (captured after
-    # SGLang's plain graph, with external events around the blocks above); a sampled verify step
-    # replays the copy, every other replay the plain graph; cleanup releases the copies' events;
-    # the overlap gate holds only when consecutive steps are sampled; the optional eager fallback
-    # runs sampled verify steps without their graph.  No-ops on CPU.
+    # CUDA graphs (graph_clock, graph_hooks; control group): the target's TARGET_VERIFY graphs get a
+    # timed copy (captured after SGLang's plain graph, with external events around the blocks
+    # above); every rank replays the copy on sampled steps and the plain graph otherwise; cleanup
+    # releases the copies' events; the overlap gate holds only when consecutive steps are sampled;
+    # the optional eager fallback runs sampled verify steps without their graph.  No-ops on CPU.
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "graph_capture", required=False),
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay", "graph_replay", required=False),
-    Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup", "graph_cleanup", required=False,
-           group="control"),
+    Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup", "graph_cleanup", required=False),
     Target(f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay", "graph_replay",
            required=False),
     # verify may also run in the piecewise prefill graph (torch.compile): no in-graph events there, so
@@ -306,6 +316,12 @@ def next_step_id(scheduler: Any) -> int:
     return int(getattr(scheduler, "forward_ct", 0) or 0) + 1
 
 
+def step_now(scheduler: Any) -> Optional[int]:
+    """``forward_ct`` now: every rank advances it once per ``run_batch``, idle batches included."""
+    ct = getattr(scheduler, "forward_ct", None)
+    return int(ct) if ct is not None else None
+
+
 def device_name(scheduler: Any) -> Optional[str]:
     """The GPU's marketing name (for the bandwidth table), None on a CPU run."""
     if not device_of(scheduler).startswith("cuda"):
@@ -390,8 +406,9 @@ def make_control_reply(payload: dict) -> Any:
 # The served model's graphs, parallel layout, sparsity and hook coverage (adapter_model, same rule).
 from . import adapter_model as _model  # noqa: E402
 from .adapter_model import (  # noqa: E402,F401
-    attn_backend, attn_tp_size, exec_mode, has_graph, is_target_verify_graph, is_target_verify_runner,
-    is_timed_shape_key, sparse_attention, target_model, timed_shape_key, verify_graph_ran)
+    attn_backend, attn_tp_size, exec_mode, graph_ranks, has_graph, is_target_verify_graph, is_target_verify_runner,
+    is_timed_shape_key, shape_size, sparse_attention, target_model, timed_copy_refusal, timed_shape_key,
+    verify_graph_ran)
 
 
 def model_coverage(scheduler: Any, model: Any = None) -> dict[str, Any]:

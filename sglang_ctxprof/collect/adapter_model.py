@@ -52,6 +52,42 @@ def is_target_verify_graph(backend: Any) -> bool:
     return is_target_verify_runner(getattr(backend, "_cuda_graph_runner", None))
 
 
+# Runners whose graphs are never replayed for the target's verify (UNO's tree draft runs the target
+# model in TARGET_VERIFY mode, with a LoRA, as its draft).
+_NOT_VERIFY_RUNNERS = ("UnoDecodeCudaGraphRunner",)
+
+
+def timed_copy_refusal(backend: Any) -> Optional[str]:
+    """Why this TARGET_VERIFY backend must get no timed copy, or None.  A second capture of a shape
+    reruns the model runner's ``capture_tail_hooks``; a hook that registers the captured graph's
+    outputs (DSPARK's verify epilogue: ``static_io[bs] = io``) would then point at the copy's
+    buffers, read on unsampled steps too.  Same model, same answer on every rank."""
+    runner = getattr(backend, "_cuda_graph_runner", None)
+    name = type(runner).__name__
+    if name in _NOT_VERIFY_RUNNERS:
+        return f"{name} is not replayed for verify"
+    tail = list(getattr(getattr(runner, "model_runner", None), "capture_tail_hooks", None) or ())
+    if tail:
+        kinds = ", ".join(sorted({getattr(h, "__qualname__", type(h).__name__) for h in tail}))
+        return f"the target's capture registers state (capture_tail_hooks: {kinds})"
+    return None
+
+
+def shape_size(shape_key: Any) -> Optional[int]:
+    """The captured batch size (tokens or requests) of a graph's shape key, None if unknown."""
+    size = getattr(shape_key, "size", shape_key)
+    return size if isinstance(size, int) else None
+
+
+def graph_ranks(backend: Any) -> int:
+    """Ranks whose in-graph collectives pair with this backend's graphs (the TP group)."""
+    mr = getattr(getattr(backend, "_cuda_graph_runner", None), "model_runner", None)
+    try:
+        return max(1, int(getattr(mr, "tp_size", 1) or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def attn_tp_size(scheduler: Any, tp_size: int) -> int:
     """The attention TP size: tp / attention-DP (/ attention-CP) under --enable-dp-attention."""
     try:

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Optional
 
+from ..model.config import GraphSettings
 from ..model.names import TIMING_CPU, TIMING_CUDA_EVENTS
 
 
@@ -92,8 +93,9 @@ def make_clock(device: str | None) -> Any:
     return CpuClock()
 
 
-def make_graph_timer(device: str | None, sample_every: int = 64, fallback: str = "off") -> Any:
+def make_graph_timer(device: str | None, settings: Optional[GraphSettings] = None) -> Any:
     """A GraphTimer on CUDA (``external=`` feature-detected), None elsewhere."""
+    settings = settings or GraphSettings()
     if not (device and str(device).startswith("cuda")):
         return None
     try:
@@ -104,8 +106,9 @@ def make_graph_timer(device: str | None, sample_every: int = 64, fallback: str =
         from .graph_clock import GraphTimer, external_event_factory
 
         factory, reason = external_event_factory(torch.cuda.Event)
-        return GraphTimer(factory, torch.cuda.is_current_stream_capturing, sample_every=sample_every,
-                          fallback=fallback, reason=reason)
+        return GraphTimer(factory, torch.cuda.is_current_stream_capturing, sample_every=settings.sample_every,
+                          fallback=settings.fallback, reason=reason, timed_shapes=settings.timed_shapes,
+                          memory=torch.cuda.memory_reserved)
     except Exception:  # noqa: BLE001 - the split becomes unavailable, start-up goes on
         return None
 

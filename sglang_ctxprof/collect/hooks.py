@@ -124,6 +124,8 @@ def run_batch(original, self, batch, *args, **kwargs):
     s = SESSION
     p = s.profiler if s is not None else None
     b = None
+    if p is not None:
+        p.step_source = self  # the graph replay rule's step counter, whatever else happens
     if p is not None and p.active and p.guard.ok("hooks"):
         t = _now()
         try:
@@ -261,7 +263,7 @@ def _sub(name: str, original, args, kwargs):
     if g is not None and g.capturing():
         return g.region(name, original, args, kwargs)
     b = p.current()
-    if b is None or b.sub_depth or not b.in_phase(_VERIFY):
+    if b is None or b.sub_depth or not b.in_phase(_VERIFY) or (g is not None and g.foreign_capture()):
         return original(*args, **kwargs)
     return _around(p, b, SUB, name, original, args, kwargs)
 
@@ -274,119 +276,18 @@ def moe(original, *args, **kwargs):
     return _sub(Phase.VERIFY_MOE.value, original, args, kwargs)
 
 
-def _graph(p: Any) -> Any:
-    return p.graph if p is not None and p.guard.ok("hooks") else None
-
-
-def graph_capture(original, self, shape_key, *args, **kwargs):
-    """AROUND a graph backend's capture_one.  SGLang's own graph is captured first, untouched.  For
-    the target's TARGET_VERIFY graphs only, the backend then captures a timed copy under a derived
-    key, with external events around the attention/MoE blocks (graph_clock)."""
-    out = original(self, shape_key, *args, **kwargs)
-    p = profiler()
-    if p is None or not p.guard.ok("hooks") or adapter.is_timed_shape_key(shape_key):
-        return out
-    g = None
-    try:
-        if adapter.is_target_verify_graph(self):
-            g = p.ensure_graph()
-    except Exception as exc:  # noqa: BLE001
-        _fail(p, exc)
-    if g is None or not g.timed:  # configuration, not this rank's state: every TP rank runs the same
-        return out                  # captures (each warm-up has a barrier, each forward collectives)
-    key = adapter.graph_key(self, shape_key)
-    try:
-        g.capture_begin(key)
-    except Exception as exc:  # noqa: BLE001
-        _fail(p, exc)
-        return out
-    ok = False
-    try:
-        original(self, adapter.timed_shape_key(shape_key), *args, **kwargs)
-        ok = True
-    except Exception as exc:  # noqa: BLE001 - SGLang's own graph is captured; lose only the split
-        g._disable(f"timed copy capture failed: {type(exc).__name__}: {exc}")
-    finally:
-        try:
-            g.capture_end(key, ok)
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
-    return out
-
-
-def graph_replay(original, self, shape_key, *args, **kwargs):
-    """AROUND a graph replay: a sampled verify step replays the timed copy (its events are attached
-    to the step), every other replay the plain graph (a verify step's split is then unknown)."""
-    p = profiler()
-    g = _graph(p)
-    if g is not None:
-        try:
-            timed_key = adapter.timed_shape_key(shape_key)
-            if g.on_replay(adapter.graph_key(self, shape_key), p.current(), adapter.has_graph(self, timed_key)):
-                shape_key = timed_key
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
-    return original(self, shape_key, *args, **kwargs)
-
-
-def graph_cleanup(original, self, *args, **kwargs):
-    """AFTER a graph backend's cleanup (its graphs are reset): release the events they referenced."""
-    out = original(self, *args, **kwargs)
-    p = profiler()
-    g = p.graph if p is not None else None
-    if g is not None:
-        try:
-            g.release_backend(id(self))
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
-    return out
-
-
-def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
-    """AFTER Scheduler.is_disable_overlap_for_batch: when the previous and the next step are both
-    sampled (K = 1), process the previous one first, so the next timed replay cannot overwrite its
-    events before they are read.  Configuration and step ids only: every DP rank agrees."""
-    out = original(self, batch, last_batch, *args, **kwargs)
-    if out:
-        return out
-    p = profiler()
-    g = _graph(p)
-    if g is not None:
-        try:
-            if g.hold_overlap(adapter.batch_step_id(last_batch), adapter.next_step_id(self)):
-                return True
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
-    return out
-
-
-def graph_eager_fallback(original, self, *args, **kwargs):
-    """AFTER DecodeCudaGraphRunner.can_run_graph: with fallback=eager and no external events, the
-    target's verify of a sampled step runs eagerly so plain block events time it.  Decided once per
-    step: EAGLE asks twice (when preparing verify, then in the forward) and both answers agree."""
-    out = original(self, *args, **kwargs)
-    if not out:
-        return out
-    p = profiler()
-    g = _graph(p)
-    if g is not None and g.fallback == "eager":
-        try:
-            if adapter.is_target_verify_runner(self) and g.force_eager(p.current()):
-                return False
-        except Exception as exc:  # noqa: BLE001
-            _fail(p, exc)
-    return out
-
-
 def control(original, self, recv_req, *args, **kwargs):
     """Answer our own control requests on SGLang's GetInternalStateReq channel; pass others on."""
     rid = adapter.control_rid(recv_req)
     s = SESSION
     if s is None or not is_control_rid(rid):
         return original(self, recv_req, *args, **kwargs)
+    if s.profiler is not None:
+        s.profiler.step_source = self
     return adapter.make_control_reply(s.handle_control(rid, self))
 
 
+# The step hooks (the CUDA-graph hooks are in ``graph_hooks``; ``session.HOOKS`` has both).
 HOOKS = {
     "control": control,
     "run_batch": run_batch,
@@ -399,9 +300,4 @@ HOOKS = {
     "block_forward": block_forward,
     "attn": attn,
     "moe": moe,
-    "graph_capture": graph_capture,
-    "graph_replay": graph_replay,
-    "graph_cleanup": graph_cleanup,
-    "overlap_gate": overlap_gate,
-    "graph_eager_fallback": graph_eager_fallback,
 }

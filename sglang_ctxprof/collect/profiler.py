@@ -67,6 +67,7 @@ class Profiler:
         self.block_drafter = False
         self.rank = None
         self.scheduler = None
+        self.step_source: Any = None  # the scheduler whose forward_ct the graph replay rule reads
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
         self.sinks: Any = None  # views.exporters.Sinks, built by the session's exporter factory
@@ -88,8 +89,7 @@ class Profiler:
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
         if self.graph is None:
-            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph.sample_every,
-                                          self.config.graph.fallback)
+            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
         try:
             from ..model.roofline import hw_meta
 
@@ -102,7 +102,7 @@ class Profiler:
     def ensure_graph(self) -> Any:
         """The graph timer; built on the first CUDA-graph capture (model init runs before bind)."""
         if self.graph is None:
-            self.graph = make_graph_timer("cuda", self.config.graph.sample_every, self.config.graph.fallback)
+            self.graph = make_graph_timer("cuda", self.config.graph)
         return self.graph
 
     # ---- step life cycle ------------------------------------------------------------------------------
@@ -118,8 +118,6 @@ class Profiler:
         if self.cost.sample():
             b.cost_ns = 0  # a timed step: the hooks add their own time to it
         b.block = self.block_drafter and kind == KIND_DECODE
-        if self.graph is not None:
-            self.graph.begin_step(adapter.next_step_id(scheduler))
         self.tls.step = b
         return b
 

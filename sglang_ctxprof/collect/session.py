@@ -8,7 +8,9 @@ handle (``hooks.SESSION``), which ``sglang_ctxprof.phase()`` reads too.
 * ``instrument()`` builds everything, sets the handle, installs the ``control`` hooks (always on)
   and then the ``timing`` hooks (``enable()``).
 * ``disable()`` / ``enable()`` are the runtime toggle: off removes every timing hook and the
-  per-worker wrapper, so off costs nothing; on puts them back.  The profiler's data is kept.
+  per-worker wrapper; on puts them back.  The profiler's data is kept.  The control hooks stay:
+  the control channel, and the CUDA-graph hooks (``graph_hooks``), which decide what every rank
+  launches and so must not depend on when each rank got the toggle.
 * ``uninstrument()`` is the exact mirror of ``instrument()``: it restores every wrapper, stops the
   recorder's drain thread and the exporters (log thread, OTel provider), and clears the handle.
   After it nothing at all is recorded.
@@ -21,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ..control.handler import handle
 from ..model.config import CtxProfConfig
-from . import hooks
+from . import graph_hooks, hooks
 from .instrumentor import CtxProfInstrumentor
 from .profiler import Profiler
 
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 GROUP_CONTROL = "control"
 GROUP_TIMING = "timing"
+HOOKS = {**hooks.HOOKS, **graph_hooks.HOOKS}  # every hook kind a target may name
 
 ExporterFactory = Callable[[Profiler], Optional[Any]]
 
@@ -62,7 +65,7 @@ class CtxProfSession:
             p.sinks = self._exporters(p)
         hooks.resolve_compiling()
         hooks.SESSION = self
-        self.instrumentor.instrument(self.targets, hooks.HOOKS, self.signatures, groups=[GROUP_CONTROL])
+        self.instrumentor.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_CONTROL])
         self.enable()
         return dict(self.instrumentor.report)
 
@@ -71,7 +74,7 @@ class CtxProfSession:
         p = self.profiler
         if p is None or p.active:
             return
-        report = self.instrumentor.instrument(self.targets, hooks.HOOKS, self.signatures, groups=[GROUP_TIMING])
+        report = self.instrumentor.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_TIMING])
         p.hook_report = dict(report)
         p.active = True
 

@@ -42,6 +42,10 @@ Environment variables (all optional):
 ``SGLANG_CTXPROF_GRAPH_FALLBACK`` (default ``off``) - ``graph``
     Without ``Event(external=True)``: ``off`` reports the split unavailable under graphs,
     ``eager`` runs sampled verify steps without their graph and times the blocks with plain events.
+``SGLANG_CTXPROF_GRAPH_TIMED_SHAPES`` (default ``all``) - ``graph``
+    Which target-verify graphs get a timed copy (each costs a second capture and its own graph
+    memory): ``all``, ``none``, ``every:N`` (every N-th captured shape, in capture order), or a
+    comma list of batch sizes.
 ``SGLANG_CTXPROF_HBM_GBPS`` - ``roofline``
     Memory bandwidth (GB/s) for the verify-attention roofline, overriding the GPU table.
 ``SGLANG_CTXPROF_FAULT`` (test only)
@@ -91,6 +95,22 @@ def parse_float(key: str, raw: Any, positive: bool = False) -> float:
     if not v >= 0 or v == float("inf"):
         raise ValueError(f"{key}={raw!r} must be a finite number >= 0")
     return v
+
+
+def parse_timed_shapes(key: str, raw: Any) -> str:
+    """``all`` | ``none`` | ``every:N`` (N >= 1) | a comma list of batch sizes, normalized."""
+    text = str(raw).strip().lower().replace(" ", "")
+    if text in ("all", "none"):
+        return text
+    if text.startswith("every:"):
+        return f"every:{parse_int(key, text[6:])}"
+    try:
+        sizes = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"{key}={raw!r}: expected all, none, every:N or batch sizes like 1,8,32")
+    return ",".join(map(str, sizes))
 
 
 def parse_choice(key: str, raw: Any, choices: tuple[str, ...]) -> str:
@@ -149,6 +169,7 @@ class GraphSettings:
     """The verify attention/MoE split under CUDA graphs (``collect.graph_clock``)."""
     sample_every: int = 64
     fallback: str = "off"
+    timed_shapes: str = "all"
 
 
 @dataclass(frozen=True)
@@ -202,7 +223,9 @@ class CtxProfConfig:
                 otel_queue=DEFAULT_OTEL_QUEUE if otel_queue is None else parse_int(key, otel_queue)),
             graph=GraphSettings(
                 sample_every=_int(env, names.ENV_GRAPH_SAMPLE_EVERY, 64),
-                fallback=_choice(env, names.ENV_GRAPH_FALLBACK, "off", GRAPH_FALLBACKS)),
+                fallback=_choice(env, names.ENV_GRAPH_FALLBACK, "off", GRAPH_FALLBACKS),
+                timed_shapes=parse_timed_shapes(names.ENV_GRAPH_TIMED_SHAPES,
+                                                _raw(env, names.ENV_GRAPH_TIMED_SHAPES) or "all")),
             roofline=RooflineSettings(
                 hbm_gbps=None if hbm is None else parse_float(names.ENV_HBM_GBPS, hbm, positive=True)),
         )

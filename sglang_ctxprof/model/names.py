@@ -107,6 +107,7 @@ ENV_LOG_SUMMARY_S = "SGLANG_CTXPROF_LOG_SUMMARY_S"
 ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
 ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
 ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
+ENV_GRAPH_TIMED_SHAPES = "SGLANG_CTXPROF_GRAPH_TIMED_SHAPES"  # all | none | every:N | sizes "1,8,32"
 ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s
 
 # ---- the server flag -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 import gpu_fakes as gf
 from fakes import Batch, Req
-from sglang_ctxprof.collect import adapter, hooks
+from sglang_ctxprof.collect import adapter, graph_hooks, hooks
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
@@ -23,7 +23,7 @@ from sglang_ctxprof.collect.instrumentor import check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
 
 TIMING_CUDA_GRAPH = "cuda_graph"
-from sglang_ctxprof.collect.session import CtxProfSession
+from sglang_ctxprof.collect.session import HOOKS, CtxProfSession
 from sglang_ctxprof.testing.session import Capture
 from sglang_ctxprof.collect.clocks import CudaEventClock
 
@@ -31,10 +31,10 @@ K = 4
 
 
 def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True, k=K,
-          record_cost_ms=0.0, draft_graph=True):
-    dev = gf.reset(supports_external=external, record_cost_ms=record_cost_ms)
+          record_cost_ms=0.0, draft_graph=True, concurrent=False):
+    dev = gf.reset(supports_external=external, record_cost_ms=record_cost_ms, concurrent=concurrent)
     targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC
-               if (gate or hook != "overlap_gate") and hook in hooks.HOOKS]
+               if (gate or hook != "overlap_gate") and hook in HOOKS]
     session = CtxProfSession(CtxProfConfig(), targets=targets)
     assert set(session.instrument().values()) == {"ok"}
     p = session.profiler
@@ -143,12 +143,12 @@ def test_timed_copy_needs_no_gate_when_k_is_2_or_more(monkeypatch, cleanup):
 def test_overlap_gate_decision_comes_from_the_step_counter(monkeypatch, cleanup):
     p, inst, sched = build(monkeypatch, k=1)
     cleanup.append((p, inst))
-    assert hooks.overlap_gate(lambda *a: False, sched, None, None) is False  # no last batch: no hold
-    assert hooks.overlap_gate(lambda *a: True, sched, None, None) is True  # SGLang's own True stays
+    assert graph_hooks.overlap_gate(lambda *a: False, sched, None, None) is False  # no last batch: no hold
+    assert graph_hooks.overlap_gate(lambda *a: True, sched, None, None) is True  # SGLang's own True stays
     b = Batch([])
     b.forward_iter = 5
     sched.forward_ct = 5
-    assert hooks.overlap_gate(lambda *a: False, sched, None, b) is True
+    assert graph_hooks.overlap_gate(lambda *a: False, sched, None, b) is True
     # K = 4: two consecutive steps are never both sampled, so the gate never holds
     g4 = GraphTimer(lambda: None, lambda: False, sample_every=K)
     assert not any(g4.hold_overlap(s, s + 1) for s in range(1000))
