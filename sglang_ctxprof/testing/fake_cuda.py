@@ -19,8 +19,7 @@ It models the properties our GPU timing code relies on, through the same names a
   reference) the Python object is the only owner.  Replaying a graph whose event was destroyed
   raises (the modelled outcome of a launch that records into a dead event; ``gpu_probe`` P6 asks
   the real device);
-* an event node replayed from a graph costs device time (``record_cost_ms``, default 0), so
-  in-graph event nodes are not free (eager records are modelled as free);
+* an event node replayed from a graph costs device time (``record_cost_ms``, default 0; eager records are free);
 * a kernel's duration may be a function of the device's *static input* (``set_static`` enqueues a
   write, as the host copies a step's inputs into a graph's static buffers), so replays of the same
   graph take step-dependent times and a read of the wrong replay shows up as a wrong number;
@@ -80,6 +79,8 @@ class FakeEvent:
                                    "without external=True)")
             if not ev.recorded and not ev.in_graph:
                 raise ValueError("Both events must be recorded before calculating elapsed time.")
+            if not ev.recorded:  # a graph node never replayed: the H200 answers so (probe P1)
+                raise RuntimeError("CUDA error: invalid resource handle")
             if ev.pending or ev.time_ms is None:
                 raise RuntimeError("CUDA error: device not ready (cudaErrorNotReady)")
         return float(end.time_ms - self.time_ms)

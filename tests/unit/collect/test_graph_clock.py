@@ -1,0 +1,50 @@
+"""``collect/graph_clock``: which shapes get a timed copy, and the replay rule's inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_graph_timing import build, cleanup  # noqa: F401 - fixture and builder
+from sglang_ctxprof.collect.graph_clock import EAGER, PLAIN, TIMED, GraphTimer, shape_selected
+from sglang_ctxprof.model.config import CtxProfConfig, parse_timed_shapes
+
+
+@pytest.mark.parametrize("raw,norm", [("all", "all"), (" None ", "none"), ("every:3", "every:3"),
+                                      ("32, 1,8", "1,8,32")])
+def test_timed_shapes_parse(raw, norm):
+    assert parse_timed_shapes("X", raw) == norm
+
+
+@pytest.mark.parametrize("raw", ["every:0", "some", "0,4", "every:x"])
+def test_bad_timed_shapes_name_the_variable(raw):
+    with pytest.raises(ValueError, match="SGLANG_CTXPROF_GRAPH_TIMED_SHAPES"):
+        CtxProfConfig.from_env({"SGLANG_CTXPROF_GRAPH_TIMED_SHAPES": raw})
+
+
+def test_shape_selection():
+    assert [i for i in range(6) if shape_selected("every:2", i, None)] == [0, 2, 4]
+    assert [s for s in (1, 2, 8, 16) if shape_selected("1,8", 0, s)] == [1, 8]
+    assert not shape_selected("none", 0, 1) and shape_selected("all", 5, None)
+    assert not shape_selected("1,8", 0, None)  # a shape whose size is unknown is not listed
+
+
+def test_the_rule_reads_the_step_counter_and_configuration_only():
+    g = GraphTimer(lambda: None, lambda: False, sample_every=4)
+    g._copies.add("k")
+    assert [g.rule(s, "k") for s in (None, 1, 4, 8)] == [PLAIN, PLAIN, TIMED, TIMED]
+    assert g.rule(4, "other") == PLAIN  # no copy of that shape
+    g._disable("reads off on this rank")
+    assert g.rule(4, "k") == TIMED  # a rank that stopped reading still replays what its peers replay
+    eager = GraphTimer(None, lambda: False, sample_every=4, fallback="eager")
+    assert [eager.rule(s) for s in (3, 4)] == [PLAIN, EAGER]
+
+
+def test_a_shape_left_out_replays_the_plain_graph(monkeypatch, cleanup):
+    p, inst, sched = build(monkeypatch)
+    cleanup.append((p, inst))
+    p.graph.timed_shapes = "none"
+    target = sched.model_worker.target
+    target.backend.capture_one("bs2", target.run_once)
+    copies = p.status()["split"]["timed_copies"]
+    assert copies["shapes"] == 1 and copies["selection"] == "none"  # bs1 from before, no bs2
+    assert not any(isinstance(k, tuple) and k[1] == "bs2" for k in target.backend._graphs)
