@@ -1,0 +1,95 @@
+"""The GPU SGLang runner (bench/gpu_sglang) on its canned server: every stage's logic, its checks and its
+JSON, with no GPU, no SGLang and no network (the real run is one command on the GPU machine)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GS = ROOT / "bench" / "gpu_sglang"
+
+
+@pytest.fixture()
+def runner(monkeypatch):
+    monkeypatch.syspath_prepend(str(GS))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import dry_server
+    import runner as r
+
+    monkeypatch.setattr(dry_server, "BREAK", set())
+    yield r, dry_server
+
+
+def test_dry_run_writes_every_stage(runner, tmp_path, monkeypatch):
+    r, _ = runner
+    monkeypatch.setenv("SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY", "8")
+    rc = r.main([str(tmp_path / "out"), "--dry", "--pairs", "2", "--skip", "probe", "--work", str(tmp_path / "w")])
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert rc == 0, res["summary"]
+    assert res["summary"] == {k: "ok" for k in ("imports", "server_graph", "decode", "diagnosis", "ab", "eager")}
+    st = res["stages"]
+    assert st["server_graph"]["timed_copies"]["shapes"] == 6
+    assert [b["label"] for b in st["decode"]["buckets"]["buckets"]] == ["64-128", "1024-2048", "4096-8192"]
+    assert all(q["ok"] for q in st["decode"]["requests"]["requests"]) and len(st["decode"]["requests"]["requests"]) == 7
+    labels = st["decode"]["timing_labels"]["labels"]
+    assert labels["cuda_graph_events"] > 0 and labels["cuda_graph"] > labels["cuda_graph_events"]
+    for conc in ("1", "16"):
+        ab = st["ab"]["concurrency"][conc]
+        assert len(ab["pair_ratios"]) == 2 and ab["ci95"][0] <= ab["median"] <= ab["ci95"][1]
+    gap = st["eager"]["gap"]["1024-2048"]
+    assert gap["attn_ratio_graph_over_eager"] == pytest.approx(1.0)
+    assert gap["moe_ratio_graph_over_eager"] == pytest.approx(0.5 / 0.55)
+    assert (tmp_path / "out" / "server_logs.txt").exists()
+
+
+@pytest.mark.parametrize("broken, check", [("leaves", "buckets"), ("reconcile", "requests"),
+                                           ("labels", "timing_labels")])
+def test_each_check_can_fail(runner, broken, check):
+    r, dry = runner
+    dry.BREAK = {broken}
+    srv = dry.DryServer(r.server_args("/m", graphs=True))
+    cl = srv.start()
+    try:
+        outs = r.decode_run(cl, contexts=(64, 1024), new=16, together=2)
+        st, body = cl.get("/ctx_profile")
+        got = {"buckets": r.bucket_checks(body)["ok"], "requests": r.request_checks(cl, outs)["ok"],
+               "timing_labels": r.timing_labels(cl, 8)["ok"]}
+    finally:
+        srv.stop()
+    assert got == {k: k != check for k in got}
+
+
+def test_a_missing_phase_fails(runner):
+    r, _ = runner
+    body = {"leaf_phases": ["draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend"],
+            "buckets": [{"label": "64-128", "steps": 3, "phases": {
+                "draft": {"mean_ms": 1, "total_ms": 3}, "verify_attn": {"mean_ms": 1, "total_ms": 3},
+                "verify_moe": {"mean_ms": 0, "total_ms": 0}, "verify_rest": {"mean_ms": 1, "total_ms": 3},
+                "draft_extend": {"mean_ms": 1, "total_ms": 3}, "step": {"mean_ms": 4, "total_ms": 12}}}]}
+    out = r.bucket_checks(body)
+    assert not out["ok"] and out["buckets"][0]["missing"] == ["verify_moe"]
+    assert out["buckets"][0]["leaves_tile_step"]
+
+
+def test_stage_time_limit_and_skip(runner, tmp_path):
+    r, _ = runner
+    run = r.Run(tmp_path, budget_s=1e9, dry=True)
+    res = run.stage("slow", lambda: __import__("time").sleep(3) or {"ok": True}, need_s=0, limit_s=0.5)
+    assert res["ok"] is False and "timed out" in res["error"]
+    run.budget_s = 0
+    assert run.stage("late", lambda: {"ok": True}, need_s=10, limit_s=5) is None
+    saved = json.loads((tmp_path / "results.json").read_text())["stages"]
+    assert "skipped" in saved["late"] and saved["slow"]["ok"] is False
+
+
+def test_build_strip_lists_match_the_readme():
+    text = (GS / "README.md").read_text()
+    sys.path.insert(0, str(GS))
+    import build
+
+    for d in build.KERNEL_DROP + build.SGLANG_DROP:
+        assert d.rstrip("/").split("/")[-1] in text, d
