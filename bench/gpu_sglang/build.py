@@ -59,7 +59,10 @@ DEPS = [
 # The rest were found by importing the server with CUDA faked on (rehearse.py): imported at module level.
 EXTRA_DEPS: list[str] = ["transformers==5.12.1", "tokenizers==0.22.2", "dill==0.4.1", "compressed-tensors==0.20.1",
                          "loguru==0.7.3", "gguf==0.19.0", "jsonschema==4.26.0", "referencing==0.37.0",
-                         "rpds-py==2026.9.1", "jsonschema-specifications==2025.9.1"]
+                         "rpds-py==2026.9.1", "jsonschema-specifications==2025.9.1",
+                         # sglang.jit_kernel (tvm-ffi + the machine's nvcc) serves a few CUDA ops with no AOT
+                         # twin, e.g. the MLA KV write at >= 768 rows (kernels/ops/kvcache/mla_buffer.py)
+                         "apache-tvm-ffi==0.1.11"]
 
 PLAT312 = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
            "--abi", "none"]
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Python with torch + transformers to build the tiny model (default: the rehearsal venv)")
     ap.add_argument("--rehearse", action="store_true", help="also download the cp311 twins for the rehearsal")
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--rebuild-model", action="store_true", help="rebuild model.tar.xz even if it is there")
     args = ap.parse_args(argv)
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -188,9 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             w = wheel_for(BUNDLE / "dl311", spec, other="-cp312-")
             shutil.copy2(w, w311 / w.name)
 
-    if not args.skip_model:
+    model_meta = BUNDLE / "model.meta.json"
+    if not args.skip_model and (args.rebuild_model or not (OUT / "model.tar.xz").exists()
+                                or not model_meta.exists()):
         log("building the tiny DeepSeek-V3 + EAGLE draft")
-        manifest["model_tar"] = build_model(args.model_python, OUT / "model.tar.xz")
+        model_meta.write_text(json.dumps(build_model(args.model_python, OUT / "model.tar.xz")))
+    if model_meta.exists():
+        manifest["model_tar"] = json.loads(model_meta.read_text())
 
     files = sorted(p for p in OUT.rglob("*") if p.is_file() and p.name != "manifest.json")
     manifest["files"] = {str(p.relative_to(OUT)): {"bytes": p.stat().st_size, "sha256": sha256(p)}
