@@ -47,6 +47,30 @@ def untar_xz(src: Path, dest: Path) -> None:
         tar.extractall(dest)
 
 
+# Source edits applied after unpacking: (file under site, exact text, replacement).  SGLang 0.5.16's
+# EAGLE draft-graph capture imports dsa_backend just to list graph-capable backends, and that module
+# imports deep_gemm (not carried) under is_cuda(); a stub deep_gemm would instead make SGLang's own
+# availability check believe DeepGEMM is there.  The first H200 run died on exactly this import.
+SOURCE_EDITS = (
+    ("sglang/srt/layers/attention/dsa_backend.py", "if is_cuda():\n    import deep_gemm\n",
+     "if is_cuda():\n    try:\n        import deep_gemm\n    except ImportError:  # ctxprof GPU bundle: not carried\n"
+     "        deep_gemm = None\n"),
+)
+
+
+def apply_source_edits(site: Path) -> int:
+    done = 0
+    for rel, old, new in SOURCE_EDITS:
+        path = site / rel
+        text = path.read_text()
+        if old not in text:
+            raise SystemExit(f"install: cannot apply the source edit to {rel}: text not found")
+        path.write_text(text.replace(old, new, 1))
+        done += 1
+    log(f"applied {done} source edit(s)")
+    return done
+
+
 def write_plugin_dist_info(site: Path) -> Path:
     d = site / "sglang_ctxprof-0.1.0.dist-info"
     d.mkdir(parents=True, exist_ok=True)
@@ -80,6 +104,7 @@ def install(bundle: Path, work: Path, twins: Path | None = None, model: bool = T
             z.extractall(site)
         used.append(src.name)
     log(f"unpacked {len(wheels)} wheels" + (" (cp311 twins for compiled ones)" if twins else ""))
+    apply_source_edits(site)
     write_plugin_dist_info(site)
     if model and (bundle / "model.tar.xz").exists():
         mdir = work / "model"

@@ -25,6 +25,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXTRA = ["sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner", "sglang.srt.layers.moe.topk",
+         # imported lazily by EAGLE's draft-graph capture (the first GPU run died on deep_gemm there)
+         "sglang.srt.layers.attention.dsa_backend", "sglang.srt.layers.attention.deepseek_v4_backend",
+         "sglang.srt.layers.attention.flashmla_backend",
          "sglang.srt.layers.moe.fused_moe_triton.layer", "sglang.launch_server"]
 
 
