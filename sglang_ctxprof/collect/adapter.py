@@ -36,8 +36,8 @@ _MLE_DRAFT = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagle
 
 # Hook kinds installed for the session's lifetime: the control channel, and the CUDA-graph hooks,
 # which decide what every rank launches (``graph_hooks``).  Every other kind toggles with timing.
-CONTROL_HOOKS = frozenset({"control", "graph_capture", "graph_replay", "graph_cleanup", "overlap_gate",
-                           "graph_eager_fallback"})
+CONTROL_HOOKS = frozenset({"control", "graph_runner_capture", "graph_capture", "graph_replay", "graph_cleanup",
+                           "overlap_gate", "graph_eager_fallback"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ TARGETS: tuple[Target, ...] = (
     # above); every rank replays the copy on sampled steps and the plain graph otherwise; cleanup
     # releases the copies' events; the overlap gate holds only when consecutive steps are sampled;
     # the optional eager fallback runs sampled verify steps without their graph.  No-ops on CPU.
+    Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+           "graph_runner_capture", required=False),
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", "graph_capture", required=False),
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.replay", "graph_replay", required=False),
     Target(f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup", "graph_cleanup", required=False),

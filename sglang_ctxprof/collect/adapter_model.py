@@ -47,9 +47,15 @@ def is_target_verify_runner(runner: Any) -> bool:
         return False
 
 
-def is_target_verify_graph(backend: Any) -> bool:
+def graph_runner(backend: Any, capturing: Any = None) -> Any:
+    """The runner a graph backend belongs to: its ``_cuda_graph_runner`` (0.5.17 on), else the runner
+    whose ``capture`` is running (``capturing``: 0.5.16's FullCudaGraphBackend keeps no runner)."""
+    return getattr(backend, "_cuda_graph_runner", None) or capturing
+
+
+def is_target_verify_graph(backend: Any, capturing: Any = None) -> bool:
     """The graph backend belongs to the target's TARGET_VERIFY runner (the only graphs we time)."""
-    return is_target_verify_runner(getattr(backend, "_cuda_graph_runner", None))
+    return is_target_verify_runner(graph_runner(backend, capturing))
 
 
 # Runners whose graphs are never replayed for the target's verify (UNO's tree draft runs the target
@@ -57,12 +63,12 @@ def is_target_verify_graph(backend: Any) -> bool:
 _NOT_VERIFY_RUNNERS = ("UnoDecodeCudaGraphRunner",)
 
 
-def timed_copy_refusal(backend: Any) -> Optional[str]:
+def timed_copy_refusal(backend: Any, capturing: Any = None) -> Optional[str]:
     """Why this TARGET_VERIFY backend must get no timed copy, or None.  A second capture of a shape
     reruns the model runner's ``capture_tail_hooks``; a hook that registers the captured graph's
     outputs (DSPARK's verify epilogue: ``static_io[bs] = io``) would then point at the copy's
     buffers, read on unsampled steps too.  Same model, same answer on every rank."""
-    runner = getattr(backend, "_cuda_graph_runner", None)
+    runner = graph_runner(backend, capturing)
     name = type(runner).__name__
     if name in _NOT_VERIFY_RUNNERS:
         return f"{name} is not replayed for verify"
@@ -79,9 +85,9 @@ def shape_size(shape_key: Any) -> Optional[int]:
     return size if isinstance(size, int) else None
 
 
-def graph_ranks(backend: Any) -> int:
+def graph_ranks(backend: Any, capturing: Any = None) -> int:
     """Ranks whose in-graph collectives pair with this backend's graphs (the TP group)."""
-    mr = getattr(getattr(backend, "_cuda_graph_runner", None), "model_runner", None)
+    mr = getattr(graph_runner(backend, capturing), "model_runner", None)
     try:
         return max(1, int(getattr(mr, "tp_size", 1) or 1))
     except (TypeError, ValueError):

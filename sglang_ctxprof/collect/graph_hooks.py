@@ -27,6 +27,19 @@ from .graph_clock import EAGER, TIMED
 logger = logging.getLogger(__name__)
 
 
+def graph_runner_capture(original, self, *args, **kwargs):
+    """AROUND DecodeCudaGraphRunner.capture: which runner is capturing, for releases whose graph
+    backend keeps no reference to its runner (0.5.16's FullCudaGraphBackend)."""
+    p = hooks.profiler()
+    if p is None:
+        return original(self, *args, **kwargs)
+    before, p.capture_runner = p.capture_runner, self
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        p.capture_runner = before
+
+
 def graph_capture(original, self, shape_key, *args, **kwargs):
     """AROUND a graph backend's capture_one.  SGLang's own graph is captured first, untouched.  For
     the target's TARGET_VERIFY graphs the backend then captures a timed copy under a derived key,
@@ -38,10 +51,11 @@ def graph_capture(original, self, shape_key, *args, **kwargs):
     if p is None or adapter.is_timed_shape_key(shape_key):
         return out
     try:
-        g = p.ensure_graph() if adapter.is_target_verify_graph(self) else None
+        runner = p.capture_runner
+        g = p.ensure_graph() if adapter.is_target_verify_graph(self, runner) else None
         if g is None:
             return out
-        refusal = adapter.timed_copy_refusal(self)
+        refusal = adapter.timed_copy_refusal(self, runner)
         if refusal is not None:
             g.refuse(refusal)
             return out
@@ -58,7 +72,7 @@ def graph_capture(original, self, shape_key, *args, **kwargs):
     except Exception as exc:  # noqa: BLE001 - SGLang's own graph is captured
         g.capture_end(key, False)
         why = f"timed copy capture failed: {type(exc).__name__}: {exc}"
-        if adapter.graph_ranks(self) > 1:
+        if adapter.graph_ranks(self, p.capture_runner) > 1:
             logger.error("sglang-ctxprof: %s", why)
             raise RuntimeError(f"sglang-ctxprof: {why}. The other ranks are capturing the same copy and every "
                                "rank must replay the same graphs, so the start stops here; set "
@@ -141,6 +155,7 @@ def graph_eager_fallback(original, self, *args, **kwargs):
 
 
 HOOKS = {
+    "graph_runner_capture": graph_runner_capture,
     "graph_capture": graph_capture,
     "graph_replay": graph_replay,
     "graph_cleanup": graph_cleanup,

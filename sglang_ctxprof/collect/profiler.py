@@ -68,6 +68,7 @@ class Profiler:
         self.rank = None
         self.scheduler = None
         self.step_source: Any = None  # the scheduler whose forward_ct the graph replay rule reads
+        self.capture_runner: Any = None  # the CUDA-graph runner whose capture() is running
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
         self.sinks: Any = None  # views.exporters.Sinks, built by the session's exporter factory

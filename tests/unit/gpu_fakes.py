@@ -114,9 +114,13 @@ class DraftModel:
         return "draft"
 
 
+KEEPS_RUNNER = True  # SGLang >= 0.5.17's FullCudaGraphBackend keeps its runner; 0.5.16's does not
+
+
 class GraphBackend:
     def __init__(self, runner, fail_copy=False):
-        self._cuda_graph_runner = runner
+        if KEEPS_RUNNER:
+            self._cuda_graph_runner = runner
         self._graphs = {}
         self._outputs = {}
         self.captures = 0
@@ -161,6 +165,11 @@ class GraphRunner:
         self.calls += 1
         return self.use_graph
 
+    def capture(self, shapes):
+        """DecodeCudaGraphRunner.capture: every shape, through the backend."""
+        for shape_key, forward_fn in shapes:
+            self.backend.capture_one(shape_key, forward_fn)
+
 
 class CaptureState:
     """DSPARK's verify epilogue, reduced: a capture tail hook stores the captured graph's outputs by
@@ -188,7 +197,7 @@ class TargetWorker:
         if capture_state is not None:
             self.runner.model_runner.capture_tail_hooks.append(capture_state.capture_hook)
         if use_graph:
-            self.backend.capture_one("bs1", self.run_once)
+            self.runner.capture([("bs1", self.run_once)])
 
     def run_once(self):
         """The runner's capture forward: the model, then the capture tail hooks (SGLang's run_once)."""
@@ -221,7 +230,7 @@ class Worker:
         self.draft_runner = GraphRunner(draft_graph, draft=True, tp_size=tp_size)
         self.draft_model = DraftModel()
         if draft_graph:
-            self.draft_runner.backend.capture_one("draft-bs1", self.draft_model.forward)
+            self.draft_runner.capture([("draft-bs1", self.draft_model.forward)])
         self.target = TargetWorker(use_graph, tp_size=tp_size, capture_state=capture_state, fail_copy=fail_copy)
 
     def forward_batch_generation(self, batch):
@@ -310,6 +319,7 @@ TARGETS_SPEC = (
     (f"{M}.Attn.forward", "attn"),
     (f"{M}.MoE.forward", "moe"),
     (f"{M}.GraphBackend.capture_one", "graph_capture"),
+    (f"{M}.GraphRunner.capture", "graph_runner_capture"),
     (f"{M}.GraphBackend.replay", "graph_replay"),
     (f"{M}.GraphBackend.cleanup", "graph_cleanup"),
     (f"{M}.GraphRunner.can_run_graph", "graph_eager_fallback"),

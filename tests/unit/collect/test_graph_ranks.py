@@ -167,6 +167,19 @@ def test_a_recapture_without_cleanup_releases_the_old_events(monkeypatch, cleanu
     assert split_steps(records(p)) == [4, 8]
 
 
+def test_a_backend_that_does_not_keep_its_runner_still_gets_timed_copies(monkeypatch, cleanup):
+    """SGLang 0.5.16's FullCudaGraphBackend keeps no ``_cuda_graph_runner``: the first H200 run
+    served with CUDA graphs and captured no timed copy at all (status: 0 shapes, no refusal)."""
+    monkeypatch.setattr(gf, "KEEPS_RUNNER", False)
+    p, inst, sched = build(monkeypatch)
+    cleanup.append((p, inst))
+    assert not hasattr(sched.model_worker.target.backend, "_cuda_graph_runner")
+    traffic(sched, 8)
+    assert split_steps(records(p)) == [4, 8]
+    assert p.status()["split"]["timed_copies"]["shapes"] == 1
+    assert p.capture_runner is None  # only while a runner captures
+
+
 def test_the_event_cap_turns_the_split_off_with_a_reason(monkeypatch, cleanup):
     monkeypatch.setattr(graph_clock, "MAX_EVENTS", 4)
     p, inst, sched = build(monkeypatch)
