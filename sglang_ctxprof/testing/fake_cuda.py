@@ -16,9 +16,9 @@ It models the properties our GPU timing code relies on, through the same names a
   (global capture mode), and must be joined back before the capture ends.  A record of an event
   created with ``external=True`` becomes a node that re-fires on every replay;
 * a graph keeps *handles* of its events, not the events: as in CUDA (``CUDAGraph.h`` holds no event
-  reference) the Python object is the only owner.  Replaying a graph whose event was destroyed
-  raises (the modelled outcome of a launch that records into a dead event; ``gpu_probe`` P6 asks
-  the real device);
+  reference) the Python object is the only owner.  Handles are recycled, and a replay records into
+  whatever event holds the handle now, without an error: the H200 did exactly that (probe P6,
+  2026-12-04); such records are counted in ``stray_records``;
 * an event node replayed from a graph costs device time (``record_cost_ms``, default 0; eager records are free);
 * a kernel's duration may be a function of the device's *static input* (``set_static`` enqueues a
   write, as the host copies a step's inputs into a graph's static buffers), so replays of the same
@@ -42,7 +42,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Iterator, Optional
 
-from .fake_capture import GraphCapture
+from .fake_graph import FakeGraph, GraphCapture
 
 
 class FakeEvent:
@@ -51,6 +51,7 @@ class FakeEvent:
         self.enable_timing = enable_timing
         self.external = external
         self.handle = device._new_handle(self)
+        self.serial = device._serial  # which event object, when a recycled handle is shared over time
         self.time_ms: Optional[float] = None  # set when the device executes a record
         self.pending = 0  # launched but not yet executed records
         self.recorded = False  # some record was launched (eagerly or by a replay)
@@ -91,8 +92,13 @@ class FakeEvent:
 
     def __del__(self) -> None:
         dev = getattr(self, "device", None)
-        if dev is not None:
-            dev._live.pop(getattr(self, "handle", None), None)
+        h = getattr(self, "handle", None)
+        if dev is not None and h in dev._live:
+            del dev._live[h]
+            if getattr(self, "pending", 0):  # CUDA frees it once its launched records completed
+                dev._draining[h] = self.pending
+            else:
+                dev._free.append(h)
 
 
 class FakeStream:
@@ -120,60 +126,6 @@ class FakeStream:
         self.device._advance(self, self.launched)
 
 
-class FakeGraph:
-    """Branches of nodes: ``("kernel", ms)``, ``("set", v)``, ``("record", handle)``,
-    ``("wait", (branch, position))``.  Branch 0 is the stream the capture began on."""
-
-    def __init__(self, device: "FakeDevice") -> None:
-        self.device = device
-        self.branches: list[list[tuple[str, Any]]] = [[]]
-        self.streams: list[Optional[FakeStream]] = [None]  # capture-time stream of each branch
-        self.joined: dict[int, int] = {}  # branch -> nodes of it branch 0 has waited for
-        self.replays = 0
-        self._side: list[FakeStream] = []  # replay-time streams of branches 1.. (one set per graph)
-        self.pool: Any = None
-
-    @property
-    def nodes(self) -> list[tuple[str, Any]]:
-        return [n for br in self.branches for n in br]
-
-    def events(self) -> int:
-        return sum(1 for k, _ in self.nodes if k == "record")
-
-    def replay(self) -> None:
-        dev = self.device
-        for kind, h in self.nodes:
-            if kind == "record" and dev._live.get(h) is None:
-                raise RuntimeError("CUDA error: invalid resource handle (graph launch records an event "
-                                   "that was destroyed)")
-        self.replays += 1
-        main = dev.current
-        while len(self._side) < len(self.branches) - 1:
-            self._side.append(dev.Stream(f"graph-branch-{len(self._side) + 1}"))
-        streams = [main] + self._side
-        base = [s.launched for s in streams]
-        for i in range(1, len(self.branches)):  # every branch starts after the launch point
-            dev._enqueue(streams[i], "wait", (main, base[0]))
-            base[i] += 1
-        for i, br in enumerate(self.branches):
-            for kind, arg in br:
-                if kind == "wait":
-                    b, pos = arg
-                    dev._enqueue(streams[i], "wait", (streams[b], base[b] + pos))
-                elif kind == "record":
-                    ev = dev._live[arg]()
-                    dev._enqueue_record(ev, streams[i], node=True)
-                elif kind == "launch":
-                    arg()
-                else:
-                    dev._enqueue(streams[i], kind, arg)
-        for i in range(1, len(self.branches)):  # the launch completes when every branch has
-            dev._enqueue(main, "wait", (streams[i], streams[i].launched))
-
-    def reset(self) -> None:
-        self.branches = [[]]
-
-
 class FakeDevice:
     """Streams and graphs on one simulated device clock (milliseconds)."""
 
@@ -189,7 +141,11 @@ class FakeDevice:
         self.elapsed_calls = 0
         self.created = 0
         self._handles = 0
+        self._serial = 0
         self._live: dict[int, Any] = {}
+        self._free: list[int] = []  # handles of destroyed events, reused first (as CUDA's pool does)
+        self._draining: dict[int, int] = {}  # destroyed with records still pending: handle -> how many
+        self.stray_records = 0
         self.streams: list[FakeStream] = []
         self.default_stream = self.Stream("default")
         self.current = self.default_stream
@@ -261,9 +217,14 @@ class FakeDevice:
 
     # ---- launches ---------------------------------------------------------------------------------
     def _new_handle(self, ev: FakeEvent) -> int:
-        self._handles += 1
-        self._live[self._handles] = weakref.ref(ev)
-        return self._handles
+        self._serial += 1
+        if self._free:
+            h = self._free.pop()
+        else:
+            self._handles += 1
+            h = self._handles
+        self._live[h] = weakref.ref(ev)
+        return h
 
     def _branch(self, s: FakeStream) -> int:
         g = s.capture
@@ -294,7 +255,7 @@ class FakeDevice:
         br = self._branch(s)
         if ev.external:
             ev.in_graph = True
-            g.branches[br].append(("record", ev.handle))
+            g.branches[br].append(("record", (ev.handle, ev.serial)))
         else:  # a fork/join marker inside the capture, never a timing node
             ev.captured_plain = True
         ev.last = (s, -1 - len(g.branches[br]))  # negative: a position in the capture of ``s``
@@ -353,9 +314,14 @@ class FakeDevice:
         elif kind == "set":
             self.static = arg
         elif kind in ("record", "node"):
-            ref = self._live.get(arg)
+            ref = None if arg in self._draining else self._live.get(arg)
             ev = ref() if ref is not None else None
-            if ev is not None:  # a destroyed event's pending record is released (CUDA allows it)
+            if arg in self._draining:  # a destroyed event's pending record completes, then frees it
+                self._draining[arg] -= 1
+                if not self._draining[arg]:
+                    del self._draining[arg]
+                    self._free.append(arg)
+            if ev is not None:
                 ev.time_ms = self.now_ms
                 ev.pending -= 1
             if kind == "node":  # an event node in a graph serializes the graph: it costs time

@@ -52,10 +52,12 @@ def test_disable_keeps_the_events_live_graphs_record(monkeypatch, cleanup):
     graphs = list(backend._graphs.values())
     p.graph._disable("record failed (test)")
     gc.collect()
-    for g in graphs:  # a replay recording into a destroyed event fails the launch on the fake
+    fresh = [gf.DEV.Event(enable_timing=True) for _ in range(8)]  # would take freed handles
+    for g in graphs:  # a replay records into whatever event holds a freed handle now (P6)
         g.replay()
     traffic(sched, 5)  # SGLang keeps serving; the split is unavailable from now on
     assert len(records(p)) == 5 and p.guard.status() is None
+    assert gf.DEV.stray_records == 0 and fresh
 
 
 def test_recapture_retires_the_old_set_until_cleanup(monkeypatch, cleanup):
@@ -65,8 +67,10 @@ def test_recapture_retires_the_old_set_until_cleanup(monkeypatch, cleanup):
     old = dict(backend._graphs)  # something may still hold the old graphs
     backend.capture_one("bs1", sched.model_worker.target.model.forward)
     gc.collect()
+    fresh = [gf.DEV.Event(enable_timing=True) for _ in range(8)]
     for g in old.values():
         g.replay()
+    assert gf.DEV.stray_records == 0 and fresh
     assert p.graph.events == 2 * 2 * 2 * gf.LAYERS  # old and new copies' events both alive
     backend.cleanup()
     assert p.graph.events == 0 and p.graph.released == 2 * 2 * 2 * gf.LAYERS

@@ -223,8 +223,9 @@ def test_fake_graph_holds_no_reference_to_its_events():
     assert a.elapsed_time(b) == 1.0
     del a, b
     gc.collect()
-    with pytest.raises(RuntimeError, match="destroyed"):
-        g.replay()
+    g.replay()  # no error (the H200's answer, probe P6); nothing holds the handles, nothing changes
+    dev.run()
+    assert dev.stray_records == 0
 
 
 def test_fake_streams_order_work_and_capture_side_branches():

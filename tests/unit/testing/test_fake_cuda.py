@@ -1,0 +1,45 @@
+"""``testing/fake_cuda`` follows what the H200 did where our timing code relies on it (probe P6)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from sglang_ctxprof.testing.fake_cuda import FakeDevice
+
+
+def test_a_replay_records_into_whatever_event_took_a_freed_handle():
+    """P6 on the H200: deleting a graph's events, then replaying, raised nothing; events created
+    after the delete got the freed handles and the replay overwrote their times."""
+    dev = FakeDevice()
+    start, end = dev.Event(enable_timing=True, external=True), dev.Event(enable_timing=True, external=True)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        start.record()
+        dev.kernel(1.0)
+        end.record()
+    del start, end
+    gc.collect()
+    fresh = [dev.Event(enable_timing=True) for _ in range(2)]
+    for ev in fresh:
+        ev.record()
+    dev.synchronize()
+    assert fresh[0].elapsed_time(fresh[1]) == 0.0
+    g.replay()  # no error, as on the device
+    dev.synchronize()
+    assert abs(fresh[0].elapsed_time(fresh[1])) == pytest.approx(1.0)  # overwritten by the replay
+    assert dev.stray_records == 2
+
+
+def test_a_replay_of_live_events_is_not_stray():
+    dev = FakeDevice()
+    start, end = dev.Event(enable_timing=True, external=True), dev.Event(enable_timing=True, external=True)
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        start.record()
+        dev.kernel(2.0)
+        end.record()
+    g.replay()
+    dev.synchronize()
+    assert start.elapsed_time(end) == pytest.approx(2.0) and dev.stray_records == 0
