@@ -9,16 +9,22 @@ import pytest
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
 
 
-def test_a_replay_records_into_whatever_event_took_a_freed_handle():
-    """P6 on the H200: deleting a graph's events, then replaying, raised nothing; events created
-    after the delete got the freed handles and the replay overwrote their times."""
-    dev = FakeDevice()
+def timed_graph(dev, ms):
+    """A graph timing one ``ms`` kernel between two external events (the events are returned too)."""
     start, end = dev.Event(enable_timing=True, external=True), dev.Event(enable_timing=True, external=True)
     g = dev.CUDAGraph()
     with dev.graph(g):
         start.record()
-        dev.kernel(1.0)
+        dev.kernel(ms)
         end.record()
+    return g, start, end
+
+
+def test_a_replay_records_into_whatever_event_took_a_freed_handle():
+    """P6 on the H200: deleting a graph's events, then replaying, raised nothing; events created
+    after the delete got the freed handles and the replay overwrote their times."""
+    dev = FakeDevice()
+    g, start, end = timed_graph(dev, 1.0)
     del start, end
     gc.collect()
     fresh = [dev.Event(enable_timing=True) for _ in range(2)]
@@ -34,12 +40,7 @@ def test_a_replay_records_into_whatever_event_took_a_freed_handle():
 
 def test_a_replay_of_live_events_is_not_stray():
     dev = FakeDevice()
-    start, end = dev.Event(enable_timing=True, external=True), dev.Event(enable_timing=True, external=True)
-    g = dev.CUDAGraph()
-    with dev.graph(g):
-        start.record()
-        dev.kernel(2.0)
-        end.record()
+    g, start, end = timed_graph(dev, 2.0)
     g.replay()
     dev.synchronize()
     assert start.elapsed_time(end) == pytest.approx(2.0) and dev.stray_records == 0
