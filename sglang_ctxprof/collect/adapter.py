@@ -21,6 +21,7 @@ from operator import attrgetter, is_not
 from typing import Any, Optional
 
 from ..model.records import RankId
+from ..model.rids import short_rid
 from . import block_adapter as _block
 from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
 from .adapter_releases import _FROZEN_DRAFT, _RB, _S  # noqa: F401
@@ -210,8 +211,9 @@ def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Opti
 
 
 def req_ids(reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(rid, prompt length) per request: fixed while a request runs, so read off the hot path."""
-    return tuple(map(_RID, reqs)), tuple(map(len, map(_PROMPT, reqs)))
+    """(rid, prompt length) per request: fixed while a request runs, so read off the hot path.  The
+    rid is the one the profiler keeps (``model.rids.short_rid``: long client rids are capped)."""
+    return tuple(map(short_rid, map(_RID, reqs))), tuple(map(len, map(_PROMPT, reqs)))
 
 
 def accept_list(result: Any) -> Optional[list]:

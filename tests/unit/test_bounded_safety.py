@@ -83,28 +83,38 @@ def test_guard_logs_once_and_heals(caplog):
     assert g.status() is None and g.ok("aggregator")
 
 
-def test_http_guard_returns_json_500_then_503(monkeypatch):
+def test_http_guard_returns_json_500_and_only_repeated_failures_switch_off(monkeypatch):
     fastapi = pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from sglang_ctxprof.views import http as http_route
+    from sglang_ctxprof.views import http_guard
 
-    monkeypatch.setattr(http_route, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    broken_now = [True]
 
-    async def broken(request: Request):
-        raise KeyError("bug of ours")
+    async def flaky(request: Request):
+        if broken_now[0]:
+            raise KeyError("bug of ours")
+        return {"ok": True}
 
     async def fine(request: Request):
         return {"ok": True}
 
     app = fastapi.FastAPI()
-    app.add_api_route("/broken", http_route._guarded(broken), methods=["GET"])
+    app.add_api_route("/flaky", http_guard.guarded(flaky), methods=["GET"])
     app.add_api_route("/other", fine, methods=["GET"])
     c = TestClient(app)
-    r = c.get("/broken")
-    assert r.status_code == 500 and "KeyError" in r.json()["error"]
-    assert "KeyError" in r.json()["degraded"][0]["components"]["http"]
-    r = c.get("/broken")
+    for _ in range(http_guard.STRIKES - 1):  # a failure, then a success: the count starts again
+        r = c.get("/flaky")
+        assert r.status_code == 500 and "KeyError" in r.json()["error"]
+        assert "KeyError" in r.json()["degraded"][0]["components"]["http"]
+    broken_now[0] = False
+    assert c.get("/flaky").json() == {"ok": True}
+    broken_now[0] = True
+    for _ in range(http_guard.STRIKES):
+        assert c.get("/flaky").status_code == 500
+    r = c.get("/flaky")
     assert r.status_code == 503 and r.json()["degraded"]
     assert c.get("/other").json() == {"ok": True}  # the rest of the app is unaffected
 
