@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, or_
 from typing import Any, Optional
 
 from ..model.records import RankId
@@ -174,6 +174,7 @@ _OUT = attrgetter("output_ids")
 _VCT = attrgetter("spec_verify_ct")
 _FIN = attrgetter("finished_reason")
 _RID = attrgetter("rid")
+_RETRACTED = attrgetter("is_retracted")
 _PROMPT = attrgetter("origin_input_ids")
 
 
@@ -185,12 +186,29 @@ def _vct(reqs: tuple) -> list[int]:
         return [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
 
 
-def reqs_before(reqs: Any, with_vct: bool) -> tuple[tuple, list, list[int], Optional[list[int]]]:
+def reqs_before(reqs: Any, with_vct: bool, with_done: bool = False
+                ) -> tuple[tuple, list, list[int], Optional[list[int]], Optional[list[bool]]]:
     """Before the result is processed: (the requests, their ``output_ids`` objects, the lengths of
-    those, ``spec_verify_ct`` per request or None when ``with_vct`` is false)."""
+    those, ``spec_verify_ct`` per request or None when ``with_vct`` is false, and with ``with_done``
+    whether each request had already finished or been retracted, else None).  A non-speculative decode
+    under overlap carries such a request for one more step, and SGLang skips its row
+    (``process_batch_result_decode``: ``req.finished() or req.is_retracted``)."""
     reqs = tuple(reqs)
     outs = list(map(_OUT, reqs))
-    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None
+    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None, _done(reqs) if with_done else None
+
+
+def _done(reqs: tuple) -> Optional[list[bool]]:
+    """Finished or retracted, per request; None when none is (the common case: one list, no copy)."""
+    try:
+        done = list(map(is_not, map(_FIN, reqs), repeat(None)))
+        retracted = list(map(_RETRACTED, reqs))
+    except AttributeError:
+        done = [req_finished(r) for r in reqs]
+        retracted = [bool(getattr(r, "is_retracted", False)) for r in reqs]
+    if True in retracted:
+        done = list(map(or_, done, retracted))
+    return done if True in done else None
 
 
 def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Optional[list[int]], list[bool]]:
