@@ -12,7 +12,8 @@
 * per decode bucket: the execution-mode fingerprint and the steps that ran at batch size 1;
 * host gaps between consecutive steps and host time inside a step outside the model call, and a
   bounded timeline of recent steps, from which ``waterfall`` charges a request's wall time;
-* prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode);
+* prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode),
+  and the re-prefills of retracted requests (a prefill bucket's ``committed``: one token each);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
   exporters read each finished request from it;
 * the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export.
@@ -138,6 +139,7 @@ class Aggregator:
         else:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
             b.cached_sum += sum(rec.cached_lens)
+            b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         self.requests.observe(rec)
 
     def _host_time(self, rec: StepRecord) -> None:

@@ -112,15 +112,34 @@ class RequestLog:
             r = self._reqs.get(rid)
             if r is None:
                 r = self._add(rid, rec)
+            elif r["finished"]:  # a new request under a rid used before: keep the two apart
+                r = self._reuse(rid, r, rec)
             else:
                 self._reqs.move_to_end(rid)
             r["t_end_ns"] = rec.t_start_ns + int(rec.step_ms * 1e6)
             r["rows_at_end"] = len(r["step_rows"])
             r["finished"] = r["finished"] or rec.finished[i]
             r["prefill_ms"] += rec.step_ms
-            r["prompt_tokens"] = rec.ctx_lens[i]
+            com = rec.committed[i] if rec.committed else 0
+            if com:  # the re-prefill of a retracted request: its prompt was prompt + output so far
+                r["committed"] += com
+                r["retractions"] += 1
+            elif r["prompt_tokens"] is None:
+                r["prompt_tokens"] = rec.ctx_lens[i]
         if rec.trace_parents:
             self._trace_parents(rec)
+
+    def _reuse(self, rid: str, old: dict[str, Any], rec: StepRecord) -> dict[str, Any]:
+        """SGLang rejects only concurrent duplicate rids: a finished request's rid may come again.
+        The earlier use stays in the ring under an internal key (its ``rid`` field unchanged, found
+        by ``slowest``); the rid itself now names the new use (``use`` counts from 0)."""
+        key = f"{rid}\x00{old['use']}"
+        self._reqs[key] = self._reqs.pop(rid)
+        if self._with_rows.pop(rid, False) is None:
+            self._with_rows[key] = None
+        r = self._add(rid, rec)
+        r["use"] = old["use"] + 1
+        return r
 
     def _forget_rows(self, rid: str, r: dict[str, Any]) -> None:
         self.rows -= len(r["step_rows"])
@@ -144,6 +163,7 @@ class RequestLog:
     def _new(rid: str, rec: StepRecord) -> dict[str, Any]:
         return {
             "rid": rid,
+            "use": 0,  # how many earlier requests used this rid (SGLang allows reuse once finished)
             "prompt_tokens": None,
             "prefill_ms": 0.0,
             "steps": 0,
@@ -154,6 +174,7 @@ class RequestLog:
             "ctx_first": None,
             "ctx_last": None,
             "finished": False,
+            "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
             "steps_truncated": 0,
             "step_rows_dropped": 0,
             "t_first_ns": rec.t_start_ns,

@@ -89,15 +89,24 @@ def _f(v: Any, nd: int = 2) -> str:
     return "-" if v is None else f"{float(v):.{nd}f}"
 
 
+def printable(s: Any) -> str:
+    """A server-supplied string as the terminal may see it: control characters (escape sequences,
+    newlines, bidi controls) are written as Python escapes, printable text is kept."""
+    s = str(s)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
 def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
-    out = [f"request {r['rid']}",
+    out = [f"request {printable(r['rid'])}",
            f"  prompt {r.get('prompt_tokens')} tokens, prefill {_f(r.get('prefill_ms'))} ms; "
            f"{r.get('steps', 0)} decode steps, {r.get('committed', 0)} tokens committed "
            f"({r.get('accepted', 0)} accepted), {_f(r.get('accepted_per_step'))} accepted/step, "
            f"{_f(r.get('decode_tok_s'), 1)} tok/s over {_f(r.get('decode_ms'))} ms; "
            f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
     if r.get("trace_parent"):
-        out.append(f"  trace: {r['trace_parent']}")
+        out.append(f"  trace: {printable(r['trace_parent'])}")
     if r.get("waterfall"):
         out += render_waterfall(r["waterfall"])
     rows = list(r.get("step_rows") or [])

@@ -2,19 +2,38 @@
 
 Without a browser (a headless machine, or ``--no-browser``) it prints the address.  A server started
 with ``--api-key`` protects the page like every read route, and a browser cannot send the key when it
-navigates; with ``--api-key`` this command therefore serves a local forwarder on 127.0.0.1 that adds
-the key to every ``/ctx_profile`` request (a request carrying its own key, such as the page's reset
-with the admin key, keeps it) and opens the page through it, until Ctrl-C.
+navigates; with ``--api-key`` this command therefore serves a local forwarder on 127.0.0.1 and opens
+the page through it, until Ctrl-C.
+
+The forwarder lends the key to reads only: ``GET`` of the page, its files and the read routes
+(:data:`READ_ROUTES`).  A write (the page's reset) passes only with the caller's own
+``Authorization`` (the admin key the user typed), never with the lent key; any other method or path is
+refused.  A request whose ``Host`` is not the forwarder's own address (DNS rebinding), or whose
+``Origin`` is another site (a web page's form post or fetch), gets 403 before anything is forwarded.
 """
 
 from __future__ import annotations
 
 import http.server
 import urllib.error
+import urllib.parse
 import urllib.request
 import webbrowser
 
 from ..model import names
+
+READ_ROUTES = (names.ROUTE, names.ROUTE_STATUS, names.ROUTE_REQUESTS, names.ROUTE_DIAGNOSIS,
+               names.ROUTE_TRACE_JSON, names.ROUTE_TRACE_POLICY, names.ROUTE_UI)
+PREFIX_ROUTES = (names.ROUTE_REQUESTS + "/", names.ROUTE_UI + "/")
+WRITE_ROUTES = (names.ROUTE_RESET,)
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _route_ok(path: str, routes: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> bool:
+    p = urllib.parse.urlsplit(path).path
+    if ".." in urllib.parse.unquote(p) or "//" in p:
+        return False
+    return p in routes or any(p.startswith(x) and "/" not in p[len(x):] and len(p) > len(x) for x in prefixes)
 
 
 def add_cli_args(ap) -> None:
@@ -27,14 +46,29 @@ def add_cli_args(ap) -> None:
 
 def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTTPServer:
     class Forward(http.server.BaseHTTPRequestHandler):
+        def _local(self) -> bool:
+            """Host is this forwarder's own address, and Origin (when sent) is this forwarder."""
+            own = {f"{h}:{self.server.server_address[1]}" for h in LOCAL_HOSTS}
+            if (self.headers.get("Host") or "").lower() not in own:
+                return False
+            origin = self.headers.get("Origin")
+            return origin is None or origin.lower() in {f"http://{h}" for h in own}
+
         def _go(self) -> None:
-            if not self.path.startswith(names.ROUTE):
-                self.send_error(404, "only /ctx_profile routes are forwarded")
+            if not self._local():
+                self.send_error(403, "foreign Host or Origin: this forwarder serves only its own page")
+                return
+            if self.command == "GET" and _route_ok(self.path, READ_ROUTES, PREFIX_ROUTES):
+                auth = self.headers.get("Authorization") or f"Bearer {api_key}"
+            elif self.command == "POST" and _route_ok(self.path, WRITE_ROUTES) and self.headers.get("Authorization"):
+                auth = self.headers["Authorization"]  # the caller's own key; the lent key never writes
+            else:
+                self.send_error(403 if self.command in ("GET", "POST") else 405,
+                                "only the page's reads (GET) and a write with its own key are forwarded")
                 return
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n) if n else None
-            headers = {"Content-Type": self.headers.get("Content-Type") or "application/json",
-                       "Authorization": self.headers.get("Authorization") or f"Bearer {api_key}"}
+            headers = {"Content-Type": self.headers.get("Content-Type") or "application/json", "Authorization": auth}
             req = urllib.request.Request(target + self.path, data=body, method=self.command, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
@@ -50,7 +84,7 @@ def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTT
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = _go
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _go
 
         def log_message(self, *args) -> None:  # quiet
             pass

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, or_
 from typing import Any, Optional
 
 from ..model.records import RankId
+from ..model.rids import short_rid
 from . import block_adapter as _block
 from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
 from .adapter_releases import _FROZEN_DRAFT, _RB, _S  # noqa: F401
@@ -185,6 +186,7 @@ _OUT = attrgetter("output_ids")
 _VCT = attrgetter("spec_verify_ct")
 _FIN = attrgetter("finished_reason")
 _RID = attrgetter("rid")
+_RETRACTED = attrgetter("is_retracted")
 _PROMPT = attrgetter("origin_input_ids")
 
 
@@ -196,12 +198,29 @@ def _vct(reqs: tuple) -> list[int]:
         return [int(getattr(r, "spec_verify_ct", 0)) for r in reqs]
 
 
-def reqs_before(reqs: Any, with_vct: bool) -> tuple[tuple, list, list[int], Optional[list[int]]]:
+def reqs_before(reqs: Any, with_vct: bool, with_done: bool = False
+                ) -> tuple[tuple, list, list[int], Optional[list[int]], Optional[list[bool]]]:
     """Before the result is processed: (the requests, their ``output_ids`` objects, the lengths of
-    those, ``spec_verify_ct`` per request or None when ``with_vct`` is false)."""
+    those, ``spec_verify_ct`` per request or None when ``with_vct`` is false, and with ``with_done``
+    whether each request had already finished or been retracted, else None).  A non-speculative decode
+    under overlap carries such a request for one more step, and SGLang skips its row
+    (``process_batch_result_decode``: ``req.finished() or req.is_retracted``)."""
     reqs = tuple(reqs)
     outs = list(map(_OUT, reqs))
-    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None
+    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None, _done(reqs) if with_done else None
+
+
+def _done(reqs: tuple) -> Optional[list[bool]]:
+    """Finished or retracted, per request; None when none is (the common case: one list, no copy)."""
+    try:
+        done = list(map(is_not, map(_FIN, reqs), repeat(None)))
+        retracted = list(map(_RETRACTED, reqs))
+    except AttributeError:
+        done = [req_finished(r) for r in reqs]
+        retracted = [bool(getattr(r, "is_retracted", False)) for r in reqs]
+    if True in retracted:
+        done = list(map(or_, done, retracted))
+    return done if True in done else None
 
 
 def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Optional[list[int]], list[bool]]:
@@ -222,8 +241,9 @@ def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Opti
 
 
 def req_ids(reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(rid, prompt length) per request: fixed while a request runs, so read off the hot path."""
-    return tuple(map(_RID, reqs)), tuple(map(len, map(_PROMPT, reqs)))
+    """(rid, prompt length) per request: fixed while a request runs, so read off the hot path.  The
+    rid is the one the profiler keeps (``model.rids.short_rid``: long client rids are capped)."""
+    return tuple(map(short_rid, map(_RID, reqs))), tuple(map(len, map(_PROMPT, reqs)))
 
 
 def accept_list(result: Any) -> Optional[list]:

@@ -12,10 +12,12 @@ integers) and the :class:`StepRecord` itself.
 
 The record is exactly what reading every request on the scheduler thread gave: per request counted
 by SGLang (speculative decode: ``spec_verify_ct`` moved; a row it skipped, e.g. a finished request
-reappearing for one overlap step, is left out), ``ctx_len = len(origin_input_ids) + len(output_ids)``
+reappearing for one overlap step, is left out; non-speculative decode: a request that had finished
+or been retracted before the step is left out, as SGLang skips it), ``ctx_len = len(origin_input_ids) + len(output_ids)``
 before processing, ``accepted = accept_lens[i]`` (1 without speculative decoding, 0 for a device
 tensor or a missing entry), ``committed = max(0, emitted after - len(output_ids) before)`` with
-emitted capped at ``finished_len``, and ``finished``.
+emitted capped at ``finished_len``, and ``finished``.  A prefill row commits 0 tokens, except the
+re-prefill of a retracted request (it already had output): the one token that prefill appends.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ from ..model.records import StepRecord
 from . import adapter
 from .clocks import CpuClock
 from .step import resolve
+
+
+def _reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
+    """A prefill row's committed tokens: the token a re-prefill appends to a request that already had
+    output (SGLang retracted it under KV pressure and prefills prompt + output again), else 0.  The
+    first prefill's token is the ``1`` of ``1 + committed == completion_tokens``, not counted here."""
+    return tuple(max(0, e - p) if p else 0 for p, e in zip(lens_pre, emitted))
 
 
 class IdCache:
@@ -53,7 +62,7 @@ class HostFacts:
                  "emitted", "vct_post", "fin", "accepts", "draft_tokens", "trace_parents",
                  "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases",
                  "non_draft_tokens", "block_size", "denoise_steps", "t_end_ns", "exec_mode", "exec_reason",
-                 "attn_backend", "draft_depth", "cached_lens")
+                 "attn_backend", "draft_depth", "cached_lens", "done_pre")
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -87,11 +96,14 @@ class HostFacts:
         self.exec_mode = self.exec_reason = self.attn_backend = ""  # decode: adapter.exec_mode
         self.draft_depth = 0
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
+        self.done_pre: Optional[list] = None  # non-spec decode: finished/retracted before the step
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""
         if self.spec:
             return self.vct_post != self.vct_pre
+        if self.done_pre is not None:
+            return False in self.done_pre
         return bool(self.reqs)
 
     def record(self) -> Optional[StepRecord]:
@@ -117,8 +129,12 @@ class HostFacts:
             if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
                 keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+            elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
+                keep = [not d for d in self.done_pre]
+                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
         else:
-            acc = com = (0,) * n
+            acc = (0,) * n
+            com = _reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
         if not rids:
             return None
         return StepRecord(step_id=self.step_id, kind=self.kind, algorithm=self.algorithm, rank=self.rank,

@@ -142,7 +142,8 @@ class Profiler:
     def before_result(self, batch: Any) -> Optional[StepBuilder]:
         b = self.pending.get(adapter.step_id(batch))
         if b is not None:
-            b.pre = adapter.reqs_before(batch.reqs, self.spec and b.kind == KIND_DECODE)
+            decode = b.kind == KIND_DECODE
+            b.pre = adapter.reqs_before(batch.reqs, self.spec and decode, decode and not self.spec)
         return b
 
     def after_result(self, b: StepBuilder, batch: Any, result: Any) -> None:
@@ -203,7 +204,7 @@ class Profiler:
         pre = b.pre
         if pre is None or len(pre[0]) != len(batch.reqs):
             return None
-        reqs, outs, lens_pre, vct_pre = pre
+        reqs, outs, lens_pre, vct_pre, done_pre = pre
         decode = b.kind == KIND_DECODE
         spec = decode and self.spec
         emitted, vct_post, fin = adapter.reqs_after(reqs, outs, spec)
@@ -220,6 +221,7 @@ class Profiler:
         host = HostFacts(self.ids, b.step_id, b.kind, self.algorithm, self.rank, spec, reqs,
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
         host.t_end_ns = b.t_end_ns
+        host.done_pre = done_pre
         if decode:
             host.exec_mode, host.exec_reason = adapter.exec_mode(b.graph_ran, sa, len(reqs))
             host.attn_backend = adapter.attn_backend(sa)

@@ -89,7 +89,9 @@ def parse_float(key: str, raw: Any, positive: bool = False) -> float:
     try:
         v = float(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"{key}={raw!r} is not a number") from None
+        raise ValueError(f"{key}={repr(raw)[:40]} is not a number") from None
+    except OverflowError:
+        raise ValueError(f"{key}={repr(raw)[:40]}... must be a finite number >= 0") from None
     if positive and not v > 0:
         raise ValueError(f"{key}={raw!r} must be > 0")
     if not v >= 0 or v == float("inf"):

@@ -143,8 +143,9 @@ ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export
 FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
 MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers
 DEFAULT_TRACE_STEPS = 256
-RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}$"  # a request id the routes accept
+RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}\Z"  # a request id the routes accept
 MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
+MAX_WHATIF_CTX = 10**9  # the largest context the diagnosis's what-if (?ctx=N) answers for
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
 

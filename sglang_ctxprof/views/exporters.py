@@ -55,7 +55,7 @@ class Sinks:
         self.otel = otel
         self.otel_error: Optional[str] = None
         self.history = history
-        self._decided: "OrderedDict[str, None]" = OrderedDict()
+        self._decided: "OrderedDict[tuple[str, int], None]" = OrderedDict()
         self.primary = primary
         self._metrics_enabled = metrics_enabled
         self._metrics_args = metrics_args
@@ -99,10 +99,11 @@ class Sinks:
         if True not in rec.finished or not self._tracking() or not self.primary():
             return
         for i, rid in enumerate(rec.rids):
-            if rec.finished[i] and rid not in self._decided:
+            if rec.finished[i]:
                 req = self.history(rid)
-                if req is not None:
-                    self._decided[rid] = None
+                key = (rid, req.get("use", 0)) if req is not None else None
+                if key is not None and key not in self._decided:  # a reused rid is a new request
+                    self._decided[key] = None
                     if len(self._decided) > MAX_DECIDED:
                         self._decided.popitem(last=False)
                     self.finish(req)

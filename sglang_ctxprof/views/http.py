@@ -17,9 +17,10 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile/ui`` and its files - the live page (``views/ui``), a read route like the others;
 * ``GET  /ctx_profile?format=state`` - the ranks' merged state (exact histograms), for the fleet view.
 
-Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard: a
-failure of ours gets a 500 JSON error with ``degraded``, logs one warning with the traceback and
-disables the routes (503 from then on); SGLang's own routes are untouched.  Responses hold ids,
+Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
+(``views.http_guard``): replies are serialized inside it; a failure of ours gets a 500 JSON error
+with ``degraded`` and one warning with the traceback, and only repeated failures disable the routes
+(503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.  Responses hold ids,
 lengths and timings only, never prompt or output text.
 
 Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/fault`` with
@@ -28,7 +29,6 @@ Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/f
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from typing import Any
@@ -37,8 +37,9 @@ from starlette.requests import Request
 
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
-from ..model.config import CtxProfConfig
-from ..model.guard import COMPONENTS, Guard
+from ..model.guard import COMPONENTS
+from ..model.rids import short_rid
+from .http_guard import error as _error, guard, guarded as _guarded, reset_strikes
 from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
@@ -46,40 +47,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
-
-
-_GUARD: Guard | None = None
-
-
-def guard() -> Guard:
-    """The HTTP process's own fault guard (component ``http``)."""
-    global _GUARD
-    if _GUARD is None:
-        _GUARD = Guard(CtxProfConfig.from_env().fault)
-    return _GUARD
-
-
-def _error(status: int, message: str, **extra: Any):
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse(status_code=status, content={"error": message, **extra})
-
-
-def _guarded(handler):
-    """Run one of our handlers under the ``http`` guard: never a bare 500, never a traceback out."""
-
-    @functools.wraps(handler)
-    async def endpoint(request: Request):
-        g = guard()
-        if not g.ok("http"):
-            return _error(503, "ctx profile endpoint disabled after a failure", degraded=[g.status()])
-        try:
-            return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
-            g.fail("http", exc)
-            return _error(500, f"ctx profile failed: {type(exc).__name__}", degraded=[g.status()])
-
-    return endpoint
 
 
 _CLIENT: Any = None  # control.client.ControlClient, given by install_routes
@@ -171,9 +138,9 @@ async def get_diagnosis(request: Request):
         try:
             ctx = int(qp["ctx"])
         except ValueError:
-            return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx']!r}")
-        if ctx < 0:
-            return _error(400, f"ctx must be >= 0, got {ctx}")
+            return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx'][:40]!r}")
+        if not 0 <= ctx <= names.MAX_WHATIF_CTX:
+            return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
     profile = served_profile(await _ask(names.CMD_SNAPSHOT))
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
@@ -241,7 +208,7 @@ async def get_request(request: Request):
     rid = request.path_params.get("rid", "")
     if not _RID_RE.match(rid):
         return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-    payloads = await _ask(names.CMD_REQUESTS, rid=rid)
+    payloads = await _ask(names.CMD_REQUESTS, rid=short_rid(rid))
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:
         errors = [p["error"] for p in payloads if "error" in p]
@@ -264,7 +231,7 @@ async def get_trace_json(request: Request):
             return _error(400, "give either last=N or rid=RID, not both")
         if not _RID_RE.match(qp["rid"]):
             return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-        rows = [r for p in await _ask(names.CMD_REQUESTS, rid=qp["rid"]) for r in p.get("requests", [])]
+        rows = [r for p in await _ask(names.CMD_REQUESTS, rid=short_rid(qp["rid"])) for r in p.get("requests", [])]
         if not rows:
             return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
         return request_trace(rows[0])
@@ -295,6 +262,7 @@ async def post_fault(request: Request):
         return _error(400, f'body must be {{"component": one of {", ".join(COMPONENTS)} or ""}}')
     g = guard()
     g.set_fault("http" if comp == "http" else "")
+    reset_strikes()
     ranks = await _ask(names.CMD_FAULT, component="" if comp == "http" else comp)
     errors = [p["error"] for p in ranks if "error" in p]
     if errors:

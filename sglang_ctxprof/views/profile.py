@@ -148,17 +148,18 @@ class PrefillView:
     tokens: int
     stats: PhaseView
     cached_tokens: int = 0  # of ``tokens``, found in the prefix cache (the bucket is the prompt length)
+    retractions: int = 0  # re-prefills of requests SGLang retracted (KV pressure) at this context
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "lo": self.lo, "hi": self.hi, "batches": self.batches,
                 "requests": self.requests, "tokens": self.tokens, "cached_tokens": self.cached_tokens,
-                **self.stats.to_dict()}
+                "retractions": self.retractions, **self.stats.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "PrefillView":
         return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]),
                    int(d.get("batches", 0)), int(d.get("requests", 0)), int(d.get("tokens", 0)),
-                   PhaseView.from_dict(d), int(d.get("cached_tokens", 0)))
+                   PhaseView.from_dict(d), int(d.get("cached_tokens", 0)), int(d.get("retractions", 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,8 @@ class Totals:
     decode_steps: int = 0
     prefill_batches: int = 0
     accepted: int = 0
-    committed: int = 0
+    committed: int = 0  # decode steps' plus re-prefills' (1 + committed == completion_tokens)
+    retractions: int = 0
     requests_tracked: int = 0
     requests_evicted: int = 0
 
@@ -306,7 +308,7 @@ def build_profile(snap: Snapshot) -> Profile:
         st = b.phases.get(Phase.PREFILL.value)
         prefill.append(PrefillView(bk.label(i), lo, hi, b.steps, b.req_steps, b.ctx_sum,
                                    _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0),
-                                   b.cached_sum))
+                                   b.cached_sum, b.committed))
     fits = {}
     for p in REPORTED_PHASES:
         f = snap.fits.get(p)
@@ -323,7 +325,8 @@ def build_profile(snap: Snapshot) -> Profile:
         decode_steps=sum(b.steps for b in snap.decode.values()),
         prefill_batches=sum(b.steps for b in snap.prefill.values()),
         accepted=sum(b.accepted for b in snap.decode.values()),
-        committed=sum(b.committed for b in snap.decode.values()),
+        committed=sum(b.committed for b in snap.decode.values()) + sum(b.committed for b in snap.prefill.values()),
+        retractions=sum(b.committed for b in snap.prefill.values()),
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,
     )

@@ -120,3 +120,31 @@ def test_admin_reset_works_and_generation_continues(server, traffic):
 def test_health_stays_open(server):
     """SGLang leaves /health open for probes; our plugin must not change that."""
     assert http("GET", server.url + "/health")[0] == 200
+
+
+def test_ui_forwarder_lends_the_key_to_reads_only(server, traffic):
+    """``sglang-ctxprof ui --api-key`` on the real server: reads pass with the lent key; a write
+    without its own key, another site's Origin or a foreign Host never reach the server."""
+    import threading
+
+    from sglang_ctxprof.cli.ui import _forwarder
+
+    fw = _forwarder(server.url, API_KEY, 0)
+    threading.Thread(target=fw.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{fw.server_address[1]}"
+    try:
+        h = bearer(API_KEY)
+        steps = http("GET", server.url + R, headers=h)[1]["totals"]["decode_steps"]
+        assert steps > 0
+        assert http("GET", base + R)[0] == 200
+        rid = generate(server.url, rand_ids(50, seed=12), max_new_tokens=4, headers=h)["meta_info"]["id"]
+        assert http("GET", base + f"{R}/requests/{rid}")[1]["rid"] == rid
+        assert http("GET", base + R, headers={"Origin": "http://evil.example"})[0] == 403
+        for route in ("reset", "disable"):
+            assert http("POST", base + f"{R}/{route}", {})[0] == 403
+            assert http("POST", base + f"{R}/{route}", {}, headers={"Origin": "http://evil.example",
+                                                                     "Authorization": f"Bearer {ADMIN_KEY}"})[0] == 403
+        body = http("GET", server.url + R, headers=h)[1]
+        assert body["enabled"] is True and body["totals"]["decode_steps"] >= steps
+    finally:
+        fw.shutdown()

@@ -8,6 +8,8 @@ generating.  Then hypothesis fuzzes methods, paths, query parameters and bodies:
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 
 import ctxprof_ref
 from conftest import generate, http, make_server_fixture, rand_ids
-from sglang_ctxprof.model import names
+from sglang_ctxprof.model import names, rids
 
 pytestmark = pytest.mark.server
 
@@ -183,3 +185,90 @@ def test_fuzz_no_5xx(server, warm):
     assert out["meta_info"]["completion_tokens"] == 5
     status, body = http("GET", server.url + R)
     assert status == 200 and body["degraded"] is None
+
+
+# ------------------------------------------------------------------ one bad query, the API stays up
+def test_overflowing_whatif_ctx_is_a_4xx_and_switches_nothing_off(server, warm):
+    """A 320-digit ``ctx`` used to raise OverflowError in the diagnosis and disable every route."""
+    for value in ("9" * 320, "1" + "0" * 308, str(names.MAX_WHATIF_CTX + 1)):
+        status, body, ctype = raw("GET", f"{server.url}{R}/diagnosis?ctx={value}")
+        assert_json_4xx(status, body, ctype, f"ctx={value[:10]}")
+    status, body, _ = raw("GET", f"{server.url}{R}/diagnosis?ctx={names.MAX_WHATIF_CTX}")
+    assert status == 200, body[:300]
+    doc = json.loads(body)
+    assert doc["whatif"]["at"]["ctx"] == names.MAX_WHATIF_CTX
+    for path in (R, f"{R}/status", f"{R}/requests?slowest=2", f"{R}/diagnosis"):
+        assert http("GET", server.url + path)[0] == 200, path
+
+
+def test_huge_number_in_the_trace_policy_is_a_4xx(server, warm):
+    for field in ("slow_tok_s", "slow_step_ms"):
+        status, body, ctype = raw("POST", f"{server.url}{R}/trace_policy",
+                                  b'{"%s": 1%s}' % (field.encode(), b"0" * 400))
+        assert_json_4xx(status, body, ctype, field)
+        assert len(body) < 1000, body[:200]
+    status, body = http("GET", f"{server.url}{R}/trace_policy")
+    assert status == 200 and body["trace_policy"]["slow_tok_s"] < 1e300, body
+
+
+def test_cross_origin_writes_are_refused(server, warm):
+    """SGLang allows CORS from any origin; without a key a page could post reset/disable."""
+    before = http("GET", server.url + R)[1]["totals"]["decode_steps"]
+    policy = http("GET", f"{server.url}{R}/trace_policy")[1]["trace_policy"]
+    assert before > 0 and policy["mode"] != "all"
+    for origin in ("http://evil.example", "null", server.url + ".evil.example"):
+        for route in ("reset", "disable", "trace_policy"):
+            req = urllib.request.Request(f"{server.url}{R}/{route}", data=b'{"mode": "all"}', method="POST",
+                                         headers={"Content-Type": "text/plain", "Origin": origin})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+                status = 200
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            assert status == 403, (origin, route, status)
+    body = http("GET", server.url + R)[1]
+    assert body["enabled"] is True and body["totals"]["decode_steps"] >= before
+    assert http("GET", f"{server.url}{R}/trace_policy")[1]["trace_policy"] == policy
+    status, _ = http("POST", f"{server.url}{R}/enable", {}, headers={"Origin": server.url})
+    assert status == 200  # the server's own origin (its page) may write
+
+
+# ------------------------------------------------------------------------------- client-chosen rids
+def _generate_rid(url: str, rid: str, n: int = 3) -> dict:
+    status, out = http("POST", url + "/generate", {
+        "input_ids": rand_ids(40, seed=len(rid) % 97), "rid": rid,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    assert status == 200, str(out)[:300]
+    return out
+
+
+def test_megabyte_rids_are_capped_everywhere(server, warm):
+    """20 rids of 1 MB: what the ranks keep and the read routes ship is capped (prefix + digest)."""
+    keep = rids.RID_KEEP + 2 + 16
+    longs = [f"big{i:02d}-" + "x" * (1 << 20) for i in range(20)]
+    for rid in longs:
+        assert _generate_rid(server.url, rid)["meta_info"]["completion_tokens"] == 3
+    status, body, _ = raw("GET", f"{server.url}{R}/requests?slowest=1000")
+    assert status == 200 and len(body) < (1 << 20), len(body)  # was > 20 MB
+    shown = {r["rid"] for r in json.loads(body)["requests"]}
+    assert {rids.short_rid(r) for r in longs} <= shown
+    assert max(len(r) for r in shown) <= keep
+    status, body, _ = raw("GET", f"{server.url}{R}/trace.json?last=2048")
+    assert status == 200 and len(body) < (4 << 20), len(body)
+    # A rid the routes accept (<= 256 characters) but longer than what is kept: found by its full form.
+    mid = "m" * 200
+    _generate_rid(server.url, mid)
+    status, r = http("GET", f"{server.url}{R}/requests/{mid}")
+    assert status == 200 and r["rid"] == rids.short_rid(mid) and r["steps"] > 0, r
+
+
+def test_cli_prints_a_hostile_rid_escaped(server, warm):
+    evil = "evil\x1b[2J\x1b]0;owned\x07\nrow\u202e"
+    _generate_rid(server.url, evil)
+    p = subprocess.run([sys.executable, "-m", "sglang_ctxprof.cli.main", "trace", "--slowest", "1000",
+                        "--url", server.url], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "evil" in p.stdout
+    for ch in ("\x1b", "\x07", "\u202e"):
+        assert ch not in p.stdout, repr(ch)
+    assert "request evil\\x1b[2J\\x1b]0;owned\\x07\\nrow\\u202e" in p.stdout

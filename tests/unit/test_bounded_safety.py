@@ -83,28 +83,38 @@ def test_guard_logs_once_and_heals(caplog):
     assert g.status() is None and g.ok("aggregator")
 
 
-def test_http_guard_returns_json_500_then_503(monkeypatch):
+def test_http_guard_returns_json_500_and_only_repeated_failures_switch_off(monkeypatch):
     fastapi = pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from sglang_ctxprof.views import http as http_route
+    from sglang_ctxprof.views import http_guard
 
-    monkeypatch.setattr(http_route, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    broken_now = [True]
 
-    async def broken(request: Request):
-        raise KeyError("bug of ours")
+    async def flaky(request: Request):
+        if broken_now[0]:
+            raise KeyError("bug of ours")
+        return {"ok": True}
 
     async def fine(request: Request):
         return {"ok": True}
 
     app = fastapi.FastAPI()
-    app.add_api_route("/broken", http_route._guarded(broken), methods=["GET"])
+    app.add_api_route("/flaky", http_guard.guarded(flaky), methods=["GET"])
     app.add_api_route("/other", fine, methods=["GET"])
     c = TestClient(app)
-    r = c.get("/broken")
-    assert r.status_code == 500 and "KeyError" in r.json()["error"]
-    assert "KeyError" in r.json()["degraded"][0]["components"]["http"]
-    r = c.get("/broken")
+    for _ in range(http_guard.STRIKES - 1):  # a failure, then a success: the count starts again
+        r = c.get("/flaky")
+        assert r.status_code == 500 and "KeyError" in r.json()["error"]
+        assert "KeyError" in r.json()["degraded"][0]["components"]["http"]
+    broken_now[0] = False
+    assert c.get("/flaky").json() == {"ok": True}
+    broken_now[0] = True
+    for _ in range(http_guard.STRIKES):
+        assert c.get("/flaky").status_code == 500
+    r = c.get("/flaky")
     assert r.status_code == 503 and r.json()["degraded"]
     assert c.get("/other").json() == {"ok": True}  # the rest of the app is unaffected
 
@@ -112,7 +122,7 @@ def test_http_guard_returns_json_500_then_503(monkeypatch):
 @pytest.mark.parametrize("seed", range(6))
 def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
     """Rows appended per step, totals summed when read: the same totals as folding every step,
-    also across truncation (max_steps), row shedding (max_rows) and prefill records."""
+    also across truncation (max_steps), row shedding (max_rows), prefill records and reused rids."""
     rng = random.Random(seed)
     log = RequestLog(capacity=64, max_steps=rng.choice([0, 3, 50]), max_rows=rng.choice([5, 40, 10**6]))
     ref: dict[str, dict] = {}
@@ -130,9 +140,11 @@ def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
                        com if kind == "decode" else (0,) * n, fin, 4, ms, {"verify": ms}, t, "cpu")
         log.observe(r)
         for i, rid in enumerate(rids):
-            e = ref.setdefault(rid, dict(steps=0, accepted=0, committed=0, decode_ms=0.0, max_step_ms=0.0,
-                                         ctx_first=None, ctx_last=None, finished=False, prefill_ms=0.0,
-                                         t_end_ns=t))
+            uses = ref.setdefault(rid, [])
+            if not uses or (kind != "decode" and uses[-1]["finished"]):  # a finished rid used again
+                uses.append(dict(steps=0, accepted=0, committed=0, decode_ms=0.0, max_step_ms=0.0,
+                                 ctx_first=None, ctx_last=None, finished=False, prefill_ms=0.0, t_end_ns=t))
+            e = uses[-1]
             e["t_end_ns"] = t + int(ms * 1e6)
             e["finished"] = e["finished"] or fin[i]
             if kind != "decode":
@@ -146,9 +158,9 @@ def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
             e["ctx_first"] = ctx[i] if e["ctx_first"] is None else e["ctx_first"]
             e["ctx_last"] = ctx[i]
     assert log.rows <= log.max_rows and log.rows == sum(len(r["step_rows"]) for r in log.to_state(True))
-    for got in log.totals():
-        want = ref[got["rid"]]
+    for got in log.to_state(with_steps=True):
+        want = ref[got["rid"]][got["use"]]
         assert {k: got[k] for k in want if k != "decode_ms"} == {k: v for k, v in want.items() if k != "decode_ms"}
         assert got["decode_ms"] == pytest.approx(want["decode_ms"], rel=1e-12)
-        kept = len(log.get(got["rid"])["step_rows"])
+        kept = len(got["step_rows"])
         assert kept + got["step_rows_dropped"] + got["steps_truncated"] == got["steps"]

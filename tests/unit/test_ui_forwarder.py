@@ -1,23 +1,31 @@
-"""``sglang-ctxprof ui --api-key``: the local forwarder adds the key to /ctx_profile requests only,
-and keeps a request's own key (the page's reset with the admin key).  A real stdlib HTTP server
-stands in for SGLang's auth (bearer token compared like ``decide_request_auth``)."""
+"""``sglang-ctxprof ui --api-key``: the local forwarder lends the key to the page's reads only.
+
+A real stdlib HTTP server stands in for a SGLang started with ``--api-key`` only: then SGLang's
+``decide_request_auth`` accepts that key on ADMIN_OPTIONAL routes (reset/enable/disable) too, so a
+forwarder that added it to a write would let any web page reset or disable profiling.  The stand-in
+records what reaches it, so a refused request is proven never to have been forwarded.
+"""
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import threading
+
+import pytest
 
 from conftest import http as call
 from sglang_ctxprof.cli.ui import _forwarder
 
-API, ADMIN = "k-api", "k-admin"
+API = "k-api"
 
 
 class Upstream(http.server.BaseHTTPRequestHandler):
+    seen: list[tuple[str, str]] = []
+
     def _go(self) -> None:
-        auth = self.headers.get("Authorization")
-        want = ADMIN if self.command == "POST" else API
-        ok = auth == f"Bearer {want}"
+        Upstream.seen.append((self.command, self.path))
+        ok = self.headers.get("Authorization") == f"Bearer {API}"  # --api-key only: every level takes it
         body = b'{"ok": true, "path": "%s"}' % self.path.encode() if ok else b'{"error": "Unauthorized"}'
         self.send_response(200 if ok else 401)
         self.send_header("Content-Type", "application/json")
@@ -25,24 +33,71 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_POST = _go
+    do_GET = do_POST = do_PUT = do_DELETE = _go
 
     def log_message(self, *a) -> None:
         pass
 
 
-def test_forwarder_adds_the_key_and_keeps_a_given_one():
+@pytest.fixture()
+def fw():
+    Upstream.seen = []
     up = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     threading.Thread(target=up.serve_forever, daemon=True).start()
-    fw = _forwarder(f"http://127.0.0.1:{up.server_address[1]}", API, 0)
-    threading.Thread(target=fw.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{fw.server_address[1]}"
+    f = _forwarder(f"http://127.0.0.1:{up.server_address[1]}", API, 0)
+    threading.Thread(target=f.serve_forever, daemon=True).start()
     try:
-        assert call("GET", base + "/ctx_profile/ui") == (200, {"ok": True, "path": "/ctx_profile/ui"})
-        assert call("GET", base + "/ctx_profile/requests?slowest=3")[0] == 200
-        assert call("POST", base + "/ctx_profile/reset", {})[0] == 401  # the api key is not the admin key
-        assert call("POST", base + "/ctx_profile/reset", {}, headers={"Authorization": f"Bearer {ADMIN}"})[0] == 200
-        assert call("GET", base + "/generate")[0] == 404  # only the profiler's routes are forwarded
+        yield f"http://127.0.0.1:{f.server_address[1]}", f.server_address[1]
     finally:
-        fw.shutdown()
+        f.shutdown()
         up.shutdown()
+
+
+def raw(port: int, method: str, path: str, headers: dict[str, str]) -> int:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.putrequest(method, path, skip_host=True)
+    for k, v in headers.items():
+        c.putheader(k, v)
+    c.putheader("Content-Length", "2")
+    c.endheaders(b"{}")
+    status = c.getresponse().status
+    c.close()
+    return status
+
+
+def test_reads_get_the_key(fw):
+    base, port = fw
+    assert call("GET", base + "/ctx_profile/ui") == (200, {"ok": True, "path": "/ctx_profile/ui"})
+    for path in ("/ctx_profile/ui/app.js", "/ctx_profile/requests?slowest=3", "/ctx_profile/requests/r-1",
+                 "/ctx_profile/diagnosis", "/ctx_profile/status", "/ctx_profile?format=text"):
+        assert call("GET", base + path)[0] == 200, path
+    assert call("GET", base + "/ctx_profile", headers={"Origin": base})[0] == 200  # the page itself
+
+
+def test_writes_never_get_the_lent_key(fw):
+    base, port = fw
+    for route in ("reset", "disable", "enable", "trace_policy", "fault"):
+        assert call("POST", base + f"/ctx_profile/{route}", {})[0] == 403, route
+    for method in ("PUT", "DELETE"):
+        assert raw(port, method, "/ctx_profile/reset", {"Host": f"127.0.0.1:{port}"}) == 405
+    assert call("GET", base + "/generate")[0] == 403  # only the profiler's read routes
+    assert call("GET", base + "/ctx_profile/../generate")[0] == 403
+    assert call("GET", base + "/ctx_profile/requests/a/b")[0] == 403
+    assert Upstream.seen == []
+    # The page's reset with the key the user typed passes, with that key.
+    assert call("POST", base + "/ctx_profile/reset", {}, headers={"Authorization": "Bearer typed"})[0] == 401
+    assert Upstream.seen == [("POST", "/ctx_profile/reset")]
+
+
+@pytest.mark.parametrize("headers", [
+    {"Host": "evil.example"},  # DNS rebinding: the browser sends the attacker's name
+    {"Host": "127.0.0.1:1"},
+    {"Origin": "http://evil.example"},  # a web page's fetch or form post
+    {"Origin": "null"},
+])
+def test_foreign_host_or_origin_is_refused(fw, headers):
+    base, port = fw
+    h = {"Host": f"127.0.0.1:{port}", **headers}
+    assert raw(port, "GET", "/ctx_profile", h) == 403
+    assert raw(port, "POST", "/ctx_profile/reset", {**h, "Authorization": "Bearer typed"}) == 403
+    assert Upstream.seen == []

@@ -1,0 +1,39 @@
+"""The request id as the profiler keeps and shows it: at most :data:`RID_KEEP` characters, plus a digest.
+
+Clients choose their own rids, of any length and content.  Every rank keeps thousands of rids after
+their requests end (request history, recent steps, exported-rid memory), and every read route ships
+them, so a long rid is kept as its first :data:`RID_KEEP` characters, ``..`` and the first 16 hex
+digits of the SHA-256 of the whole rid (UTF-8): short, stable across processes (the HTTP process
+shortens a looked-up rid the same way), and distinct for rids that share a prefix.  A rid of at
+most :data:`RID_KEEP` characters is kept as it is.
+
+Hashing a long rid costs time linear in its length; :func:`short_rid` remembers the answer per
+``(length, hash())`` of the string (Python caches a string's hash on the object), so a running
+request's rid is digested once, and the cache holds no reference to the long string itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+RID_KEEP = 128
+_CACHE_MAX = 4096
+_cache: dict[tuple[int, int], str] = {}
+
+
+def short_rid(rid: object) -> str:
+    """``rid`` as the profiler keeps it (see the module docstring)."""
+    s = rid if type(rid) is str else str(rid)
+    n = len(s)
+    if n <= RID_KEEP:
+        return s
+    key = (n, hash(s))
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    digest = hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    out = f"{s[:RID_KEEP]}..{digest}"
+    if len(_cache) >= _CACHE_MAX:
+        _cache.clear()
+    _cache[key] = out
+    return out

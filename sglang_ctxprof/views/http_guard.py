@@ -1,0 +1,132 @@
+"""The ``/ctx_profile`` routes' wrapper: fault guard, JSON serialization, and the write-Origin check.
+
+* A handler's reply is serialized *inside* the guard, by :func:`json_response`: a non-finite float
+  (JSON has none) becomes ``null`` instead of a bare 500 from Starlette after the handler returned.
+* Bad input is the handler's job (a 4xx, never an exception).  An exception that still escapes is a
+  failure of ours: the client gets a 500 JSON error with ``degraded``; one warning with the
+  traceback is logged.  Only a repeated failure (:data:`STRIKES` in a row, with no success in
+  between) disables the routes (503 from then on, until a restart or the test-only heal), so one
+  odd request cannot switch the whole API off.
+* A write (any method but GET/HEAD) whose ``Origin`` header names another host than the one the
+  request was sent to is refused with 403: SGLang allows CORS from any origin, and without a key
+  (or with ``--tokenizer-worker-num > 1``, where SGLang installs no auth) a web page the operator
+  opens could otherwise post to reset/disable/trace_policy.  Clients that send no ``Origin``
+  (curl, scripts, the CLI) are unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import traceback
+from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..model.config import CtxProfConfig
+from ..model.guard import Guard
+
+logger = logging.getLogger(__name__)
+
+STRIKES = 3  # consecutive internal failures of the routes before they are switched off
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+_GUARD: Guard | None = None
+_strikes = 0
+
+
+def guard() -> Guard:
+    """The HTTP process's own fault guard (component ``http``)."""
+    global _GUARD
+    if _GUARD is None:
+        _GUARD = Guard(CtxProfConfig.from_env().fault)
+    return _GUARD
+
+
+def error(status: int, message: str, **extra: Any) -> Response:
+    return json_response({"error": message, **extra}, status=status)
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN/inf float replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def json_response(content: Any, status: int = 200) -> Response:
+    """Serialize now (inside the guard), non-finite floats as null; the walk runs only when needed."""
+    try:
+        body = json.dumps(content, allow_nan=False, separators=(",", ":"), default=_default)
+    except ValueError:
+        body = json.dumps(finite(content), allow_nan=False, separators=(",", ":"), default=_default)
+    return Response(content=body.encode(), status_code=status, media_type="application/json")
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def foreign_origin(request: Request) -> str | None:
+    """The ``Origin`` of a cross-origin write, or None when the write may pass."""
+    if request.method in SAFE_METHODS:
+        return None
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    host = (request.headers.get("host") or "").lower()
+    try:
+        parts = urlsplit(origin)
+        same = parts.scheme in ("http", "https") and parts.netloc.lower() == host and bool(host)
+    except ValueError:
+        same = False
+    return None if same else origin
+
+
+def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
+    """Run one of our handlers under the ``http`` guard: never a bare 500, never a traceback out."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        global _strikes
+        g = guard()
+        if not g.ok("http"):
+            return error(503, "ctx profile endpoint disabled after repeated failures", degraded=[g.status()])
+        bad_origin = foreign_origin(request)
+        if bad_origin is not None:
+            return error(403, f"cross-origin write refused (Origin {bad_origin!r} is not this server)")
+        try:
+            out = await handler(request)
+            if not isinstance(out, Response):
+                out = json_response(out)
+        except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
+            _strikes += 1
+            reason = f"{type(exc).__name__}: {exc}"
+            if _strikes >= STRIKES:
+                g.fail("http", exc)
+            else:
+                logger.warning("sglang-ctxprof: %s %s failed (%d of %d before the routes switch off):\n%s",
+                               request.method, request.url.path, _strikes, STRIKES,
+                               "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            return error(500, f"ctx profile failed: {type(exc).__name__}",
+                         degraded=[g.status() or {"components": {"http": f"{reason} ({_strikes} of {STRIKES})"}}])
+        _strikes = 0
+        return out
+
+    return endpoint
+
+
+def reset_strikes() -> None:
+    """Forget earlier failures (the test-only heal)."""
+    global _strikes
+    _strikes = 0

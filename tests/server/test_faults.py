@@ -1,0 +1,135 @@
+"""Exact accounting under faults, on a real CPU server (tiny DeepSeek-V3 + EAGLE) under SGLang's own
+retraction test switch.
+
+``SGLANG_TEST_RETRACT=1`` makes SGLang retract one running request every 3 forward steps (the path it
+takes when the KV cache runs out): the request goes back to the queue and is prefilled again with
+its prompt plus what it generated so far, and that prefill appends one token.  Every finished request
+must still reconcile with its ``meta_info``: prompt tokens as SGLang reports them, decode steps ==
+``spec_verify_ct`` (speculative) or one per plain decode step, ``1 + committed == completion_tokens``,
+and our retraction count == ``num_retractions``; the profile counts the retractions per prefill bucket.
+A rid used again after its request ended is a new request, and a client that hangs up mid-stream
+leaves a finished request with its steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+import uuid
+
+import pytest
+
+import ctxprof_ref
+from conftest import http, rand_ids, start_server
+from sglang_ctxprof.model import names
+from http.client import HTTPConnection
+
+pytestmark = pytest.mark.server
+
+MIX = [(96 + 97 * i, 24 + (i * 7) % 20) for i in range(8)]  # (prompt, max_new_tokens), 8 at once
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start_server("faults-retract", ctxprof_ref.model_args() + [names.CLI_FLAG],
+                       env={"SGLANG_TEST_RETRACT": "1"})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def gen(url: str, ids: list[int], n: int, rid: str | None = None) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    if rid:
+        body["rid"] = rid
+    status, out = http("POST", url + "/generate", body)
+    assert status == 200, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def retracted(server):
+    assert http("POST", server.url + names.ROUTE_RESET)[0] == 200
+    with cf.ThreadPoolExecutor(len(MIX)) as ex:
+        outs = list(ex.map(lambda m: gen(server.url, rand_ids(m[0], seed=900 + m[0]), m[1]), MIX))
+    time.sleep(1.0)  # the drain thread records the last steps
+    reqs = {}
+    for o in outs:
+        st, r = http("GET", f"{server.url}{names.ROUTE_REQUESTS}/{o['meta_info']['id']}")
+        assert st == 200, r
+        reqs[o["meta_info"]["id"]] = r
+    body = http("GET", server.url + names.ROUTE)[1]
+    return outs, reqs, body
+
+
+def test_retraction_really_happened(retracted):
+    outs, _, _ = retracted
+    n = sum(o["meta_info"].get("num_retractions", 0) for o in outs)
+    print(f"num_retractions over {len(outs)} requests: {n}")
+    assert n > 0
+
+
+def test_every_retracted_request_reconciles(server, retracted):
+    outs, reqs, body = retracted
+    reconciled = 0
+    for o in outs:
+        mi = o["meta_info"]
+        r = reqs[mi["id"]]
+        nr = mi.get("num_retractions", 0)
+        assert r["finished"] is True
+        assert r["prompt_tokens"] == mi["prompt_tokens"], (mi, r)
+        assert 1 + r["committed"] == mi["completion_tokens"], (mi, r)
+        assert r["steps"] == mi.get("spec_verify_ct", 0), (mi, r)
+        rows = r["step_rows"]
+        assert len(rows) == r["steps"] and sum(x["committed"] for x in rows) == r["committed"] - nr
+        reconciled += 1
+    for o in outs:  # then the retractions themselves, per request
+        assert reqs[o["meta_info"]["id"]].get("retractions") == o["meta_info"].get("num_retractions", 0)
+    print(f"reconciled {reconciled} of {len(outs)}")
+    total = sum(o["meta_info"].get("num_retractions", 0) for o in outs)
+    assert body["totals"].get("retractions") == total
+    assert sum(p.get("retractions", 0) for p in body["prefill"]) == total
+    assert body["totals"]["committed"] == sum(o["meta_info"]["completion_tokens"] - 1 for o in outs)
+    assert body["dropped"] == 0
+
+
+def test_a_reused_rid_is_kept_apart(server):
+    rid = f"reused-{uuid.uuid4().hex[:8]}"
+    first = gen(server.url, rand_ids(120, seed=41), 6, rid=rid)["meta_info"]
+    second = gen(server.url, rand_ids(300, seed=42), 11, rid=rid)["meta_info"]
+    time.sleep(0.5)
+    st, r = http("GET", f"{server.url}{names.ROUTE_REQUESTS}/{rid}")
+    assert st == 200 and r.get("use") == 1, r
+    assert r["prompt_tokens"] == second["prompt_tokens"] and 1 + r["committed"] == second["completion_tokens"], r
+    rows = http("GET", f"{server.url}{names.ROUTE_REQUESTS}?slowest=1000")[1]["requests"]
+    mine = sorted((x for x in rows if x["rid"] == rid), key=lambda x: x.get("use", 0))
+    assert [(x.get("use"), x["prompt_tokens"], 1 + x["committed"]) for x in mine] == [
+        (0, first["prompt_tokens"], first["completion_tokens"]), (1, second["prompt_tokens"], second["completion_tokens"])]
+
+
+def test_a_client_hanging_up_mid_stream_leaves_a_finished_request(server):
+    rid = f"hangup-{uuid.uuid4().hex[:8]}"
+    host, port = server.url.split("//")[1].split(":")
+    c = HTTPConnection(host, int(port), timeout=120)
+    c.request("POST", "/generate", json.dumps({
+        "input_ids": rand_ids(200, seed=43), "rid": rid, "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}),
+        {"Content-Type": "application/json"})
+    resp = c.getresponse()
+    chunks = 0
+    while chunks < 5:
+        if resp.fp.readline().startswith(b"data:"):
+            chunks += 1
+    c.sock.close()  # hang up
+    c.close()
+    deadline = time.time() + 60
+    r = None
+    while time.time() < deadline:
+        st, r = http("GET", f"{server.url}{names.ROUTE_REQUESTS}/{rid}")
+        if st == 200 and r["finished"]:
+            break
+        time.sleep(0.5)
+    assert r is not None and r["finished"] is True and r["steps"] >= 3, r
+    assert 1 + r["committed"] < 400  # it stopped early

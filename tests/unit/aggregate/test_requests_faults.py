@@ -1,0 +1,65 @@
+"""``RequestLog`` under faults: a retracted request's re-prefill, and a rid used twice."""
+
+from __future__ import annotations
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.aggregate.requests import RequestLog
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views.profile import build_profile
+
+
+def prefill(step: int, rid: str, ctx: int, com: int = 0) -> StepRecord:
+    return StepRecord(step, "prefill", "EAGLE", RankId(), (rid,), (ctx,), (0,), (com,), (False,), 0, 1.0,
+                      t_start_ns=step * 10**6)
+
+
+def decode(step: int, rid: str, ctx: int, com: int = 2, fin: bool = False) -> StepRecord:
+    return StepRecord(step, "decode", "EAGLE", RankId(), (rid,), (ctx,), (com,), (com,), (fin,), 3, 2.0,
+                      t_start_ns=step * 10**6)
+
+
+def test_a_retraction_keeps_the_prompt_and_counts_the_reprefill_token():
+    log = RequestLog()
+    log.observe(prefill(1, "r", 100))  # the first token: the "1" of 1 + committed
+    log.observe(decode(2, "r", 101, 2))
+    log.observe(decode(3, "r", 103, 2))
+    log.observe(prefill(4, "r", 105, com=1))  # retracted, re-prefilled: prompt + 5 output, 1 more
+    log.observe(decode(5, "r", 106, 2, fin=True))
+    r = log.get("r")
+    assert r["prompt_tokens"] == 100 and r["retractions"] == 1
+    assert 1 + r["committed"] == 8 and r["steps"] == 3 and r["finished"]
+
+
+def test_retractions_per_prefill_bucket_and_in_the_totals():
+    agg = Aggregator()
+    for rec in (prefill(1, "r", 100), decode(2, "r", 101, 2), prefill(3, "r", 103, com=1),
+                decode(4, "r", 104, 1, fin=True)):
+        agg.observe(rec)
+    p = build_profile(agg.snapshot())
+    assert p.totals.retractions == 1 and p.totals.committed == 4  # completion_tokens 5
+    assert [b.retractions for b in p.prefill] == [1] and p.prefill[0].lo <= 103
+
+
+def test_a_reused_rid_is_a_new_request():
+    log = RequestLog()
+    log.observe(prefill(1, "same", 50))
+    log.observe(decode(2, "same", 51, 2, fin=True))
+    log.observe(prefill(3, "same", 70))  # the client sends the same rid again after the first ended
+    log.observe(decode(4, "same", 71, 1))
+    log.observe(decode(5, "same", 72, 1, fin=True))
+    now = log.get("same")
+    assert now["use"] == 1 and now["prompt_tokens"] == 70 and now["steps"] == 2 and now["committed"] == 2
+    both = sorted(log.totals(), key=lambda r: r["use"])
+    assert [(r["rid"], r["use"], r["steps"], r["prompt_tokens"]) for r in both] == [
+        ("same", 0, 1, 50), ("same", 1, 2, 70)]
+    assert len(log.slowest(10)) == 2
+
+
+def test_reuse_and_row_shedding_stay_consistent():
+    log = RequestLog(max_rows=3)
+    for k in range(4):
+        log.observe(prefill(10 * k, "x", 10))
+        log.observe(decode(10 * k + 1, "x", 11, 1))
+        log.observe(decode(10 * k + 2, "x", 12, 1, fin=True))
+    assert log.rows <= 3
+    assert sorted((r["use"], r["steps"]) for r in log.totals()) == [(0, 2), (1, 2), (2, 2), (3, 2)]

@@ -1,0 +1,38 @@
+"""``model.rids.short_rid``: short rids kept as they are, long ones capped with a stable digest."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+from sglang_ctxprof.model import rids
+
+
+def test_short_rids_are_kept_as_they_are():
+    for r in ("a", "x" * rids.RID_KEEP, "evil\x1b[2J"):
+        assert rids.short_rid(r) == r
+
+
+def test_long_rids_are_capped_with_a_digest_of_the_whole():
+    a = "p" * 1000 + "a"
+    b = "p" * 1000 + "b"
+    sa, sb = rids.short_rid(a), rids.short_rid(b)
+    assert sa != sb and len(sa) == rids.RID_KEEP + 2 + 16
+    assert sa == "p" * rids.RID_KEEP + ".." + hashlib.sha256(a.encode()).hexdigest()[:16]
+    assert rids.short_rid(a) is sa  # remembered per (length, hash): digested once
+    assert rids.short_rid("q" * 300 + "\ud800").startswith("q" * rids.RID_KEEP)  # lone surrogate
+
+
+def test_the_digest_is_the_same_in_another_process():
+    """The HTTP process shortens a looked-up rid: it must agree with the scheduler's."""
+    r = "z" * 200
+    code = f"from sglang_ctxprof.model.rids import short_rid; print(short_rid({r!r}))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "123"}).stdout.strip()
+    assert other == rids.short_rid(r)
+
+
+def test_non_string_rids():
+    assert rids.short_rid(12) == "12"

@@ -1,0 +1,52 @@
+"""``views.http_guard``: replies serialized inside the guard (non-finite floats as null, never a
+bare 500) and cross-origin writes refused, on a real Starlette app through TestClient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from starlette.requests import Request
+
+from sglang_ctxprof.model.guard import Guard
+from sglang_ctxprof.views import http_guard
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+@pytest.fixture()
+def client(monkeypatch):
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+
+    async def inf_reply(request: Request):
+        return {"at": {"step_ms": math.inf, "tok_s": float("nan"), "ok": 1.5}, "rows": [(-math.inf, 2)]}
+
+    async def write(request: Request):
+        return {"ok": True}
+
+    app = fastapi.FastAPI()
+    app.add_api_route("/inf", http_guard.guarded(inf_reply), methods=["GET"])
+    app.add_api_route("/w", http_guard.guarded(write), methods=["POST", "GET"])
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_non_finite_floats_are_null_not_a_500(client):
+    r = client.get("/inf")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert r.json() == {"at": {"step_ms": None, "tok_s": None, "ok": 1.5}, "rows": [[None, 2]]}
+    assert http_guard.guard().status() is None
+
+
+@pytest.mark.parametrize("origin,expect", [
+    (None, 200), ("http://testserver", 200), ("https://testserver", 200),
+    ("http://evil.example", 403), ("null", 403), ("http://testserver.evil.example", 403),
+    ("http://testserver:81", 403), ("file://", 403)])
+def test_writes_only_from_the_servers_own_origin(client, origin, expect):
+    headers = {"Origin": origin} if origin else {}
+    r = client.post("/w", content=b"{}", headers=headers)
+    assert r.status_code == expect, r.text
+    if expect == 403:
+        assert "cross-origin" in r.json()["error"]
+    assert client.get("/w", headers=headers).status_code == 200  # reads are not writes
