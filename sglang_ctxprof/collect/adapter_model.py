@@ -222,3 +222,58 @@ def exec_mode(ran: Optional[bool], server_args: Any, batch_size: int) -> tuple[s
     if isinstance(max_bs, int) and batch_size > max_bs:
         return EXEC_EAGER, f"batch size {batch_size} larger than the largest captured ({max_bs})"
     return EXEC_EAGER, f"the graph runner refused batch size {batch_size} (can_run_cuda_graph False)"
+
+
+# ---- the step counter the graph hooks read, and the model facts of the roofline ----------------
+def graph_key(backend: Any, shape_key: Any) -> Any:
+    """Key of one captured graph: the backend instance (one per runner) and its shape key."""
+    return (id(backend), shape_key)
+
+
+def batch_step_id(batch: Any) -> Optional[int]:
+    """``forward_iter`` of a batch already launched (None for no batch)."""
+    if batch is None:
+        return None
+    it = getattr(batch, "forward_iter", None)
+    return int(it) if it is not None else None
+
+
+def next_step_id(scheduler: Any) -> int:
+    """The ``forward_iter`` the batch being launched will get (run_batch increments forward_ct)."""
+    return int(getattr(scheduler, "forward_ct", 0) or 0) + 1
+
+
+def step_now(scheduler: Any) -> Optional[int]:
+    """``forward_ct`` now: every rank advances it once per ``run_batch``, idle batches included."""
+    ct = getattr(scheduler, "forward_ct", None)
+    return int(ct) if ct is not None else None
+
+
+def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
+    """KV-cache layout facts of the target model for the roofline (builtins only), or None."""
+    mc = getattr(scheduler, "model_config", None)
+    if mc is None:
+        return None
+    sa = getattr(scheduler, "server_args", None)
+    kv_dtype = str(getattr(sa, "kv_cache_dtype", "auto") or "auto")
+    if kv_dtype == "auto":
+        kv_dtype = str(getattr(mc, "dtype", "bfloat16")).replace("torch.", "")
+    from ..model.roofline import dtype_bytes
+
+    tp_size = int(getattr(scheduler, "tp_size", 1) or 1)
+    facts: dict[str, Any] = {
+        "layers": int(getattr(mc, "num_attention_layers", 0) or getattr(mc, "num_hidden_layers", 0)),
+        "kv_dtype": kv_dtype, "kv_dtype_bytes": dtype_bytes(kv_dtype),
+        "tp_size": tp_size, "attn_tp_size": attn_tp_size(scheduler, tp_size),
+    }
+    sparse = sparse_attention(mc)
+    if sparse:
+        facts["sparse"] = sparse
+    arch = getattr(mc, "attention_arch", None)  # an IntEnum: str() is "1" on Python 3.11, use .name
+    if str(getattr(arch, "name", arch)).upper().endswith("MLA"):
+        facts.update(attention="mla", kv_lora_rank=int(mc.kv_lora_rank), qk_rope_head_dim=int(mc.qk_rope_head_dim))
+    else:
+        hf = getattr(mc, "hf_text_config", None)
+        kv = getattr(hf, "num_key_value_heads", None) or getattr(hf, "num_attention_heads", 0)
+        facts.update(attention="gqa", num_kv_heads=int(kv), head_dim=int(getattr(mc, "head_dim", 0)))
+    return facts
