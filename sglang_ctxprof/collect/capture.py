@@ -3,8 +3,9 @@
 A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
 steps; ``rid``: that request's next N steps) through the control channel, or the automatic triggers
 on the recorder's drain thread (:meth:`Capture.observe`, registered only when one is on): a decode
-step slower than ``slow_factor`` x the step's context model (the least-squares fit of step ms
-against summed context) for ``slow_run`` steps in a row, or a host gap above ``host_gap_ms``.
+step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
+it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
+steps in a row, or a host gap above ``host_gap_ms``.
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 HISTORY = 32  # captures remembered (status, links)
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
-MIN_FIT_POINTS = 8  # decode steps the context model needs before the slow-step trigger judges
+MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
 @dataclass
@@ -146,9 +147,9 @@ class Capture:
             self.armed = True
             return {"accepted": True, "capture": info.to_dict()}
 
-    def observe(self, rec: StepRecord, fits: Any) -> None:
-        """The automatic triggers, on the drain thread after the aggregator saw ``rec``; ``fits`` is
-        the aggregator's per-phase fits."""
+    def observe(self, rec: StepRecord, agg: Any) -> None:
+        """The automatic triggers, on the drain thread right after the aggregator ``agg`` took
+        ``rec`` (under the recorder's lock)."""
         if not self.auto:
             return
         gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
@@ -156,22 +157,19 @@ class Capture:
         if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:
             self.request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
                          trigger_step=rec.step_id)
-        if self.cfg.slow_factor <= 0 or rec.kind != names.KIND_DECODE:
+        if self.cfg.slow_factor <= 0 or rec.kind != names.KIND_DECODE or not rec.ctx_lens:
             return
-        fit = fits.get(names.Phase.STEP.value)
-        sol = fit.solve() if fit is not None and fit.n >= MIN_FIT_POINTS else None
-        if sol is None:
-            return
-        pred = sol["intercept"] + sol["slope"] * rec.ctx_sum / 1000.0
-        if pred > 0 and rec.step_ms > self.cfg.slow_factor * pred:
-            self._slow += 1
-        else:
-            self._slow = 0
+        b = agg.decode.get(agg.bucketing.index(rec.ctx_sum / len(rec.ctx_lens)))
+        st = b.phases.get(names.Phase.STEP.value) if b is not None else None
+        if st is None or st.count < MIN_BUCKET_STEPS:
+            return  # too few steps in this context bucket to predict (warm-up, a new context)
+        pred = st.quantile(0.5)
+        self._slow = self._slow + 1 if pred > 0 and rec.step_ms > self.cfg.slow_factor * pred else 0
         if self._slow >= self.cfg.slow_run:
             self._slow = 0
             self.request(names.TRIGGER_SLOW_STEP, trigger_step=rec.step_id,
                          reason=f"step {rec.step_id}: {rec.step_ms:.2f} ms > {self.cfg.slow_factor:g} x "
-                                f"{pred:.2f} ms predicted at context {rec.ctx_sum}")
+                                f"{pred:.2f} ms, the p50 of its context bucket ({st.count} steps)")
 
     # ---- the state machine (scheduler thread) -------------------------------------------------------
     def tick(self, scheduler: Any, batch: Any) -> None:

@@ -80,7 +80,7 @@ class Profiler:
         self.hw: Optional[dict[str, Any]] = None
         self.capture = Capture(config.capture, self.guard)
         if self.capture.auto:  # the automatic triggers read each record after the aggregator
-            self.recorder.sinks.append(("capture", lambda rec: self.capture.observe(rec, self.aggregator.fits)))
+            self.recorder.sinks.append(("capture", lambda rec: self.capture.observe(rec, self.aggregator)))
 
     # ---- binding to the scheduler (first call) -----------------------------------------------------
     def bind(self, scheduler: Any) -> None:

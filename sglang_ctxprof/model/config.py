@@ -59,8 +59,8 @@ Environment variables (all optional):
 ``SGLANG_CTXPROF_CAPTURE_MAX_MB`` (default 256) - ``capture``
     Byte cap on the kept captures; the oldest are deleted first.
 ``SGLANG_CTXPROF_CAPTURE_SLOW_FACTOR`` (default 0: off) - ``capture``
-    Trigger a capture when a decode step takes more than this factor times its context model's
-    prediction (the step's least-squares fit against summed context) ...
+    Trigger a capture when a decode step takes more than this factor times its context bucket's
+    prediction (the bucket's p50 step time, once it holds 16 steps) ...
 ``SGLANG_CTXPROF_CAPTURE_SLOW_RUN`` (default 1) - ``capture``
     ... for this many decode steps in a row.
 ``SGLANG_CTXPROF_CAPTURE_HOST_GAP_MS`` (default 0: off) - ``capture``
