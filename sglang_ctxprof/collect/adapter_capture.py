@@ -12,6 +12,7 @@ itself is stopped on the scheduler thread (torch requires the thread that starte
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional
 
 Export = Callable[[Any, str], None]  # (stopped torch profiler, path SGLang chose) -> None
@@ -19,18 +20,25 @@ Export = Callable[[Any, str], None]  # (stopped torch profiler, path SGLang chos
 
 class _DeferredExport:
     """Stands in for SGLang's ``torch_profiler`` during ``_stop_profile``: stops the real one here
-    and passes its export to ``export`` (another thread)."""
+    and passes its export to ``export`` (another thread).  Once the export is handed over it clears
+    the manager's ``torch_profiler`` itself, which skips the ``gc.collect()`` SGLang runs at the end
+    to free the profiler: our export thread still holds it then, so that collection could free
+    nothing and would only stall the scheduler (hundreds of ms in a server's heap)."""
 
-    def __init__(self, real: Any, export: Export) -> None:
-        self.real, self.export = real, export
+    def __init__(self, pm: Any, real: Any, export: Export) -> None:
+        self.pm, self.real, self.export = pm, real, export
         self.path: Optional[str] = None
+        self.stop_ms = 0.0
 
     def stop(self) -> None:
+        t0 = time.perf_counter()
         self.real.stop()
+        self.stop_ms = (time.perf_counter() - t0) * 1e3
 
     def export_chrome_trace(self, path: str) -> None:
         self.path = path
         self.export(self.real, path)
+        self.pm.torch_profiler = None
 
 
 def manager(scheduler: Any) -> Any:
@@ -70,22 +78,23 @@ def start(scheduler: Any, output_dir: str, profile_id: str, gpu: bool) -> Option
     return None
 
 
-def stop(scheduler: Any, export: Export) -> Optional[str]:
+def stop(scheduler: Any, export: Export) -> tuple[Optional[str], float]:
     """Stop SGLang's profiler through its own ``_stop_profile``; the export goes to ``export``.
-    Returns the trace path SGLang chose, or None when nothing was exported."""
+    Returns the trace path SGLang chose (None when nothing was exported) and the ms torch's own
+    ``stop()`` took (the rest of the scheduler thread's time is SGLang's stop bookkeeping)."""
     pm = manager(scheduler)
     real = getattr(pm, "torch_profiler", None)
     if real is None:
-        return None
-    proxy = _DeferredExport(real, export)
+        return None, 0.0
+    proxy = _DeferredExport(pm, real, export)
     pm.torch_profiler = proxy
     try:
         pm._stop_profile()
     finally:
-        if pm.torch_profiler is proxy:  # _stop_profile failed before its own reset
+        if pm.torch_profiler is proxy:  # _stop_profile failed before handing the export over
             pm.torch_profiler = None
             pm.profile_in_progress = False
-    return proxy.path
+    return proxy.path, proxy.stop_ms
 
 
 def forward_ct(scheduler: Any) -> int:

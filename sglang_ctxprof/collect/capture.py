@@ -71,7 +71,8 @@ class CaptureInfo:
     sync_ns: tuple[int, int] = (0, 0)  # wall clock just before / after the clock_sync range
     path: Optional[str] = None
     bytes: int = 0
-    stop_ms: float = 0.0  # scheduler-thread time to stop SGLang's profiler
+    stop_ms: float = 0.0  # scheduler-thread time to stop SGLang's profiler (all of _stop_profile)
+    profiler_stop_ms: float = 0.0  # ... of which torch's own profiler stop()
     export_ms: float = 0.0  # export thread: writing the trace
     export_gap_ms: float = 0.0  # longest interval between step starts while exporting
     export_steps: int = 0  # steps that ran while exporting
@@ -242,7 +243,8 @@ class Capture:
         self.exporting, self.current = info, None
         info.state = names.CAPTURE_EXPORTING
         try:
-            path = adapter_capture.stop(scheduler, lambda prof, p: self._export_async(info, prof, p))
+            path, info.profiler_stop_ms = adapter_capture.stop(
+                scheduler, lambda prof, p: self._export_async(info, prof, p))
         except Exception as exc:  # noqa: BLE001
             path, info.error = None, f"{type(exc).__name__}: {exc}"
         info.stop_ms = (time.time_ns() - t0) / 1e6

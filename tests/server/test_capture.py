@@ -29,6 +29,7 @@ import pytest
 import ctxprof_ref
 from conftest import ROOT, generate, http, rand_ids, start_server, write_dist_info
 from sglang_ctxprof.model import names
+from sglang_ctxprof.views.timeline import OUR_PID
 
 pytestmark = pytest.mark.server
 
@@ -155,7 +156,8 @@ def test_a_planted_slow_step_triggers_exactly_one_capture(server, capsys):
     STATE["first"] = info
     with capsys.disabled():
         print(f"\ncapture {info['id']}: steps {info['step_ids']} (trigger step {info['trigger_step']}), "
-              f"{info['bytes']} bytes, stop {info['stop_ms']:.1f} ms on the scheduler thread, export "
+              f"{info['bytes']} bytes, stop {info['stop_ms']:.1f} ms on the scheduler thread (torch's stop() "
+              f"{info['profiler_stop_ms']:.1f} ms), export "
               f"{info['export_ms']:.0f} ms off it, longest step-start interval while exporting "
               f"{info['export_gap_ms']:.1f} ms over {info['export_steps']} steps; {len(under)} of {len(ops)} ops in "
               f"the steps under a phase range; the others: {rest.most_common(6)}")
@@ -228,7 +230,8 @@ def test_the_merged_timeline_puts_our_steps_on_the_trace_clock(server, capsys):
     clock = tl["otherData"]["clock"]
     assert clock["aligned_on"] == names.RANGE_CLOCK_SYNC and clock["error_bound_ns"] >= 0
     ev = [e for e in tl["traceEvents"] if e.get("ph") == "X"]
-    ours = {e["args"]["step_id"]: e for e in ev if e["name"] == "decode step"}
+    ours = {e["args"]["step_id"]: e for e in ev if e["name"] in ("decode step", "prefill")
+            and e.get("pid") == OUR_PID}
     theirs = {int(e["name"].split("step=")[1].split()[0]): e for e in ev
               if e["name"].startswith(names.RANGE_STEP + " ")}
     assert sorted(ours) == sorted(theirs) == info["step_ids"]

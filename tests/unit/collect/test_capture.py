@@ -3,7 +3,8 @@
 The fake mirrors ``SchedulerProfilerManager`` where the capture relies on it: ``_profile(ProfileReq)``
 starts a profiler object held in ``torch_profiler`` and sets ``profile_in_progress``;
 ``_stop_profile()`` calls the profiler's ``stop()`` and then ``export_chrome_trace(path)`` with a
-``<prefix>-<profile_id>-TP-0.trace.json.gz`` path, and resets both attributes.
+``<prefix>-<profile_id>-TP-0.trace.json.gz`` path, then, if ``torch_profiler`` is still set, drops
+it and runs ``gc.collect()`` (counted here), and clears ``profile_in_progress``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class FakeProfilerManager:
         self.profile_in_progress = False
         self.out_dir = ""
         self.profile_id = ""
-        self.exported_here = 0
+        self.collected = 0
 
     def _profile(self, req):
         if self.profile_in_progress:
@@ -59,7 +60,9 @@ class FakeProfilerManager:
         self.torch_profiler.stop()
         self.torch_profiler.export_chrome_trace(
             os.path.join(self.out_dir, f"{self.prefix}-{self.profile_id}-TP-0.trace.json.gz"))
-        self.torch_profiler = None
+        if self.torch_profiler is not None:  # SGLang: drop the profiler and gc.collect()
+            self.torch_profiler = None
+            self.collected += 1
         self.profile_in_progress = False
 
 
@@ -111,6 +114,7 @@ def test_a_capture_runs_n_steps_labels_phases_and_exports_off_the_thread(tmp_pat
     assert c.bytes == os.path.getsize(c.path) > 0 and c.path.startswith(str(tmp_path))
     assert c.sync_ns[0] <= c.sync_ns[1] and c.stop_ms >= 0 and c.export_ms > 0
     assert not s.profiler_manager.profile_in_progress and s.profiler_manager.torch_profiler is None
+    assert s.profiler_manager.collected == 0  # no gc.collect() on the scheduler thread
     s.step(cap)
     assert not cap.armed
 
