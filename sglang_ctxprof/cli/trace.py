@@ -98,6 +98,9 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
            f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
     if r.get("trace_parent"):
         out.append(f"  trace: {r['trace_parent']}")
+    for c in r.get("captures") or ():
+        out.append(f"  deep capture {c['id']} ({c['trigger']}, {c['state']}): steps {c['step_ids']} -> "
+                   f"{c.get('path')}")
     if r.get("waterfall"):
         out += render_waterfall(r["waterfall"])
     rows = list(r.get("step_rows") or [])

@@ -247,3 +247,28 @@ def test_the_merged_timeline_puts_our_steps_on_the_trace_clock(server, capsys):
     with capsys.disabled():
         print(f"\nmerged timeline {out}: {len(ev)} slices, clock offset {clock['offset_ns'] / 1e3:.1f} us "
               f"+- {clock['error_bound_ns'] / 1e3:.1f} us")
+
+
+def test_the_trace_cli_shows_the_capture_and_the_capture_cli_takes_one(server, capsys, tmp_path):
+    from sglang_ctxprof.cli.main import main
+
+    if "rid" in STATE:
+        assert main(["trace", "--url", server.url, "capture-rid-1"]) == 0
+        assert f"deep capture {STATE['rid']['id']} (rid, done)" in capsys.readouterr().out
+    t0 = time.time()
+    while capture_status(server)["captures"] and time.time() - t0 < INTERVAL_S + 5:
+        last = capture_status(server)["captures"][-1]
+        if time.time() - last["requested_ns"] / 1e9 > INTERVAL_S + 0.5:
+            break
+        time.sleep(1)
+    gen = background(server, 300, 60, seed=31)
+    code = main(["capture", "--url", server.url, "--steps", "2", "--admin-key", ADMIN, "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    gen.join(300)
+    assert code == 0, out
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 2 and files[0].endswith(".timeline.json") and files[1].endswith(".trace.json.gz"), files
+    assert "manual capture" in out and "merged timeline" in out
+    json.loads((tmp_path / files[0]).read_text())
+    assert main(["capture", "--url", server.url, "--steps", "2"]) != 0  # no admin key: one line, no traceback
+    assert "401" in capsys.readouterr().err
