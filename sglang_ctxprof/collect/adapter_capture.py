@@ -29,9 +29,11 @@ class _DeferredExport:
         self.pm, self.real, self.export = pm, real, export
         self.path: Optional[str] = None
         self.stop_ms = 0.0
+        self.stopped = False
 
     def stop(self) -> None:
         t0 = time.perf_counter()
+        self.stopped = True
         self.real.stop()
         self.stop_ms = (time.perf_counter() - t0) * 1e3
 
@@ -94,6 +96,8 @@ def stop(scheduler: Any, export: Export) -> tuple[Optional[str], float]:
         if pm.torch_profiler is proxy:  # _stop_profile failed before handing the export over
             pm.torch_profiler = None
             pm.profile_in_progress = False
+            if not proxy.stopped:  # never leave torch's profiler recording
+                real.stop()
     return proxy.path, proxy.stop_ms
 
 

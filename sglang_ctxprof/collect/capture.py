@@ -174,7 +174,26 @@ class Capture:
 
     # ---- the state machine (scheduler thread) -------------------------------------------------------
     def tick(self, scheduler: Any, batch: Any) -> None:
-        """At the start of every ``run_batch`` while armed."""
+        """At the start of every ``run_batch`` while armed.  A failure ends the capture (failed),
+        never the step, and leaves the rest of the profiler running."""
+        try:
+            self._tick(scheduler, batch)
+        except Exception as exc:  # noqa: BLE001
+            hooks.label_phases(None)
+            info = self.current
+            if info is not None:
+                self._end(info, names.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")
+
+    def halt(self, scheduler: Any) -> None:
+        """Profiling is being turned off (scheduler thread): stop a running capture now, drop a
+        pending one."""
+        info = self.current
+        if info is not None and info.state == names.CAPTURE_RUNNING:
+            self._stop(scheduler, info)
+        elif info is not None:
+            self._end(info, names.CAPTURE_FAILED, "profiling was disabled before the capture started")
+
+    def _tick(self, scheduler: Any, batch: Any) -> None:
         t = time.time_ns()
         exp = self.exporting
         if exp is not None and self._last_tick_ns:

@@ -77,6 +77,8 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
+        if cap is not None:
+            cap.halt(scheduler)
         session.disable()
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:

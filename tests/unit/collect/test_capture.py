@@ -236,3 +236,28 @@ def test_automatic_triggers_are_off_when_ranks_would_have_to_agree(tmp_path):
     s.server_args.tp_size = 2
     cap.bind(s)
     assert not cap.auto and cap.status()["triggers"][names.TRIGGER_SLOW_STEP]["on"] is False
+
+
+def test_disabling_profiling_stops_a_running_capture_and_drops_a_pending_one(tmp_path):
+    cap, s = Capture(settings(tmp_path, interval_s=0.0, steps=8)), FakeScheduler()
+    cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+    s.step(cap)
+    cap.halt(s)
+    assert wait_state(cap, cid).step_ids == [1] and hooks._around is hooks._around_plain
+    cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+    cap.halt(s)
+    assert cap.find(cid).state == names.CAPTURE_FAILED and not cap.armed
+
+
+def test_a_failure_inside_a_capture_ends_it_and_not_the_step(tmp_path):
+    cap, s = Capture(settings(tmp_path)), FakeScheduler()
+    cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+    s.step(cap)
+    prof = s.profiler_manager.torch_profiler
+    s.profiler_manager._stop_profile = None  # SGLang changed under us: not callable
+    for _ in range(4):
+        s.step(cap)
+    c = cap.find(cid)
+    assert c.state == names.CAPTURE_FAILED and "TypeError" in c.error and not cap.armed
+    assert prof.stopped and s.profiler_manager.torch_profiler is None  # torch's profiler is not left on
+    assert hooks._around is hooks._around_plain
