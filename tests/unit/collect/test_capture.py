@@ -261,3 +261,30 @@ def test_a_failure_inside_a_capture_ends_it_and_not_the_step(tmp_path):
     assert c.state == names.CAPTURE_FAILED and "TypeError" in c.error and not cap.armed
     assert prof.stopped and s.profiler_manager.torch_profiler is None  # torch's profiler is not left on
     assert hooks._around is hooks._around_plain
+
+
+def test_a_declared_phase_block_is_a_profiler_range_only_while_a_capture_runs(tmp_path):
+    import torch
+
+    from sglang_ctxprof import api
+    from sglang_ctxprof.collect.step import StepBuilder
+    from sglang_ctxprof.model.guard import Guard
+
+    b = StepBuilder(names.KIND_DECODE, 0)
+    p = SimpleNamespace(active=True, guard=Guard(), current=lambda: b,
+                        clock=SimpleNamespace(mark=time.perf_counter_ns))
+    old, hooks.SESSION = hooks.SESSION, SimpleNamespace(profiler=p)
+    cap = Capture(settings(tmp_path))
+    cap.label = "step=7 ctx=70"
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with api.phase("draft"):
+                pass
+            hooks.label_phases(cap)
+            with api.phase("verify"):
+                pass
+            hooks.label_phases(None)
+    finally:
+        hooks.SESSION = old
+    got = [e.name for e in prof.events() if e.name.startswith(names.RANGE_PREFIX)]
+    assert got == ["ctxprof.verify step=7 ctx=70"] and [m[0] for m in b.marks] == ["draft", "verify"]
