@@ -52,6 +52,9 @@ def _json(ns, status: int, raw: bytes, what: str) -> dict[str, Any]:
         body = json.loads(raw)
     except ValueError:
         body = {"error": raw[:200].decode(errors="replace")}
+    if status == 404 and what != "timeline":
+        raise CliError(f"{what}: the server has no {names.ROUTE_CAPTURE} route: start SGLang with "
+                       f"{names.CLI_FLAG} (HTTP 404)")
     if status != 200:
         raise CliError(f"{what}: HTTP {status}: {body.get('error', body)}")
     return body
