@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Iterator
 
 from .collect import hooks
-from .model.names import DECLARABLE_PHASES
+from .model.names import DECLARABLE_PHASES, RANGE_PREFIX
 
 _NULL = contextlib.nullcontext()
 
@@ -35,8 +35,11 @@ def phase(name: str) -> Any:
 @contextlib.contextmanager
 def _timed(p: Any, b: Any, name: str) -> Iterator[None]:
     t0 = hooks.enter(p, b, hooks.PHASE, name)
+    cap = hooks._CAPTURE  # a deep capture runs: the block is a profiler range too
+    rf = hooks._record_function(f"{RANGE_PREFIX}{name} {cap.label}") if cap is not None else _NULL
     try:
-        yield
+        with rf:
+            yield
     finally:
         if t0 is not None:
             hooks.leave(p, b, hooks.PHASE, name, t0)

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("sglang_ctxprof.cli.demo", "start SGLang on CPU with a tiny DeepSeek-V3 + draft and print the profile"),
     "show": ("sglang_ctxprof.cli.show", "print a server's /ctx_profile as a table; several --url merge a fleet"),
     "trace": ("sglang_ctxprof.cli.trace", "one request step by step: phases and context length per step"),
+    "capture": ("sglang_ctxprof.cli.capture", "take one deep capture (SGLang's profiler, phase-labelled) and fetch it"),
     "ui": ("sglang_ctxprof.cli.ui", "open the server's live page /ctx_profile/ui (or print its address)"),
     "sweep": ("sglang_ctxprof.cli.sweep", "measure decode tok/s and the phase breakdown across context lengths"),
     "report": ("sglang_ctxprof.cli.report", "table and PNG plots from a saved sweep directory (offline)"),

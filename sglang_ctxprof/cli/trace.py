@@ -107,6 +107,9 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
            f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
     if r.get("trace_parent"):
         out.append(f"  trace: {printable(r['trace_parent'])}")
+    for c in r.get("captures") or ():
+        out.append(f"  deep capture {printable(str(c['id']))} ({printable(str(c['trigger']))}, "
+                   f"{printable(str(c['state']))}): steps {c['step_ids']} -> {printable(str(c.get('path')))}")
     if r.get("waterfall"):
         out += render_waterfall(r["waterfall"])
     rows = list(r.get("step_rows") or [])

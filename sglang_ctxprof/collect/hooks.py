@@ -12,6 +12,10 @@ after SGLang's own ``copy_done.synchronize()``.
 phases, the attention/MoE regions, and ``sglang_ctxprof.phase()`` blocks) goes through one guarded
 mark -> call -> mark pair: :func:`enter` and :func:`leave`.
 
+While a deep capture runs (``collect/capture``), :func:`label_phases` swaps :func:`_around` for a
+version that also opens each region as a ``torch.profiler.record_function`` range; otherwise the
+hooks run exactly the plain code.
+
 On the steps the profiler times (``collect/cost``), each hook adds the time of its own code to the
 step's ``cost_ns``, and the ``process_batch_result`` hook books the step's total.
 """
@@ -22,7 +26,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from ..model.names import KIND_DECODE, Phase
+from ..model.names import KIND_DECODE, RANGE_PREFIX, Phase
 from ..control.protocol import is_control_rid
 from . import adapter
 
@@ -118,6 +122,31 @@ def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
         t = _now()
         leave(p, b, kind, name, t0)
         b.cost_ns += _now() - t
+
+
+_around_plain = _around
+_CAPTURE: Optional[Any] = None  # collect.capture.Capture while a capture runs
+_record_function: Any = None
+
+
+def _around_labelled(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+    """:func:`_around` inside a ``torch.profiler.record_function`` range named after the phase, the
+    step and its context: every op the profiler records in it sits under our phase."""
+    with _record_function(f"{RANGE_PREFIX}{name or 'step'} {_CAPTURE.label}"):
+        return _around_plain(p, b, kind, name, original, args, kwargs)
+
+
+def label_phases(capture: Optional[Any]) -> None:
+    """Open every timed region as a profiler range while ``capture`` runs; ``None`` puts the plain
+    path back (the hooks look ``_around`` up at each call, so off costs nothing)."""
+    global _around, _CAPTURE, _record_function
+    if capture is None:
+        _around, _CAPTURE = _around_plain, None
+        return
+    import torch
+
+    _record_function, _CAPTURE = torch.profiler.record_function, capture
+    _around = _around_labelled
 
 
 def run_batch(original, self, batch, *args, **kwargs):

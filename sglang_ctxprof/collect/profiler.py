@@ -18,7 +18,9 @@ parked and retried at the next result (``clocks.Parked``).  Under CUDA graphs
 ``timing`` label says how *that* step was timed (``step.timing_label``: from SGLang's
 ``can_run_cuda_graph`` and whether the split was read).  ``meta["hw"]`` carries model/device facts
 for the roofline (``roofline``); the status reports which attention/MoE classes of the model are
-hooked (``coverage``).  ``cost`` measures what all this costs (``status()["cost"]``).
+hooked (``coverage``).  ``cost`` measures what all this costs (``status()["cost"]``).  ``capture``
+(``collect.capture``) takes deep captures through SGLang's own profiler; ``begin_step`` drives it
+only while it is armed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
 from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU,
                            TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
+from .capture import Capture
 from .cost import Cost
 from .host import HostFacts, IdCache
 from .recorder import Recorder
@@ -76,6 +79,9 @@ class Profiler:
         self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
+        self.capture = Capture(config.capture, self.guard)
+        if self.capture.auto:  # the automatic triggers read each record after the aggregator
+            self.recorder.sinks.append(("capture", lambda rec: self.capture.observe(rec, self.aggregator)))
 
     # ---- binding to the scheduler (first call) -----------------------------------------------------
     def bind(self, scheduler: Any) -> None:
@@ -89,6 +95,7 @@ class Profiler:
         self.block_drafter = self.algorithm in BLOCK_ALGORITHMS
         self.rank = adapter.rank_of(scheduler)
         self.clock = make_clock(adapter.device_of(scheduler))
+        self.capture.bind(scheduler)
         if self.graph is None:
             self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
         try:
@@ -112,6 +119,8 @@ class Profiler:
 
     def begin_step(self, scheduler: Any, batch: Any) -> Optional[StepBuilder]:
         self.bind(scheduler)
+        if self.capture.armed:
+            self.capture.tick(scheduler, batch)
         kind = adapter.batch_kind(batch)
         if kind is None:
             return None
@@ -253,6 +262,7 @@ class Profiler:
             "coverage": self._coverage(),
             "exporters": self.sinks.status() if self.sinks is not None else None,
             "cost": self.cost.to_dict(),
+            "capture": self.capture.status(),
         }
 
     def _coverage(self) -> dict[str, Any]:

@@ -8,8 +8,9 @@ SGLang: the tokenizer manager waits for exactly one reply per rank, so we always
 ``{"error": ...}`` if need be.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N or one ``rid``), ``recent`` (the last N step records), ``trace_policy``, and
-the test-only ``fault`` switch.
+``requests`` (``slowest`` N or one ``rid``), ``recent`` (the last N step records), ``trace_policy``,
+``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
+``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..model.names import (CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS, CMD_RESET,
-                           CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY)
+from ..model.names import (CMD_CAPTURE, CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS,
+                           CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, TRIGGER_MANUAL,
+                           TRIGGER_RID)
 from .protocol import decode
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,9 @@ def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
 def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]:
     p = session.profiler
     cmd = req["cmd"]
+    cap = getattr(p, "capture", None)
+    if cap is not None and cap.armed:
+        cap.idle(scheduler)
     if cmd == CMD_SNAPSHOT:
         p.bind(scheduler)
         return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
@@ -72,12 +77,16 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
+        if cap is not None:
+            cap.halt(scheduler)
         session.disable()
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:
         return _requests(p, req)
     if cmd == CMD_TRACE_POLICY:
         return _trace_policy(p, req)
+    if cmd == CMD_CAPTURE:
+        return _capture(p, req)
     if cmd == CMD_RECENT:
         n = int(req.get("last", 0))
         return {"status": p.status(), "steps": p.recorder.with_aggregator(lambda a: a.recent_steps(n))}
@@ -97,9 +106,31 @@ def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"trace_policy": sinks.policy.to_dict(), "exporters": sinks.status()}
 
 
+def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+    """``id``: that capture and the step records it covers; else request one (``steps``, ``rid``,
+    and ``now``, the HTTP process's clock, so every rank judges the cooling-off alike)."""
+    cap = p.capture
+    if "id" in req:
+        info = cap.find(str(req["id"]))
+        if info is None:
+            return {"capture": None}
+        ids = set(info.step_ids)
+        steps = p.recorder.with_aggregator(lambda a: [r.to_dict() for r in a.recent if r.step_id in ids])
+        return {"capture": info.to_dict(), "steps": steps, "rank": p.rank.to_dict() if p.rank else None}
+    try:
+        out = cap.request(TRIGGER_RID if req.get("rid") else TRIGGER_MANUAL, req.get("steps"), req.get("rid"),
+                          now_s=req.get("now"))
+    except (TypeError, ValueError) as exc:
+        return {"error": str(exc), "bad_request": True}
+    return out
+
+
 def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     if "rid" in req:
         r = p.recorder.with_aggregator(lambda a: a.request_with_waterfall(str(req["rid"])))
+        cap = getattr(p, "capture", None)
+        if r and cap is not None:
+            r = {**r, "captures": cap.for_rid(str(req["rid"]))}
         return {"requests": [r] if r else []}
     n = int(req.get("slowest", 10))
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))

@@ -1,7 +1,7 @@
 """The one configuration: every ``SGLANG_CTXPROF_*`` variable is parsed here, and only here.
 
 :meth:`CtxProfConfig.from_env` reads the environment once into a frozen object with nested parts
-(``trace``, ``logs``, ``export``, ``graph``, ``roofline``); explicit keyword overrides beat the
+(``trace``, ``logs``, ``export``, ``graph``, ``roofline``, ``capture``); explicit keyword overrides beat the
 environment.  The plugin calls it in SGLang's main process before any scheduler is spawned, so a
 bad value of any variable is one clear error line there (and profiling stays off), never a
 surprise later in a scheduler.  The schedulers parse the same environment again, and the views
@@ -48,6 +48,23 @@ Environment variables (all optional):
     comma list of batch sizes.
 ``SGLANG_CTXPROF_HBM_GBPS`` - ``roofline``
     Memory bandwidth (GB/s) for the verify-attention roofline, overriding the GPU table.
+``SGLANG_CTXPROF_CAPTURE_DIR`` (default ``<tmp>/sglang-ctxprof-captures``) - ``capture``
+    Where deep captures (SGLang's own profiler traces) are written.
+``SGLANG_CTXPROF_CAPTURE_INTERVAL_S`` (default 900) - ``capture``
+    At most one capture per interval; triggers inside it are suppressed and counted.
+``SGLANG_CTXPROF_CAPTURE_MAX_STEPS`` (default 32) - ``capture``
+    The most steps one capture covers (``?steps=N`` above it is refused).
+``SGLANG_CTXPROF_CAPTURE_STEPS`` (default 4) - ``capture``
+    Steps an automatic (or a ``POST`` without ``steps``) capture covers.
+``SGLANG_CTXPROF_CAPTURE_MAX_MB`` (default 256) - ``capture``
+    Byte cap on the kept captures; the oldest are deleted first.
+``SGLANG_CTXPROF_CAPTURE_SLOW_FACTOR`` (default 0: off) - ``capture``
+    Trigger a capture when a decode step takes more than this factor times its context bucket's
+    prediction (the bucket's p50 step time, once it holds 16 steps) ...
+``SGLANG_CTXPROF_CAPTURE_SLOW_RUN`` (default 1) - ``capture``
+    ... for this many decode steps in a row.
+``SGLANG_CTXPROF_CAPTURE_HOST_GAP_MS`` (default 0: off) - ``capture``
+    Trigger a capture when the host gap between two steps exceeds this many ms.
 ``SGLANG_CTXPROF_FAULT`` (test only)
     A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
     ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
@@ -181,6 +198,44 @@ class RooflineSettings:
 
 
 @dataclass(frozen=True)
+class CaptureSettings:
+    """Deep capture through SGLang's own profiler (``collect.capture``): budget and triggers.
+    ``slow_factor`` and ``host_gap_ms`` are the automatic triggers, each off at 0."""
+    dir: str = ""
+    interval_s: float = 900.0
+    max_steps: int = 32
+    steps: int = 4
+    max_mb: float = 256.0
+    slow_factor: float = 0.0
+    slow_run: int = 1
+    host_gap_ms: float = 0.0
+
+    @property
+    def auto(self) -> bool:
+        return self.slow_factor > 0 or self.host_gap_ms > 0
+
+
+def _capture(env: Mapping[str, str]) -> CaptureSettings:
+    import tempfile
+
+    max_steps = _int(env, names.ENV_CAPTURE_MAX_STEPS, 32)
+    steps = _int(env, names.ENV_CAPTURE_STEPS, min(4, max_steps))
+    if steps > max_steps:
+        raise ValueError(f"{names.ENV_CAPTURE_STEPS}={steps} is above "
+                         f"{names.ENV_CAPTURE_MAX_STEPS}={max_steps}")
+    slow = _float(env, names.ENV_CAPTURE_SLOW_FACTOR, 0.0)
+    if 0 < slow <= 1:
+        raise ValueError(f"{names.ENV_CAPTURE_SLOW_FACTOR}={slow} must be 0 (off) or above 1")
+    return CaptureSettings(
+        dir=_raw(env, names.ENV_CAPTURE_DIR) or os.path.join(tempfile.gettempdir(), "sglang-ctxprof-captures"),
+        interval_s=_float(env, names.ENV_CAPTURE_INTERVAL_S, 900.0),
+        max_steps=max_steps, steps=steps,
+        max_mb=parse_float(names.ENV_CAPTURE_MAX_MB, _raw(env, names.ENV_CAPTURE_MAX_MB) or 256, positive=True),
+        slow_factor=slow, slow_run=_int(env, names.ENV_CAPTURE_SLOW_RUN, 1),
+        host_gap_ms=_float(env, names.ENV_CAPTURE_HOST_GAP_MS, 0.0))
+
+
+@dataclass(frozen=True)
 class CtxProfConfig:
     buckets: str = "pow2"
     max_ctx: int = DEFAULT_MAX_CTX
@@ -192,6 +247,7 @@ class CtxProfConfig:
     export: ExportSettings = field(default_factory=ExportSettings)
     graph: GraphSettings = field(default_factory=GraphSettings)
     roofline: RooflineSettings = field(default_factory=RooflineSettings)
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "CtxProfConfig":
@@ -230,6 +286,7 @@ class CtxProfConfig:
                                                 _raw(env, names.ENV_GRAPH_TIMED_SHAPES) or "all")),
             roofline=RooflineSettings(
                 hbm_gbps=None if hbm is None else parse_float(names.ENV_HBM_GBPS, hbm, positive=True)),
+            capture=_capture(env),
         )
         cfg = replace(cfg, **overrides) if overrides else cfg
         cfg.bucketing()  # validate early: a bad spec is a clear error at start-up

@@ -109,6 +109,14 @@ ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-grap
 ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
 ENV_GRAPH_TIMED_SHAPES = "SGLANG_CTXPROF_GRAPH_TIMED_SHAPES"  # all | none | every:N | sizes "1,8,32"
 ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s
+ENV_CAPTURE_DIR = "SGLANG_CTXPROF_CAPTURE_DIR"  # where deep captures are written
+ENV_CAPTURE_INTERVAL_S = "SGLANG_CTXPROF_CAPTURE_INTERVAL_S"  # at most one capture per interval
+ENV_CAPTURE_MAX_STEPS = "SGLANG_CTXPROF_CAPTURE_MAX_STEPS"  # the most steps one capture covers
+ENV_CAPTURE_STEPS = "SGLANG_CTXPROF_CAPTURE_STEPS"  # steps of an automatic capture
+ENV_CAPTURE_MAX_MB = "SGLANG_CTXPROF_CAPTURE_MAX_MB"  # byte cap on kept captures (oldest deleted first)
+ENV_CAPTURE_SLOW_FACTOR = "SGLANG_CTXPROF_CAPTURE_SLOW_FACTOR"  # trigger: step > factor x prediction (0 off)
+ENV_CAPTURE_SLOW_RUN = "SGLANG_CTXPROF_CAPTURE_SLOW_RUN"  # ... for this many decode steps in a row
+ENV_CAPTURE_HOST_GAP_MS = "SGLANG_CTXPROF_CAPTURE_HOST_GAP_MS"  # trigger: host gap above this (0 off)
 
 # ---- the server flag -------------------------------------------------------------------------
 CLI_FLAG = "--enable-ctx-profile"
@@ -126,6 +134,7 @@ CMD_REQUESTS = "requests"  # the slowest N requests, or one by rid, with their s
 CMD_TRACE_POLICY = "trace_policy"  # read or change the tail-sampling policy
 CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAULT=runtime at start)
 CMD_RECENT = "recent"  # the last N step records of a rank (the trace export)
+CMD_CAPTURE = "capture"  # request a deep capture (steps, rid) or read the captures
 CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
 
 # ---- HTTP routes on SGLang's port, and the app path multi-tokenizer workers import -----------
@@ -140,6 +149,7 @@ ROUTE_TRACE_POLICY = ROUTE + "/trace_policy"
 ROUTE_DIAGNOSIS = ROUTE + "/diagnosis"  # ?format=json|text, ?ctx=N (what-if), the verdict
 ROUTE_UI = ROUTE + "/ui"  # the live page; its files under ROUTE_UI + "/{name}"
 ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export, ?last=N or ?rid=
+ROUTE_CAPTURE = ROUTE + "/capture"  # POST ?steps=N | ?rid=RID (admin); GET /{id}[?format=timeline]
 FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
 MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers
 DEFAULT_TRACE_STEPS = 256
@@ -148,6 +158,24 @@ MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
 MAX_WHATIF_CTX = 10**9  # the largest context the diagnosis's what-if (?ctx=N) answers for
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 HTTP_APP_PATH = "sglang_ctxprof.http_app:app"
+
+# ---- deep capture (collect/capture.py): triggers, states, the ranges in the profiler's trace ----
+TRIGGER_MANUAL = "manual"  # POST /ctx_profile/capture?steps=N
+TRIGGER_RID = "rid"  # POST /ctx_profile/capture?rid=RID: that request's next steps
+TRIGGER_SLOW_STEP = "slow_step"  # a decode step slower than its context model predicts
+TRIGGER_HOST_GAP = "host_gap"  # a host gap between steps above the threshold
+TRIGGERS: tuple[str, ...] = (TRIGGER_MANUAL, TRIGGER_RID, TRIGGER_SLOW_STEP, TRIGGER_HOST_GAP)
+CAPTURE_PENDING = "pending"
+CAPTURE_RUNNING = "running"
+CAPTURE_EXPORTING = "exporting"
+CAPTURE_DONE = "done"
+CAPTURE_FAILED = "failed"
+CAPTURE_DELETED = "deleted"  # removed by the byte cap (oldest first)
+RANGE_PREFIX = "ctxprof."  # record_function ranges: "ctxprof.verify_attn step=12 ctx=345"
+RANGE_STEP = "ctxprof.step"
+RANGE_CLOCK_SYNC = "ctxprof.clock_sync"  # opened at a known wall time: aligns the two clocks
+ATTR_CAPTURE_URI = "sglang.ctxprof.capture.uri"
+ATTR_CAPTURE_STEPS = "sglang.ctxprof.capture.steps"
 
 # ---- instrumentor: the marker every wrapper carries ------------------------------------------
 WRAPPER_MARK = "__ctxprof_wrapper__"

@@ -15,6 +15,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``).
 * ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views/trace_events``);
 * ``GET  /ctx_profile/ui`` and its files - the live page (``views/ui``), a read route like the others;
+* ``POST /ctx_profile/capture?steps=N|rid=RID`` (admin) - a deep capture (``collect.capture``);
+  ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` - it, its file, the merged timeline;
 * ``GET  /ctx_profile?format=state`` - the ranks' merged state (exact histograms), for the fleet view.
 
 Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
@@ -313,6 +315,12 @@ def install_routes(app: Any, client: Any, admin: Any) -> None:
     app.add_api_route(names.ROUTE_DIAGNOSIS, _guarded(get_diagnosis), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
     app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(get_trace_json), methods=["GET"])
+    from . import http_capture
+    from .http_capture import get_capture, post_capture
+
+    http_capture.ASK = _ask
+    app.add_api_route(names.ROUTE_CAPTURE, admin(_guarded(post_capture)), methods=["POST"])
+    app.add_api_route(names.ROUTE_CAPTURE + "/{cid}", _guarded(get_capture), methods=["GET"])
     from .ui import get_ui, get_ui_file
 
     app.add_api_route(names.ROUTE_UI, _guarded(get_ui), methods=["GET"])

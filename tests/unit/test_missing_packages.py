@@ -68,12 +68,13 @@ CASES = {
               ("rich",), "pip install sglang-ctxprof"),
     "report": ([str(FIXTURE / "baseline"), "--plots-dir", "{tmp}/r"], ("matplotlib",), "sglang-ctxprof[plots]"),
     "compare": ([str(FIXTURE / "baseline"), str(FIXTURE / "longer")], ("rich",), "pip install sglang-ctxprof"),
-    # show, trace, diagnose and ui need no package beyond the standard library: with everything optional
+    # show, trace, diagnose, ui and capture need no package beyond the standard library: with everything optional
     # hidden they still reach the server (this fake has no /ctx_profile) and say so in their own line
     "show": (["--url", "{url}"], (), "/ctx_profile"),
     "trace": (["--url", "{url}", "nope"], (), "/ctx_profile"),
     "diagnose": (["--url", "{url}"], (), "/ctx_profile"),
     "ui": (["--url", "{url}", "--no-browser"], (), "/ctx_profile"),
+    "capture": (["--url", "{url}", "--steps", "2"], (), "/ctx_profile"),
     "tiny-model": (["--arch", "llama", "--out", "{tmp}/m"], ("torch", "transformers"),
                    "sglang-ctxprof[instruments]"),
     "demo": (["--out", "{tmp}/d", "--models", "{tmp}/m"], ("sglang", "torch", "transformers"), "sglang-ctxprof[instruments]"),
@@ -96,7 +97,7 @@ def test_command_with_its_packages_hidden(command, hide, capsys, tmp_path, fake_
     argv = [a.format(tmp=tmp_path, url=fake_url) for a in args]
     if command == "sweep":
         argv = ["--url", fake_url, *argv]
-    if command in ("show", "trace", "diagnose", "ui"):
+    if command in ("show", "trace", "diagnose", "ui", "capture"):
         hide(*EXTRAS, *DEPENDENCIES, *INSTRUMENTED)
         _one_line(capsys, main([command, *argv]), expect)
         return

@@ -9,7 +9,11 @@ changes, so one server serves every planted case):
   own ``SGLANG_SIMULATE_ACC_LEN`` is set to ``acc_len`` for the next verify (``eagle_utils`` reads
   ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
 * ``host_sleep_ms``: a sleep in the scheduler loop before each ``get_next_batch_to_run``: a host
-  bubble between steps.
+  bubble between steps;
+* ``slow_steps``: ``[ms, n]`` - the next ``n`` target-verify forwards after the file changed each
+  sleep ``ms`` once, in their first attention call, inside a ``torch.profiler.record_function``
+  range named ``ctxprof_plant.slow_step`` (so a profiler trace shows where the planted work ran);
+  ``_STATE["planted"]`` counts them.
 
 The attention wrapper sits on the intel_amx backend's ``forward_extend``/``forward_decode`` (called
 inside ``RadixAttention.forward``), so the planted time is inside the profiler's verify attention.
@@ -22,7 +26,8 @@ import os
 import time
 
 ENV = "CTXPROF_PLANT_FILE"
-_STATE = {"mtime": None, "cfg": {}}
+_STATE = {"mtime": None, "cfg": {}, "left": 0, "batch": None, "planted": 0}
+SLOW_RANGE = "ctxprof_plant.slow_step"
 
 
 def cfg() -> dict:
@@ -38,6 +43,7 @@ def cfg() -> dict:
         except (OSError, ValueError):
             _STATE["cfg"] = {}
         _STATE["mtime"] = m
+        _STATE["left"] = int((_STATE["cfg"].get("slow_steps") or (0, 0))[1])
     return _STATE["cfg"]
 
 
@@ -56,6 +62,14 @@ def _wrap_attn(cls, name):
             from sglang.srt.speculative import spec_utils
 
             spec_utils.SIMULATE_ACC_LEN = float(above[1]) if above and ctx > int(above[0]) else -1.0
+            if _STATE["left"] > 0 and _STATE["batch"] is not forward_batch:
+                _STATE["batch"] = forward_batch
+                _STATE["left"] -= 1
+                _STATE["planted"] += 1
+                import torch
+
+                with torch.profiler.record_function(SLOW_RANGE):
+                    time.sleep(float(c["slow_steps"][0]) / 1000.0)
         return orig(self, q, k, v, layer, forward_batch, *args, **kwargs)
 
     setattr(cls, name, wrapper)

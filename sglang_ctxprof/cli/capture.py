@@ -1,0 +1,101 @@
+"""``sglang-ctxprof capture --url URL [--rid RID] [--steps N]``: take one deep capture and fetch it.
+
+Asks ``POST /ctx_profile/capture`` (admin level: ``--admin-key``), waits until the capture is done
+(``/ctx_profile/status``), then writes the trace SGLang's profiler exported (``<id>.trace.json.gz``)
+and the merged timeline (``<id>.timeline.json``: the trace with ctxprof's step slices, for
+ui.perfetto.dev or chrome://tracing) into ``--out``.  A refusal (the budget's cooling-off, a
+capture already running) or a failure is one line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ..model import names
+
+
+def add_cli_args(ap) -> None:
+    ap.add_argument("--url", default="http://127.0.0.1:30000", help="SGLang server base URL")
+    ap.add_argument("--rid", default=None, help="capture this request's next steps")
+    ap.add_argument("--steps", type=int, default=None, help="steps to capture (default: the server's)")
+    ap.add_argument("--admin-key", default=None, help="bearer token if the server uses --admin-api-key")
+    ap.add_argument("--api-key", default=None, help="bearer token for read routes (--api-key)")
+    ap.add_argument("--out", default=".", help="folder for the trace and the merged timeline")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the capture")
+
+
+def _call(ns, method: str, path: str, key: str | None) -> tuple[int, bytes]:
+    req = urllib.request.Request(ns.url.rstrip("/") + path, method=method, data=b"" if method == "POST" else None)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        from .main import CliError
+
+        raise CliError(f"cannot reach {ns.url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _json(ns, status: int, raw: bytes, what: str) -> dict[str, Any]:
+    from .main import CliError
+
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {"error": raw[:200].decode(errors="replace")}
+    if status == 404 and what != "timeline":
+        raise CliError(f"{what}: the server has no {names.ROUTE_CAPTURE} route: start SGLang with "
+                       f"{names.CLI_FLAG} (HTTP 404)")
+    if status != 200:
+        raise CliError(f"{what}: HTTP {status}: {body.get('error', body)}")
+    return body
+
+
+def run(ns) -> int:
+    from .main import CliError
+
+    q = {k: v for k, v in (("rid", ns.rid), ("steps", ns.steps)) if v is not None}
+    path = names.ROUTE_CAPTURE + ("?" + urllib.parse.urlencode(q) if q else "")
+    body = _json(ns, *_call(ns, "POST", path, ns.admin_key), "capture refused")
+    cid = body["captures"][0]["id"]
+    print(f"capture {cid} accepted; waiting for it ...", flush=True)
+    t0 = time.time()
+    while True:
+        st = _json(ns, *_call(ns, "GET", names.ROUTE_STATUS, ns.api_key), "status")
+        caps = [c for r in st.get("ranks", []) for c in ((r.get("status") or {}).get("capture") or {}).get("captures", [])]
+        info = next((c for c in caps if c["id"] == cid), None)
+        if info is not None and info["state"] in (names.CAPTURE_DONE, names.CAPTURE_FAILED, names.CAPTURE_DELETED):
+            break
+        if time.time() - t0 > ns.timeout:
+            raise CliError(f"capture {cid} not done after {ns.timeout:g} s (state {info and info['state']})")
+        time.sleep(0.5)
+    if info["state"] != names.CAPTURE_DONE:
+        raise CliError(f"capture {cid} {info['state']}: {info.get('error')}")
+    os.makedirs(ns.out, exist_ok=True)
+    status, raw = _call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=trace", ns.api_key)
+    trace = os.path.join(ns.out, f"{cid}.trace.json.gz")
+    if status == 200:
+        with open(trace, "wb") as f:
+            f.write(raw)
+    else:
+        trace = f"{info['path']} (on the server's host)"
+    tl = _json(ns, *_call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=timeline", ns.api_key), "timeline")
+    tl_path = os.path.join(ns.out, f"{cid}.timeline.json")
+    with open(tl_path, "w") as f:
+        json.dump(tl, f)
+    clock = tl.get("otherData", {}).get("clock", {})
+    print(f"{info['trigger']} capture {cid}: steps {info['step_ids']}, {info['bytes']} bytes, export "
+          f"{info['export_ms']:.0f} ms off the scheduler thread (stop {info['stop_ms']:.1f} ms on it)")
+    print(f"trace: {trace}")
+    print(f"merged timeline: {tl_path} (clocks aligned on {clock.get('aligned_on')}, "
+          f"+- {clock.get('error_bound_ns', 0) / 1e3:.0f} us); open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0

@@ -1,0 +1,349 @@
+"""Deep capture: SGLang's own profiler for N steps, started from inside the scheduler, on a budget.
+
+A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
+steps; ``rid``: that request's next N steps) through the control channel, or the automatic triggers
+on the recorder's drain thread (:meth:`Capture.observe`, registered only when one is on): a decode
+step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
+it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
+steps in a row, or a host gap above ``host_gap_ms``.
+
+The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
+
+* one capture at a time and at most one per ``interval_s``; a trigger inside that window is
+  suppressed and counted by trigger (``suppressed``);
+* at most ``max_steps`` steps;
+* a byte cap on the kept files in ``dir``: after each export the oldest are deleted first, and a
+  capture that alone exceeds the cap is deleted and marked failed;
+* the trace export runs on a thread of its own (``adapter_capture.stop``); the scheduler thread only
+  stops the profiler.  While it runs, the longest interval between two step starts is kept
+  (``export_gap_ms``).
+
+The scheduler thread drives the state machine in :meth:`tick` (from ``Profiler.begin_step``, only
+while ``armed``): pending -> running (SGLang's profiler started; our phases open as
+``record_function`` ranges through ``hooks.label_phases``) -> exporting -> done | failed | deleted.
+Decisions that ranks must share depend only on what every rank sees in the same loop iteration
+(the control request, the batch, the step count, and the HTTP process's clock sent with the
+request), so ranks never disagree; the automatic triggers run on one-rank groups only.
+
+Clocks: the trace's timestamps are ``baseTimeNanoseconds + ts`` in torch's clock; ours are
+``time.time_ns()``.  Right after the profiler starts a ``ctxprof.clock_sync`` range is opened between
+two wall-clock reads (``sync_ns``); ``views.timeline`` aligns the two clocks on that range, and the
+pair's spread bounds the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ..model import names
+from ..model.config import CaptureSettings
+from ..model.records import StepRecord
+from . import adapter_capture, hooks
+
+logger = logging.getLogger(__name__)
+
+HISTORY = 32  # captures remembered (status, links)
+MAX_RIDS = 256  # request ids remembered per capture
+RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
+MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
+
+
+@dataclass
+class CaptureInfo:
+    id: str
+    trigger: str
+    steps: int
+    rid: Optional[str] = None
+    reason: str = ""
+    state: str = names.CAPTURE_PENDING
+    requested_ns: int = 0
+    trigger_step: Optional[int] = None  # the step that fired an automatic trigger
+    step_ids: list[int] = field(default_factory=list)
+    rids: list[str] = field(default_factory=list)
+    start_ns: int = 0
+    end_ns: int = 0
+    sync_ns: tuple[int, int] = (0, 0)  # wall clock just before / after the clock_sync range
+    path: Optional[str] = None
+    bytes: int = 0
+    stop_ms: float = 0.0  # scheduler-thread time to stop SGLang's profiler (all of _stop_profile)
+    profiler_stop_ms: float = 0.0  # ... of which torch's own profiler stop()
+    export_ms: float = 0.0  # export thread: writing the trace
+    export_gap_ms: float = 0.0  # longest interval between step starts while exporting
+    export_steps: int = 0  # steps that ran while exporting
+    error: str = ""
+    _waited: int = 0  # steps a rid capture has waited for its request
+    _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_waited")
+        d.pop("_fed")
+        d["sync_ns"] = list(self.sync_ns)
+        return d
+
+
+class Capture:
+    def __init__(self, cfg: CaptureSettings, guard: Any = None) -> None:
+        self.cfg = cfg
+        self.guard = guard
+        self.armed = False  # the hot path's one check: a capture is pending, running or exporting
+        self.auto = cfg.auto  # automatic triggers (turned off on multi-rank groups at bind)
+        self._lock = threading.Lock()
+        self.current: Optional[CaptureInfo] = None  # pending or running
+        self.exporting: Optional[CaptureInfo] = None
+        self.history: deque[CaptureInfo] = deque(maxlen=HISTORY)
+        self.fired: Counter = Counter()
+        self.suppressed: Counter = Counter()
+        self.last_s: Optional[float] = None  # when the last accepted capture was requested
+        self.label = ""  # "step=<id> ctx=<tokens>" of the step being captured
+        self.deleted = 0
+        self.bytes_kept = 0
+        self.gpu = False
+        self._seq = 0
+        self._slow = 0  # slow decode steps in a row
+        self._prev_end_ns = 0
+        self._last_tick_ns = 0
+
+    def bind(self, scheduler: Any) -> None:
+        """Device and ranks, at the profiler's first step: GPU activity on a GPU; automatic
+        triggers only where one rank decides (SGLang's stop barrier spans the TP group)."""
+        self.gpu = "cuda" in str(getattr(getattr(scheduler, "server_args", None), "device", "") or "")
+        if self.auto and adapter_capture.world_size(scheduler) > 1:
+            self.auto = False
+            logger.warning("sglang-ctxprof: automatic capture triggers are off with more than one "
+                           "rank per group (ranks could disagree); POST /ctx_profile/capture works")
+
+    # ---- triggers (any thread) -----------------------------------------------------------------------
+    def request(self, trigger: str, steps: Optional[int] = None, rid: Optional[str] = None,
+                now_s: Optional[float] = None, reason: str = "", trigger_step: Optional[int] = None) -> dict[str, Any]:
+        """Ask for a capture.  Refused (and counted as suppressed) while one is pending, running or
+        exporting, or inside the cooling-off interval.  Bad ``steps`` raises ValueError."""
+        n = self.cfg.steps if steps is None else int(steps)
+        if not 1 <= n <= self.cfg.max_steps:
+            raise ValueError(f"steps must be between 1 and {self.cfg.max_steps}, got {n}")
+        now = time.time() if now_s is None else float(now_s)
+        with self._lock:
+            why = ""
+            if self.current is not None or self.exporting is not None:
+                why = "a capture is already pending, running or exporting"
+            elif self.last_s is not None and now - self.last_s < self.cfg.interval_s:
+                why = f"cooling off: one capture per {self.cfg.interval_s:g} s"
+            if why:
+                self.suppressed[trigger] += 1
+                retry = max(0.0, self.cfg.interval_s - (now - self.last_s)) if self.last_s is not None else 0.0
+                return {"accepted": False, "reason": why, "retry_after_s": round(retry, 3),
+                        "suppressed": dict(self.suppressed)}
+            self._seq += 1
+            info = CaptureInfo(id=f"{self._seq}-{trigger}-{int(now)}", trigger=trigger, steps=n, rid=rid,
+                               reason=reason, requested_ns=int(now * 1e9), trigger_step=trigger_step)
+            self.current, self.last_s = info, now
+            self.fired[trigger] += 1
+            self.history.append(info)
+            self.armed = True
+            return {"accepted": True, "capture": info.to_dict()}
+
+    def observe(self, rec: StepRecord, agg: Any) -> None:
+        """The automatic triggers, on the drain thread right after the aggregator ``agg`` took
+        ``rec`` (under the recorder's lock)."""
+        if not self.auto:
+            return
+        gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
+        self._prev_end_ns = max(self._prev_end_ns, rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6))
+        if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:
+            self.request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
+                         trigger_step=rec.step_id)
+        if self.cfg.slow_factor <= 0 or rec.kind != names.KIND_DECODE or not rec.ctx_lens:
+            return
+        b = agg.decode.get(agg.bucketing.index(rec.ctx_sum / len(rec.ctx_lens)))
+        st = b.phases.get(names.Phase.STEP.value) if b is not None else None
+        if st is None or st.count < MIN_BUCKET_STEPS:
+            return  # too few steps in this context bucket to predict (warm-up, a new context)
+        pred = st.quantile(0.5)
+        self._slow = self._slow + 1 if pred > 0 and rec.step_ms > self.cfg.slow_factor * pred else 0
+        if self._slow >= self.cfg.slow_run:
+            self._slow = 0
+            self.request(names.TRIGGER_SLOW_STEP, trigger_step=rec.step_id,
+                         reason=f"step {rec.step_id}: {rec.step_ms:.2f} ms > {self.cfg.slow_factor:g} x "
+                                f"{pred:.2f} ms, the p50 of its context bucket ({st.count} steps)")
+
+    # ---- the state machine (scheduler thread) -------------------------------------------------------
+    def tick(self, scheduler: Any, batch: Any) -> None:
+        """At the start of every ``run_batch`` while armed.  A failure ends the capture (failed),
+        never the step, and leaves the rest of the profiler running."""
+        try:
+            self._tick(scheduler, batch)
+        except Exception as exc:  # noqa: BLE001
+            hooks.label_phases(None)
+            info = self.current
+            if info is not None:
+                self._end(info, names.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")
+
+    def halt(self, scheduler: Any) -> None:
+        """Profiling is being turned off (scheduler thread): stop a running capture now, drop a
+        pending one."""
+        info = self.current
+        if info is not None and info.state == names.CAPTURE_RUNNING:
+            self._stop(scheduler, info)
+        elif info is not None:
+            self._end(info, names.CAPTURE_FAILED, "profiling was disabled before the capture started")
+
+    def _tick(self, scheduler: Any, batch: Any) -> None:
+        t = time.time_ns()
+        exp = self.exporting
+        if exp is not None and self._last_tick_ns:
+            exp.export_gap_ms = max(exp.export_gap_ms, (t - self._last_tick_ns) / 1e6)
+            exp.export_steps += 1
+        self._last_tick_ns = t
+        info = self.current
+        if info is None:
+            self.armed = exp is not None
+            return
+        rids = adapter_capture.batch_rids(batch)
+        if info.state == names.CAPTURE_RUNNING:
+            if len(info.step_ids) >= info.steps or (info.rid and info.rid not in rids):
+                self._stop(scheduler, info)
+                return
+        elif info.rid and info.rid not in rids:
+            info._waited += 1
+            if info._waited > RID_WAIT_STEPS:
+                self._end(info, names.CAPTURE_FAILED, f"request {info.rid} not seen in {RID_WAIT_STEPS} steps")
+            return
+        elif not rids:
+            return  # an idle batch: start on a real step
+        elif not self._start(scheduler, info):
+            return
+        info.step_ids.append(adapter_capture.forward_ct(scheduler) + 1)
+        for r in rids:
+            if len(info.rids) >= MAX_RIDS:
+                break
+            if r not in info.rids:
+                info.rids.append(r)
+        self.label = f"step={info.step_ids[-1]} ctx={adapter_capture.batch_ctx(batch)}"
+
+    def idle(self, scheduler: Any) -> None:
+        """A control request arrived (scheduler thread): stop a running capture no step has fed
+        since the previous control request (the server went idle mid-capture)."""
+        info = self.current
+        if info is not None and info.state == names.CAPTURE_RUNNING:
+            if info._fed == len(info.step_ids):
+                self._stop(scheduler, info)
+            else:
+                info._fed = len(info.step_ids)
+
+    def _start(self, scheduler: Any, info: CaptureInfo) -> bool:
+        try:
+            os.makedirs(self.cfg.dir, exist_ok=True)
+            why = adapter_capture.start(scheduler, self.cfg.dir, info.id, self.gpu)
+        except Exception as exc:  # noqa: BLE001 - a capture failure never fails a step
+            why = f"{type(exc).__name__}: {exc}"
+        if why:
+            self._end(info, names.CAPTURE_FAILED, why)
+            return False
+        info.state, info.start_ns = names.CAPTURE_RUNNING, time.time_ns()
+        import torch
+
+        a = time.time_ns()
+        with torch.profiler.record_function(names.RANGE_CLOCK_SYNC):
+            pass
+        info.sync_ns = (a, time.time_ns())
+        hooks.label_phases(self)
+        return True
+
+    def _stop(self, scheduler: Any, info: CaptureInfo) -> None:
+        hooks.label_phases(None)
+        self.label = ""
+        info.end_ns = t0 = time.time_ns()
+        self.exporting, self.current = info, None
+        info.state = names.CAPTURE_EXPORTING
+        try:
+            path, info.profiler_stop_ms = adapter_capture.stop(
+                scheduler, lambda prof, p: self._export_async(info, prof, p))
+        except Exception as exc:  # noqa: BLE001
+            path, info.error = None, f"{type(exc).__name__}: {exc}"
+        info.stop_ms = (time.time_ns() - t0) / 1e6
+        if path is None:
+            self.exporting = None
+            self._end(info, names.CAPTURE_FAILED, info.error or "SGLang's profiler exported nothing")
+
+    def _end(self, info: CaptureInfo, state: str, error: str = "") -> None:
+        info.state, info.error = state, error or info.error
+        if self.current is info:
+            self.current = None
+        if self.exporting is info:
+            self.exporting = None
+        self.armed = self.current is not None or self.exporting is not None
+        if error:
+            logger.warning("sglang-ctxprof: capture %s %s: %s", info.id, state, error)
+
+    # ---- export (its own thread) ---------------------------------------------------------------------
+    def _export_async(self, info: CaptureInfo, prof: Any, path: str) -> None:
+        info.path = path
+        threading.Thread(target=self._export, args=(info, prof, path), name="ctxprof-capture-export",
+                         daemon=True).start()
+
+    def _export(self, info: CaptureInfo, prof: Any, path: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            prof.export_chrome_trace(path)
+            info.bytes = os.path.getsize(path)
+        except Exception as exc:  # noqa: BLE001
+            info.export_ms = (time.perf_counter() - t0) * 1e3
+            self._end(info, names.CAPTURE_FAILED, f"export failed: {type(exc).__name__}: {exc}")
+            return
+        info.export_ms = (time.perf_counter() - t0) * 1e3
+        with self._lock:
+            self._enforce_cap()
+        if info.state == names.CAPTURE_EXPORTING:
+            self._end(info, names.CAPTURE_DONE)
+        logger.info("sglang-ctxprof: capture %s (%s) done: %d steps, %d bytes, export %.0f ms -> %s",
+                    info.id, info.trigger, len(info.step_ids), info.bytes, info.export_ms, path)
+
+    def _enforce_cap(self) -> None:
+        """Delete the oldest kept captures until the kept bytes fit the cap; the newest too (marked
+        failed) when it alone is over."""
+        cap = int(self.cfg.max_mb * 1024 * 1024)
+        kept = [c for c in self.history if c.path and c.state in (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)
+                and os.path.exists(c.path)]
+        total = sum(c.bytes for c in kept)
+        for c in kept:
+            if total <= cap:
+                break
+            try:
+                os.remove(c.path)
+            except OSError:
+                pass
+            total -= c.bytes
+            self.deleted += 1
+            if c.state == names.CAPTURE_EXPORTING:
+                self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
+            else:
+                c.state = names.CAPTURE_DELETED
+        self.bytes_kept = total
+
+    # ---- reading ---------------------------------------------------------------------------------------
+    def find(self, cid: str) -> Optional[CaptureInfo]:
+        return next((c for c in self.history if c.id == cid), None)
+
+    def for_rid(self, rid: str) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in self.history if rid in c.rids or c.rid == rid]
+
+    def status(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "budget": {"interval_s": c.interval_s, "max_steps": c.max_steps, "steps": c.steps,
+                       "max_mb": c.max_mb, "dir": c.dir},
+            "triggers": {names.TRIGGER_SLOW_STEP: {"factor": c.slow_factor, "run": c.slow_run,
+                                                   "on": self.auto and c.slow_factor > 0},
+                         names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0}},
+            "fired": dict(self.fired),
+            "suppressed": dict(self.suppressed),
+            "deleted": self.deleted,
+            "bytes_kept": self.bytes_kept,
+            "captures": [x.to_dict() for x in self.history],
+        }

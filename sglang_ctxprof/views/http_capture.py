@@ -1,0 +1,121 @@
+"""The deep-capture routes (``collect.capture`` takes the captures in the schedulers).
+
+* ``POST /ctx_profile/capture?steps=N`` or ``?rid=RID`` (admin level, like reset): ask every rank for
+  a capture of the next N steps, or of that request's next steps.  200 when accepted; 429 when the
+  budget refuses it (a capture is running, or the cooling-off interval), with ``retry_after_s``;
+  the refusal is counted as suppressed in ``/ctx_profile/status``.
+* ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` (read level): the capture's record
+  with the step records it covers; the trace file SGLang's profiler wrote (when it is on this
+  host); or the merged timeline (``views.timeline``), built here in the HTTP process, never on
+  the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Awaitable, Callable, Optional
+
+from starlette.requests import Request
+
+from ..model import names
+
+_RID_RE = re.compile(names.RID_PATTERN)
+# The control client's ask (``views.http._ask``), given when the routes are installed.
+ASK: Optional[Callable[..., Awaitable[list[dict[str, Any]]]]] = None
+
+
+async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
+    return await ASK(cmd, **args)
+
+
+def _error(status: int, message: str, **extra: Any):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=status, content={"error": message, **extra})
+
+
+def _bad_request(payloads: list[dict[str, Any]]):
+    bad = [p["error"] for p in payloads if p.get("bad_request")]
+    return _error(400, bad[0]) if bad else None
+
+
+async def post_capture(request: Request):
+    """Ask for a deep capture (``collect.capture``): ``?steps=N`` the next N steps, ``?rid=RID`` that
+    request's next steps.  200 when accepted, 429 when the budget refuses (counted as suppressed)."""
+    import time
+
+    qp = dict(request.query_params)
+    unknown = set(qp) - {"steps", "rid"}
+    if unknown:
+        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    args: dict[str, Any] = {"now": time.time()}
+    if "steps" in qp:
+        try:
+            args["steps"] = int(qp["steps"])
+        except ValueError:
+            return _error(400, f"steps must be an integer, got {qp['steps']!r}")
+    if "rid" in qp:
+        if not _RID_RE.match(qp["rid"]):
+            return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
+        args["rid"] = qp["rid"]
+    payloads = await _ask(names.CMD_CAPTURE, **args)
+    bad = _bad_request(payloads)
+    if bad is not None:
+        return bad
+    errors = [p["error"] for p in payloads if "error" in p]
+    if errors:
+        return _error(503, "; ".join(errors))
+    refused = [p for p in payloads if not p.get("accepted")]
+    if refused:
+        return _error(429, refused[0].get("reason", "refused"), retry_after_s=refused[0].get("retry_after_s"),
+                      suppressed=refused[0].get("suppressed"))
+    return {"accepted": True, "captures": [p["capture"] for p in payloads]}
+
+
+def _load_trace(path: str) -> dict[str, Any]:
+    import gzip
+    import json
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+async def get_capture(request: Request):
+    """One capture: ``?format=json`` (its record and step records), ``trace`` (the file SGLang's
+    profiler wrote) or ``timeline`` (``views.timeline``: the trace with our step slices)."""
+    import asyncio
+    import os
+
+    cid = request.path_params.get("cid", "")
+    if not _RID_RE.match(cid):
+        return _error(400, "malformed capture id")
+    qp = dict(request.query_params)
+    unknown = set(qp) - {"format"}
+    if unknown:
+        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    fmt = qp.get("format", "json")
+    if fmt not in ("json", "trace", "timeline"):
+        return _error(400, f"unknown format {fmt!r}; use json, trace or timeline")
+    found = [p for p in await _ask(names.CMD_CAPTURE, id=cid) if p.get("capture")]
+    if not found:
+        return _error(404, f"capture {cid!r} not found")
+    info = found[0]["capture"]
+    if fmt == "json":
+        return {"schema_version": names.SCHEMA_VERSION, "capture": info,
+                "ranks": [{"rank": p.get("rank"), "capture": p["capture"], "steps": p.get("steps", [])}
+                          for p in found]}
+    if info.get("state") != names.CAPTURE_DONE:
+        why = f": {info['error']}" if info.get("error") else ""
+        return _error(409, f"capture {cid!r} is {info.get('state')}{why}")
+    path = info.get("path") or ""
+    if not os.path.isfile(path):
+        return _error(404, f"capture file {path!r} is not on this host")
+    if fmt == "trace":
+        from fastapi.responses import FileResponse
+
+        return FileResponse(path, filename=os.path.basename(path), media_type="application/gzip")
+    from .timeline import merged_timeline
+
+    trace = await asyncio.to_thread(_load_trace, path)
+    return merged_timeline(trace, info, [(p.get("rank") or i, p.get("steps", [])) for i, p in enumerate(found)])

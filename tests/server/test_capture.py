@@ -1,0 +1,274 @@
+"""Deep capture through SGLang's own profiler, on a real CPU server (``collect.capture``).
+
+One server (tiny DeepSeek-V3, identity EAGLE head) with the slow-step trigger on (3x the step's
+context model), an admin key, a short cooling-off interval, and the test-only ``ctxprof_plant``
+plugin, whose ``slow_steps`` plant makes the next verify forwards sleep inside a named profiler
+range.  In order:
+
+1. a planted slow step triggers exactly one capture, starting within 2 steps of the slow one; its
+   file exists, is under the byte cap and is a valid trace; inside it the ops sit under our
+   ``ctxprof.<phase>`` ranges and the planted work sits under ``verify_attn``;
+2. a second planted slow step inside the cooling-off window is suppressed and counted, and so is an
+   admin ``POST /ctx_profile/capture``;
+3. without the admin key ``POST /ctx_profile/capture`` is refused (401) and starts nothing;
+4. ``?rid=`` captures that request's steps, and the request links to the capture;
+5. the merged timeline loads as JSON and our step slices overlap the trace's step ranges.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import ctxprof_ref
+from conftest import ROOT, generate, http, rand_ids, start_server, write_dist_info
+from sglang_ctxprof.model import names
+from sglang_ctxprof.views.timeline import OUR_PID
+
+pytestmark = pytest.mark.server
+
+PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
+ADMIN = "capture-admin-key"
+INTERVAL_S = 25
+MAX_MB = 64
+R = names.ROUTE_CAPTURE
+ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
+DONE = (names.CAPTURE_DONE, names.CAPTURE_FAILED, names.CAPTURE_DELETED)
+STATE: dict = {}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("capture")
+    sys.path.insert(0, str(PLANT))
+    try:
+        import ctxprof_plant
+    finally:
+        sys.path.remove(str(PLANT))
+    write_dist_info(str(d), ctxprof_plant.__name__)
+    plant_file = d / "plant.json"
+    plant_file.write_text("{}")
+    env = {"PYTHONPATH": f"{PLANT}:{d}", ctxprof_plant.ENV: str(plant_file),
+           names.ENV_CAPTURE_DIR: str(d / "captures"), names.ENV_CAPTURE_INTERVAL_S: str(INTERVAL_S),
+           names.ENV_CAPTURE_SLOW_FACTOR: "3", names.ENV_CAPTURE_STEPS: "4", names.ENV_CAPTURE_MAX_MB: str(MAX_MB)}
+    args = ctxprof_ref.model_args() + [names.CLI_FLAG, "--admin-api-key", ADMIN]
+    srv = start_server("capture", args, env=env)
+    srv.plant_file, srv.dir = plant_file, d
+    try:
+        generate(srv.url, rand_ids(300, seed=1), max_new_tokens=80)  # warm-up; the bucket's steps
+        yield srv
+    finally:
+        srv.stop()
+
+
+def capture_status(server) -> dict:
+    status, body = http("GET", server.url + names.ROUTE_STATUS)
+    assert status == 200, body
+    return body["ranks"][0]["status"]["capture"]
+
+
+def background(server, n: int, new: int, seed: int, rid: str | None = None) -> threading.Thread:
+    body = {"input_ids": rand_ids(n, seed=seed), "sampling_params": {"max_new_tokens": new, "temperature": 0,
+                                                                     "ignore_eos": True}}
+    if rid:
+        body["rid"] = rid
+    t = threading.Thread(target=http, args=("POST", server.url + "/generate", body), daemon=True)
+    t.start()
+    return t
+
+
+def wait_done(server, cid: str, timeout: float = 240) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for c in capture_status(server)["captures"]:
+            if c["id"] == cid and c["state"] in DONE:
+                return c
+        time.sleep(0.5)
+    raise AssertionError(f"capture {cid} did not finish: {capture_status(server)}")
+
+
+def plant_slow(server, ms: int, n: int) -> None:
+    server.plant_file.write_text(json.dumps({"slow_steps": [ms, n]}))
+    time.sleep(0.05)
+
+
+def load_trace(path: str) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def inside(e: dict, r: dict) -> bool:
+    return r["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= r["ts"] + r["dur"] + 1e-3
+
+
+def test_a_planted_slow_step_triggers_exactly_one_capture(server, capsys):
+    before = capture_status(server)
+    assert before["fired"] == {}, before["captures"]
+    assert before["triggers"]["slow_step"]["on"] is True
+    plant_slow(server, 400, 6)
+    gen = background(server, 300, 60, seed=11)
+    t0 = time.time()
+    while not capture_status(server)["captures"] and time.time() - t0 < 120:
+        time.sleep(0.2)
+    cap = capture_status(server)["captures"]
+    assert len(cap) == 1, cap
+    info = wait_done(server, cap[0]["id"])
+    gen.join(300)
+    assert info["state"] == names.CAPTURE_DONE, info
+    assert info["trigger"] == names.TRIGGER_SLOW_STEP and info["trigger_step"] is not None
+    assert len(info["step_ids"]) == 4 and info["step_ids"] == list(range(info["step_ids"][0], info["step_ids"][0] + 4))
+    assert 1 <= info["step_ids"][0] - info["trigger_step"] <= 2, info
+    st = capture_status(server)
+    assert st["fired"] == {names.TRIGGER_SLOW_STEP: 1}
+    import os
+
+    assert os.path.isfile(info["path"]) and info["path"].startswith(str(server.dir / "captures"))
+    assert 0 < info["bytes"] == os.path.getsize(info["path"]) <= MAX_MB * 1024 * 1024
+    assert st["bytes_kept"] == info["bytes"]
+    trace = load_trace(info["path"])
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e for e in ev if e["name"].startswith(names.RANGE_PREFIX)]
+    steps = [e for e in ranges if e["name"].startswith(names.RANGE_STEP + " ")]
+    assert [int(e["name"].split("step=")[1].split()[0]) for e in steps] == info["step_ids"]
+    phases = [e for e in ranges if e not in steps and e["name"] != names.RANGE_CLOCK_SYNC]
+    assert {e["name"].split()[0] for e in phases} >= {"ctxprof.draft", "ctxprof.verify", "ctxprof.verify_attn",
+                                                      "ctxprof.draft_extend"}
+    for e in phases:  # every phase range sits inside its own step's range
+        sid = e["name"].split("step=")[1].split()[0]
+        assert any(inside(e, s) and f"step={sid} " in s["name"] for s in steps), e["name"]
+    ops = [e for e in ev if e.get("cat") == "cpu_op" and any(inside(e, s) for s in steps)]
+    under = [e for e in ops if any(inside(e, r) for r in phases)]
+    # Ops of a step outside every phase are the worker's own bookkeeping between phases, which
+    # ctxprof charges to "overhead"; the model's work runs inside the phases.
+    rest = Counter(e["name"] for e in ops if not any(inside(e, r) for r in phases))
+    assert ops and len(under) >= 0.9 * len(ops), (len(under), len(ops), rest.most_common(10))
+    planted = [e for e in ev if e["name"] == "ctxprof_plant.slow_step" and any(inside(e, s) for s in steps)]
+    assert planted, "the planted work ran inside the captured steps"
+    for e in planted:
+        attn = [r for r in phases if inside(e, r) and r["name"].startswith("ctxprof.verify_attn ")]
+        assert attn, "planted work outside verify_attn"
+    STATE["first"] = info
+    with capsys.disabled():
+        print(f"\ncapture {info['id']}: steps {info['step_ids']} (trigger step {info['trigger_step']}), "
+              f"{info['bytes']} bytes, stop {info['stop_ms']:.1f} ms on the scheduler thread (torch's stop() "
+              f"{info['profiler_stop_ms']:.1f} ms), export "
+              f"{info['export_ms']:.0f} ms off it, longest step-start interval while exporting "
+              f"{info['export_gap_ms']:.1f} ms over {info['export_steps']} steps; {len(under)} of {len(ops)} ops in "
+              f"the steps under a phase range; the others: {rest.most_common(6)}")
+
+
+def test_a_second_trigger_in_the_cooling_off_window_is_suppressed(server):
+    if "first" not in STATE:
+        pytest.skip("needs the first capture")
+    plant_slow(server, 400, 3)
+    gen = background(server, 300, 40, seed=12)
+    gen.join(300)
+    status, body = http("POST", server.url + R + "?steps=2", headers=ADMIN_H)
+    assert status == 429 and "cooling off" in body["error"] and body["retry_after_s"] > 0, body
+    st = capture_status(server)
+    assert st["fired"] == {names.TRIGGER_SLOW_STEP: 1}
+    assert st["suppressed"][names.TRIGGER_SLOW_STEP] >= 1 and st["suppressed"][names.TRIGGER_MANUAL] == 1, st
+    assert len(st["captures"]) == 1
+
+
+@pytest.mark.parametrize("key", [None, "wrong"])
+def test_capture_without_the_admin_key_is_refused(server, key):
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    before = capture_status(server)
+    status, body = http("POST", server.url + R + "?steps=2", headers=h)
+    assert status == 401, body
+    after = capture_status(server)
+    assert after["captures"] == before["captures"] and after["suppressed"] == before["suppressed"]
+
+
+def test_bad_capture_requests_are_400(server):
+    for q in ("?steps=0", "?steps=33", "?steps=x", "?rid=bad%20rid", "?color=red"):
+        status, body = http("POST", server.url + R + q, headers=ADMIN_H)
+        assert status == 400 and "error" in body, (q, body)
+
+
+def test_capture_by_rid_covers_that_request_and_links_back(server):
+    server.plant_file.write_text("{}")
+    rid = "capture-rid-1"
+    t0 = time.time()
+    while True:  # wait out the cooling-off window of the first capture
+        status, body = http("POST", server.url + R + f"?rid={rid}&steps=3", headers=ADMIN_H)
+        if status != 429 or time.time() - t0 > INTERVAL_S + 30:
+            break
+        time.sleep(min(2.0, max(0.2, float(body.get("retry_after_s") or 1))))
+    assert status == 200 and body["accepted"], body
+    cid = body["captures"][0]["id"]
+    assert body["captures"][0]["trigger"] == names.TRIGGER_RID
+    background(server, 150, 12, seed=21)  # another request first: not the one asked for
+    gen = background(server, 120, 40, seed=22, rid=rid)
+    gen.join(300)
+    info = wait_done(server, cid)
+    assert info["state"] == names.CAPTURE_DONE and len(info["step_ids"]) == 3, info
+    status, full = http("GET", server.url + f"{R}/{cid}")
+    assert status == 200, full
+    recs = full["ranks"][0]["steps"]
+    assert sorted(r["step_id"] for r in recs) == info["step_ids"]
+    assert all(rid in r["rids"] for r in recs)
+    status, req = http("GET", server.url + f"{names.ROUTE_REQUESTS}/{rid}")
+    assert status == 200 and [c["id"] for c in req["captures"]] == [cid], req
+    STATE["rid"] = info
+
+
+def test_the_merged_timeline_puts_our_steps_on_the_trace_clock(server, capsys):
+    info = STATE.get("rid") or STATE.get("first")
+    if info is None:
+        pytest.skip("needs a capture")
+    status, tl = http("GET", server.url + f"{R}/{info['id']}?format=timeline")
+    assert status == 200, tl
+    json.dumps(tl)
+    clock = tl["otherData"]["clock"]
+    assert clock["aligned_on"] == names.RANGE_CLOCK_SYNC and clock["error_bound_ns"] >= 0
+    ev = [e for e in tl["traceEvents"] if e.get("ph") == "X"]
+    ours = {e["args"]["step_id"]: e for e in ev if e["name"] in ("decode step", "prefill")
+            and e.get("pid") == OUR_PID}
+    theirs = {int(e["name"].split("step=")[1].split()[0]): e for e in ev
+              if e["name"].startswith(names.RANGE_STEP + " ")}
+    assert sorted(ours) == sorted(theirs) == info["step_ids"]
+    for sid, e in ours.items():  # the step slice overlaps the profiler's range of the same step
+        t = theirs[sid]
+        assert e["ts"] < t["ts"] + t["dur"] and t["ts"] < e["ts"] + e["dur"], (sid, e, t)
+    ops = [e for e in ev if e.get("cat") == "cpu_op" and any(inside(e, t) for t in theirs.values())]
+    assert ops
+    status, raw = http("GET", server.url + f"{R}/{info['id']}?format=trace")
+    assert status == 200
+    out = server.dir / "merged_timeline.json"
+    out.write_text(json.dumps(tl))
+    with capsys.disabled():
+        print(f"\nmerged timeline {out}: {len(ev)} slices, clock offset {clock['offset_ns'] / 1e3:.1f} us "
+              f"+- {clock['error_bound_ns'] / 1e3:.1f} us")
+
+
+def test_the_trace_cli_shows_the_capture_and_the_capture_cli_takes_one(server, capsys, tmp_path):
+    from sglang_ctxprof.cli.main import main
+
+    if "rid" in STATE:
+        assert main(["trace", "--url", server.url, "capture-rid-1"]) == 0
+        assert f"deep capture {STATE['rid']['id']} (rid, done)" in capsys.readouterr().out
+    t0 = time.time()
+    while capture_status(server)["captures"] and time.time() - t0 < INTERVAL_S + 5:
+        last = capture_status(server)["captures"][-1]
+        if time.time() - last["requested_ns"] / 1e9 > INTERVAL_S + 0.5:
+            break
+        time.sleep(1)
+    gen = background(server, 300, 60, seed=31)
+    code = main(["capture", "--url", server.url, "--steps", "2", "--admin-key", ADMIN, "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    gen.join(300)
+    assert code == 0, out
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 2 and files[0].endswith(".timeline.json") and files[1].endswith(".trace.json.gz"), files
+    assert "manual capture" in out and "merged timeline" in out
+    json.loads((tmp_path / files[0]).read_text())
+    assert main(["capture", "--url", server.url, "--steps", "2"]) != 0  # no admin key: one line, no traceback
+    assert "401" in capsys.readouterr().err
