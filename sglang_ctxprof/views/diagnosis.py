@@ -15,7 +15,12 @@ acceptance by position, host time and the loss counters.  :func:`diagnose` turns
 * ``baseline``: every phase, acceptance and tok/s against a baseline through the noise model of
   ``compare`` (``model.noise``); any phase worse beyond noise is "regression in <phase>";
 * ``flags``: execution-mode downgrades, acceptance falling with context, host bubbles above
-  :data:`BUBBLE_SHARE`, dropped or evicted records;
+  :data:`BUBBLE_SHARE`, steps set apart as outliers (``aggregate.outliers``: how many, where, how
+  much, "warm-up?"), dropped or evicted records;
+
+Every per-bucket number of a profile is its **robust** mean: the mean over the bucket's steps
+without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A few
+warm-up steps therefore cannot flip the headline.
 * ``whatif``: predicted tok/s at a context from the fits and the nearest bucket's acceptance (with
   the range the data supports), the speedup if verify attention ran at the roofline, and the
   draft-budget advice per bucket (measured vs assumed stated).
@@ -33,6 +38,7 @@ from ..model.names import LEAF_PHASES, Phase
 from ..model.noise import compare, fit
 from ..model.stats import theil_sen
 from ..aggregate.acceptance import describe_exec
+from ..aggregate.outliers import describe as describe_outliers
 
 BUBBLE_SHARE = 0.10  # host time between/inside steps above this share of the wall time is flagged
 ROOFLINE_FACTOR = 3.0  # measured attention slope within this factor of the roofline: "inherent"
@@ -70,6 +76,8 @@ class Evidence:
     dropped: int = 0
     evicted: int = 0
     draft_budget: Optional[int] = None
+    # Buckets with steps set apart as outliers: (label, ``aggregate.outliers.robust`` dict).
+    outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
 def _leaves(phases: Mapping[str, float]) -> dict[str, float]:
@@ -82,10 +90,10 @@ def _leaves(phases: Mapping[str, float]) -> dict[str, float]:
 def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
     pts = []
     for b in profile.buckets:
-        step = b.mean_ms(_STEP)
+        step = b.robust_ms(_STEP)
         if not b.steps or not step:
             continue
-        ph = {p: v.mean_ms for p, v in b.phases.items()}
+        ph = {p: b.robust_ms(p) or 0.0 for p in b.phases}
         noise = {p: 2 * max(0.0, v.p90_ms - v.p50_ms) / math.sqrt(max(1, v.count)) for p, v in b.phases.items()}
         pts.append(Point(b.label, b.mean_ctx, b.ctx_sum / b.steps, b.steps, b.accepted_per_step, step, ph,
                          noise, b.mean_batch_size))
@@ -95,7 +103,8 @@ def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
                     tuple((b.label, b.exec_mode) for b in profile.buckets if b.exec_mode),
                     tuple((a["label"], a["acceptance_by_position"]) for a in profile.acceptance_by_ctx),
                     dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
-                    round(max(budgets)) - 1 if budgets else None)
+                    round(max(budgets)) - 1 if budgets else None,
+                    tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")))
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:
@@ -233,6 +242,8 @@ def _flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
                       f"host time outside the model calls is {100 * share:.0f}% of the scheduler's wall time "
                       f"({gaps:.0f} ms between steps, {inside:.0f} ms inside run_batch; threshold "
                       f"{100 * BUBBLE_SHARE:.0f}%)"})
+    for label, r in ev.outliers:
+        flags.append({"kind": "outlier_steps", "message": describe_outliers(label, r)})
     if ev.dropped or ev.evicted:
         flags.append({"kind": "lost_records", "message": f"{ev.dropped} step records dropped, "
                                                          f"{ev.evicted} requests evicted from the history"})
@@ -320,6 +331,7 @@ def diagnose(ev: Evidence, baseline: Optional[Evidence] = None, ctx: Optional[in
            "exec_mode": {lbl: x for lbl, x in ev.exec_modes},
            "acceptance_by_ctx": {lbl: v for lbl, v in ev.acceptance},
            "host": dict(ev.host), "whatif": _whatif(ev, ctx, phys),
+           "outliers": {lbl: r for lbl, r in ev.outliers},
            "fit_method": sorted({f[4] for f in ev.fits.values()})}
     return out
 
@@ -358,5 +370,10 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
                  f"no downgrade ({', '.join(modes)})" if modes else "execution mode unknown")
     if phys.get("available"):
         parts.append(phys["verdict"])
+    if ev.outliers:
+        n = sum(len(r["outliers"]) for _, r in ev.outliers)
+        warm = all(o["warmup"] for _, r in ev.outliers for o in r["outliers"])
+        parts.append(f"{n} slow step{'s' if n != 1 else ''} set apart from the means above "
+                     f"(in {', '.join(lbl for lbl, _ in ev.outliers)}{'; warm-up?' if warm else ''})")
     parts.append(base["verdict"] if base.get("given") else "no baseline given")
     return "; ".join(parts)
