@@ -24,7 +24,7 @@ from ..model.names import LEAF_PHASES, Phase
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
-BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.STEP.value)
+BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.DECODE.value, Phase.STEP.value)
 NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
 
 
@@ -55,6 +55,9 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "server_tok_s": com / step_s if step_s > 0 else None,
         "server_accepted_tok_s": acc / step_s if step_s > 0 else None,
         "algorithms": list(prof.algorithms),
+        # the scheduler's typical host time between consecutive steps (the median: a few long gaps
+        # are the client's idle time between requests), part of a step's wall time
+        "host_gap_ms": ((prof.host or {}).get("between_steps") or {}).get("p50_ms"),
         "timing": prof.timing,
         "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
                      "accepted_per_step": b.accepted_per_step,
