@@ -101,9 +101,10 @@ def _wall(point: Mapping[str, Any]) -> float:
     return float(point["phases"]["step"]) + float(point["phases"].get(HOST_GAP) or 0.0)
 
 
-def _crossover(rows: Sequence[Mapping[str, Any]], spec: Sequence[Mapping[str, Any]],
+def crossover(rows: Sequence[Mapping[str, Any]], spec: Sequence[Mapping[str, Any]],
                plain: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Where the speedup falls below 1: between two measured contexts, or from the fitted lines."""
+    """Where the speedup falls below 1: between two measured contexts, or from the fitted lines.
+    ``rows``: ctx, label, speedup and al per context (the ledger's rows, or measured speedups)."""
     rs = sorted(rows, key=lambda r: r["ctx"])
     for a, b in zip(rs, rs[1:]):
         if a["speedup"] >= 1.0 > b["speedup"]:
@@ -159,7 +160,7 @@ def ledger(spec: Sequence[Mapping[str, Any]], plain: Sequence[Mapping[str, Any]]
         return {"available": False, "reason": "no context with both a speculative and a plain step time"}
     attn = _inflation(rows, "verify_attn_ms", "decode_attn_ms", "attention")
     moe = _inflation(rows, "verify_moe_ms", "decode_moe_ms", "MoE")
-    cross = _crossover(rows, spec, plain)
+    cross = crossover(rows, spec, plain)
     paying = [r for r in rows if r["speedup"] >= 1.0]
     parts = []
     if len(paying) == len(rows):

@@ -9,7 +9,9 @@ changes, so one server serves every planted case):
   own ``SGLANG_SIMULATE_ACC_LEN`` is set to ``acc_len`` for the next verify (``eagle_utils`` reads
   ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
 * ``host_sleep_ms``: a sleep in the scheduler loop before each ``get_next_batch_to_run``: a host
-  bubble between steps.
+  bubble between steps;
+* ``stall_steps`` / ``stall_ms``: the next ``stall_steps`` verify steps after the file changes each
+  stall ``stall_ms`` in their first attention layer: a few slow steps, as a kernel compiling costs.
 
 The attention wrapper sits on the intel_amx backend's ``forward_extend``/``forward_decode`` (called
 inside ``RadixAttention.forward``), so the planted time is inside the profiler's verify attention.
@@ -22,7 +24,7 @@ import os
 import time
 
 ENV = "CTXPROF_PLANT_FILE"
-_STATE = {"mtime": None, "cfg": {}}
+_STATE = {"mtime": None, "cfg": {}, "stalled": 0}
 
 
 def cfg() -> dict:
@@ -38,6 +40,7 @@ def cfg() -> dict:
         except (OSError, ValueError):
             _STATE["cfg"] = {}
         _STATE["mtime"] = m
+        _STATE["stalled"] = 0
     return _STATE["cfg"]
 
 
@@ -52,6 +55,9 @@ def _wrap_attn(cls, name):
             per_1k = float(c.get("attn_ms_per_1k", 0.0) or 0.0)
             if per_1k > 0:
                 time.sleep(per_1k * ctx / 1000.0 / 1000.0)
+            if getattr(layer, "layer_id", None) == 0 and _STATE["stalled"] < int(c.get("stall_steps", 0) or 0):
+                _STATE["stalled"] += 1
+                time.sleep(float(c.get("stall_ms", 0.0) or 0.0) / 1000.0)
             above = c.get("acc_len_above")
             from sglang.srt.speculative import spec_utils
 
