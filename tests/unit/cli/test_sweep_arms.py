@@ -61,3 +61,9 @@ def test_arms_report_from_saved_directories(tmp_path):
     text = "\n".join(render_arms(rep))
     assert "speculative vs plain decode" in text and "crossover (measured speedup < 1): ~" in text
     assert "the verify attention path scales worse than decode attention" in text
+    assert main(["report", str(tmp_path)]) == 0  # the sweep report of an arms directory
+
+
+def test_report_prints_the_arms_table(tmp_path, capsys):
+    test_arms_report_from_saved_directories(tmp_path)
+    assert "speculation ledger" in capsys.readouterr().out
