@@ -5,7 +5,8 @@ Two servers of the tiny DeepSeek-V3 (MLA + MoE): one with the identity EAGLE hea
 spec,plain`` runs the same prompts on both, interleaved:
 
 1. clean: the plain arm is profiled (decode attention / MoE / rest); the ledger's predicted speedup per
-   context is within 10% of the measured spec/plain ratio;
+   context is within 10% of the measured spec/plain ratio (the long request's decode on the server's
+   wall clock; the client's two-point figure carries the prefill's noise at long context);
 2. a verify-only attention slowdown growing with context: verify inflation grows with context, the
    crossover moves to a shorter context and the ledger names the verify attention path;
 3. a constant host delay per step: it shows as overhead (net saved moves by it), verify inflation
@@ -92,8 +93,9 @@ def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(
         assert ph["decode"] == pytest.approx(ph["decode_attn"] + ph["decode_moe"] + ph["decode_rest"], rel=1e-6)
     assert [t["ctx"] for t in rep["table"]] == [int(c) for c in CTX]
     for t in rep["table"]:
-        assert t["repeats"] == 2 and t["spec_tok_s"] > 0 and t["plain_tok_s"] > 0
-        assert t["predicted_speedup"] == pytest.approx(t["speedup"], rel=0.10), t
+        s = t["server"]  # measured on the server's wall clock: the long request's decode steps
+        assert s["repeats"] == 2 and s["spec_tok_s"] > 0 and s["plain_tok_s"] > 0
+        assert t["predicted_speedup"] == pytest.approx(s["speedup"], rel=0.10), t
     led = rep["ledger"]
     assert led["available"] and all(r["plain_from"] == "measured" for r in led["rows"])
     assert all(r["verify_inflation"] > 0 and r["moe_inflation"] > 0 for r in led["rows"])

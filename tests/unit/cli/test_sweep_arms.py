@@ -33,7 +33,7 @@ def _point(arm, ctx, rep, tok_s, al, step, attn):
     else:
         ph = {"decode": attn + 6.0, "decode_attn": attn, "decode_moe": 4.0, "decode_rest": 2.0,
               "overhead": step - (attn + 6.0)}
-    return {"ctx": ctx, "repeat": rep, "decode_tok_s": tok_s, "prompt_tokens": ctx, "cached_tokens": 0,
+    return {"ctx": ctx, "repeat": rep, "decode_tok_s": tok_s, "server_wall_tok_s": tok_s, "prompt_tokens": ctx, "cached_tokens": 0,
             "accept_per_step": al if arm == "spec" else None,
             "breakdown": {"steps": 10, "accepted_per_step": al, "phases_ms": {**ph, "step": step},
                           "server_tok_s": 1e3 * al / step, "host_gap_ms": 0.1}}
@@ -54,6 +54,7 @@ def test_arms_report_from_saved_directories(tmp_path):
     rep = arms_report(tmp_path)
     t = {r["ctx"]: r for r in rep["table"]}
     assert t[1000]["speedup"] == pytest.approx(3.0 * 10.1 / 20.1)
+    assert t[1000]["server"]["speedup"] == t[1000]["client"]["speedup"] == t[1000]["speedup"]
     assert t[1000]["predicted_speedup"] == pytest.approx(t[1000]["speedup"])
     c = rep["crossover"]
     assert c["how"] == "measured" and 1000 < c["ctx"] < 4000
