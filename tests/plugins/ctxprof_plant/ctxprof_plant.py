@@ -10,6 +10,8 @@ changes, so one server serves every planted case):
   ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
 * ``host_sleep_ms``: a sleep in the scheduler loop before each ``get_next_batch_to_run``: a host
   bubble between steps;
+* ``host_spin_ms``: the same delay as a busy-wait (the core stays busy and its caches warm, so the
+  steps around it run as without it);
 * ``stall_steps`` / ``stall_ms``: the next ``stall_steps`` verify steps after the file changes each
   stall ``stall_ms`` in their first attention layer: a few slow steps, as a kernel compiling costs.
 
@@ -78,9 +80,15 @@ def register() -> None:
     orig = Scheduler.get_next_batch_to_run
 
     def get_next_batch_to_run(self, *args, **kwargs):
-        ms = float(cfg().get("host_sleep_ms", 0.0) or 0.0)
-        if ms > 0 and (self.running_batch is not None and not self.running_batch.is_empty()):
-            time.sleep(ms / 1000.0)
+        c = cfg()
+        ms = float(c.get("host_sleep_ms", 0.0) or 0.0)
+        spin = float(c.get("host_spin_ms", 0.0) or 0.0)
+        if (ms > 0 or spin > 0) and (self.running_batch is not None and not self.running_batch.is_empty()):
+            if ms > 0:
+                time.sleep(ms / 1000.0)
+            end = time.perf_counter() + spin / 1000.0
+            while time.perf_counter() < end:
+                pass
         return orig(self, *args, **kwargs)
 
     Scheduler.get_next_batch_to_run = get_next_batch_to_run
