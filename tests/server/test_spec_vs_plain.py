@@ -137,7 +137,10 @@ def test_planted_host_delay_is_overhead_and_leaves_verify_inflation(servers):
         assert grew == pytest.approx(20.0, rel=0.3), (ctx, grew)  # the planted delay is overhead
         # and net saved carries it: net = saved - spent, the delay inside spent's overhead
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
-        assert r["verify_inflation"] == pytest.approx(c["verify_inflation"], rel=0.35), ctx
+        # none of it is charged to verify attention; inflation (two arms, two sweeps of a shared CPU:
+        # each side moves by up to ~20% between runs) stays where it was
+        assert abs(r["verify_attn_ms"] - c["verify_attn_ms"]) < 0.5 * 20.0, ctx
+        assert r["verify_inflation"] == pytest.approx(c["verify_inflation"], rel=0.5), ctx
 
 
 def test_diagnose_plain_live_and_planted_slow_steps_are_set_apart(servers, capsys):
