@@ -11,7 +11,8 @@ The closing table gives per context the spec and plain tok/s (median over repeat
 the long request's decode steps on the server's wall clock (no prefill in it: the measured speedup),
 and the two-point figure on the client clock (prefill noise at long context makes it the noisier);
 the measured speedup (median of the per-repeat spec/plain ratios, ± half their range), the speedup the
-ledger predicts from the servers' mean step times and acceptance, and the crossover context where the measured speedup
+ledger predicts from the servers' mean step times and acceptance (per interleaved pair, median: the
+pair shares the machine's drift), and the crossover context where the measured speedup
 falls below 1 (interpolated, or extrapolated from the step-time slopes; labelled).  Then the ledger
 itself (``aggregate.ledger``).  ``OUT/arms.json`` holds all of it.
 """
@@ -157,6 +158,7 @@ def out_dir(args: Any, arm: str) -> Path:
 def arms_report(out: Path) -> dict[str, Any]:
     """The arms table and the ledger from ``OUT/spec`` and ``OUT/plain`` (offline)."""
     from ..aggregate.ledger import crossover, ledger
+    from ..aggregate.ledger import row as ledger_row
     from ..views.diagnosis import evidence_from_sweep, ledger_points
 
     runs = {arm: res.load_run(out / arm) for arm in ARMS}
@@ -178,12 +180,30 @@ def arms_report(out: Path) -> dict[str, Any]:
                          "speedup": statistics.median(ratios) if ratios else None,
                          "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None}
         row["speedup"] = row["server"]["speedup"] or row["client"]["speedup"]
+        # the ledger's prediction per interleaved pair (both arms' steps measured side by side), median
+        pairs = [ledger_row(_ledger_point(sp), [_ledger_point(pp)])
+                 for sp in runs["spec"][1] for pp in runs["plain"][1]
+                 if sp["ctx"] == ctx == pp["ctx"] and sp["repeat"] == pp["repeat"]
+                 and sp.get("breakdown") and pp.get("breakdown")]
+        pairs = [r["speedup"] for r in pairs if r is not None]
+        if pairs:
+            row["predicted_speedup"] = statistics.median(pairs)
         table.append(row)
     measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
                  "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
                 for t in table if t["speedup"] is not None]
     cross = crossover(measured, ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     return {"table": table, "crossover": cross, "ledger": led}
+
+
+def _ledger_point(pt: dict[str, Any]) -> dict[str, Any]:
+    """One two-point result in the shape of ``aggregate.ledger`` (a plain arm accepts one token per step)."""
+    b = pt["breakdown"]
+    ph = dict(b.get("phases_ms") or {})
+    if b.get("host_gap_ms") is not None:
+        ph["host_gap"] = b["host_gap_ms"]
+    return {"ctx": float(pt["ctx"]), "label": str(pt["ctx"]), "al": float(b.get("accepted_per_step") or 1.0),
+            "phases": ph}
 
 
 def render_arms(rep: dict[str, Any]) -> list[str]:
