@@ -9,7 +9,12 @@ and ``budget`` the step's draft budget in positions (``StepRecord.draft_depth``)
 * ``p[i-1]`` = P(position i accepted) = #(correct >= i) / #(budget >= i), i = 1..k: a step whose
   budget was below ``i`` (adaptive speculation) is unobserved at ``i``, never a rejection;
 * ``c[i-1]`` = p_i / p_{i-1} (p_0 = 1): the conditional rate;
-* ``mean_len`` = 1 + mean correct drafts (the bonus token included: SGLang's accept length).
+* ``mean_len`` = 1 + mean correct drafts (the bonus token included: SGLang's accept length);
+* ``observed[i-1]`` / ``accepted[i-1]``: the exact counts behind ``p[i-1]`` (what the Prometheus
+  counters ``..._position_observed_total`` / ``..._position_accepted_total`` add up to).
+
+:func:`record_counts` is the one reading of a record's acceptance: the aggregator and the live
+metrics both count from it, so every view gives the same ``p_i``.
 
 The execution fingerprint counts steps per mode ("graph" | "eager" | "piecewise" | "unknown"), the
 attention backends seen and the reasons SGLang gave for not running a graph.  A **downgrade** is an
@@ -19,9 +24,13 @@ without them.  Pure: counts merge across ranks by addition.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, MutableMapping
+from bisect import bisect_right
+from collections import Counter
+from itertools import repeat
+from typing import Any, Mapping, MutableMapping, Sequence
 
 from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_MODES, EXEC_PIECEWISE, EXEC_REASON_DISABLED, EXEC_UNKNOWN
+from ..model.records import StepRecord
 
 MAX_REASONS = 8  # distinct reasons kept per bucket (the rest are counted under "other")
 
@@ -36,6 +45,30 @@ def add(counts: MutableMapping[str, int], budget: int, correct: int, n: int = 1)
     budget = max(int(budget), correct)
     k = key(budget, correct)
     counts[k] = counts.get(k, 0) + n
+
+
+def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:
+    """The one reading of a decode record's acceptance, used by the aggregator and the live metrics:
+    ``{(own context bucket index, budget, correct drafts): request-steps}``.  ``correct`` is the
+    accepted length minus the record's ``non_draft_tokens`` (the bonus token; UNO's clean root too);
+    ``budget`` is the step's draft budget (``draft_depth``, else the chain behind the anchor), raised
+    to ``correct`` where it is below.  Requests whose accepted length is unknown (0) and records of
+    plain decode (algorithm ``NONE``) count nothing."""
+    if rec.algorithm == "NONE":
+        return {}
+    budget = rec.draft_depth or rec.draft_positions
+    nd = rec.non_draft_tokens
+    # One C-level pass groups the requests by (own context bucket, accepted); Python then runs once
+    # per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
+    pairs = Counter(zip(map(bisect_right, repeat(edges), rec.ctx_lens), rec.accepted))
+    out: dict[tuple[int, int, int], int] = {}
+    for (i1, a), n in pairs.items():
+        if a <= 0:  # unknown (never read from the device)
+            continue
+        correct = max(0, a - nd)
+        k = (max(0, i1 - 1), max(budget, correct), correct)
+        out[k] = out.get(k, 0) + n
+    return out
 
 
 def merge_counts(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
@@ -63,7 +96,7 @@ def view(counts: Mapping[str, int]) -> dict[str, Any] | None:
     hist = [0] * (k + 1)
     for _, n, v in pairs:
         hist[n] += v
-    p, c, observed = [], [], []
+    p, c, observed, accepted = [], [], [], []
     prev = 1.0
     for i in range(1, k + 1):
         obs = sum(v for b, _, v in pairs if b >= i)
@@ -72,9 +105,11 @@ def view(counts: Mapping[str, int]) -> dict[str, Any] | None:
         p.append(pi)
         c.append(pi / prev if prev > 0 else 0.0)
         observed.append(obs)
+        accepted.append(hit)
         prev = pi
     mean_len = 1.0 + sum(n * v for _, n, v in pairs) / total
-    return {"n_steps": total, "hist": hist, "p": p, "c": c, "mean_len": mean_len, "observed": observed}
+    return {"n_steps": total, "hist": hist, "p": p, "c": c, "mean_len": mean_len, "observed": observed,
+            "accepted": accepted}
 
 
 # ---- execution mode ----------------------------------------------------------------------------------

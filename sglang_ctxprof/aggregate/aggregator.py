@@ -26,9 +26,7 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections import Counter, deque
-from itertools import repeat
+from collections import deque
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
@@ -36,6 +34,7 @@ from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, REPORTED_PHASES, TIMING_
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
+from .outliers import SlowSteps
 from .requests import RequestLog
 from .waterfall import waterfall
 from .snapshot import BucketState, Snapshot, merge
@@ -45,7 +44,7 @@ class _Bucket:
     """Mutable accumulator behind one :class:`~.snapshot.BucketState`."""
 
     __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
-                 "phases", "cached_sum", "step_bs1", "exec")
+                 "phases", "cached_sum", "step_bs1", "exec", "slow")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -59,13 +58,15 @@ class _Bucket:
         self.cached_sum = 0
         self.step_bs1: DurationStats | None = None
         self.exec: dict[str, Any] = {}
+        self.slow: SlowSteps | None = None  # decode: the slowest steps (outliers)
 
     def frozen(self) -> BucketState:
         return BucketState(self.steps, self.req_steps, self.accepted, self.committed, self.draft_tokens,
                            self.ctx_sum, self.attn_ctx_sum, self.cached_sum,
                            {p: s.copy() for p, s in self.phases.items()},
                            self.step_bs1.copy() if self.step_bs1 is not None else None,
-                           acc.merge_exec(self.exec, {}))
+                           acc.merge_exec(self.exec, {}),
+                           self.slow.copy() if self.slow is not None else None)
 
 
 # Recent steps kept for the per-request waterfall (step_id, kind, t_start_ns, t_end_ns, step_ms).
@@ -94,6 +95,7 @@ class Aggregator:
         self.timeline: deque = deque(maxlen=TIMELINE_STEPS)
         self._last_end_ns = 0
         self.recent: "deque[StepRecord]" = deque(maxlen=MAX_TRACE_STEPS)
+        self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
@@ -111,6 +113,11 @@ class Aggregator:
         b = table.get(idx)
         if b is None:
             b = table[idx] = _Bucket()
+        if rec.kind == KIND_DECODE:
+            if b.slow is None:
+                b.slow = SlowSteps()
+            b.slow.add(rec.step_ms, self.decode_steps, b.steps, rec.phases_ms)
+            self.decode_steps += 1
         b.steps += 1
         b.req_steps += rec.batch_size
         b.ctx_sum += ctx_sum
@@ -162,21 +169,11 @@ class Aggregator:
             if b.step_bs1 is None:
                 b.step_bs1 = DurationStats()
             b.step_bs1.add(rec.step_ms)
-        if rec.algorithm == "NONE":
-            return
-        budget = rec.draft_depth or rec.draft_positions
-        nd = rec.non_draft_tokens  # the bonus token, and UNO's clean root as well
-        # One C-level pass groups the requests by (own context bucket, accepted); Python then runs
-        # once per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
-        pairs = Counter(zip(map(bisect_right, repeat(self.bucketing.edges), rec.ctx_lens), rec.accepted))
-        for (i1, a), n in pairs.items():
-            if a <= 0:  # unknown (never read from the device)
-                continue
-            i = max(0, i1 - 1)
+        for (i, budget, correct), n in acc.record_counts(rec, self.bucketing.edges).items():
             counts = self.acceptance.get(i)
             if counts is None:
                 counts = self.acceptance[i] = {}
-            acc.add(counts, budget, max(0, a - nd), n)
+            acc.add(counts, budget, correct, n)
 
     def waterfall(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """Where one request's wall time went (``waterfall``), from its summary with step rows."""

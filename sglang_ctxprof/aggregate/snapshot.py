@@ -21,6 +21,7 @@ from ..model.buckets import Bucketing
 from ..model.names import SCHEMA_VERSION, TIMING_RANK
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
+from .outliers import SlowSteps
 
 COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
           "cached_sum")
@@ -44,6 +45,7 @@ class BucketState:
     phases: Mapping[str, DurationStats] = field(default_factory=dict)
     step_bs1: Optional[DurationStats] = None
     exec: Mapping[str, Any] = field(default_factory=dict)
+    slow: Optional[SlowSteps] = None  # decode: the bucket's slowest steps (``outliers``)
 
     def merged(self, other: "BucketState") -> "BucketState":
         phases: dict[str, DurationStats] = {}
@@ -58,8 +60,13 @@ class BucketState:
             if src is not None:
                 bs1 = bs1 or DurationStats()
                 bs1.merge(src)
+        slow = None
+        for src in (self.slow, other.slow):
+            if src is not None:
+                slow = slow or SlowSteps()
+                slow.merge(src)
         return BucketState(*(getattr(self, k) + getattr(other, k) for k in COUNTS), phases=phases,
-                           step_bs1=bs1, exec=acc.merge_exec(self.exec, other.exec))
+                           step_bs1=bs1, exec=acc.merge_exec(self.exec, other.exec), slow=slow)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in COUNTS}
@@ -68,6 +75,8 @@ class BucketState:
             out["step_bs1"] = self.step_bs1.to_state()
         if self.exec:
             out["exec"] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.exec.items()}
+        if self.slow is not None:
+            out["slow"] = self.slow.to_state()
         return out
 
     @classmethod
@@ -76,7 +85,8 @@ class BucketState:
         return cls(*(int(d.get(k, 0)) for k in COUNTS),
                    phases={str(p): DurationStats.from_state(s) for p, s in (d.get("phases") or {}).items()},
                    step_bs1=DurationStats.from_state(bs1) if bs1 else None,
-                   exec=acc.merge_exec(d.get("exec") or {}, {}) if d.get("exec") else {})
+                   exec=acc.merge_exec(d.get("exec") or {}, {}) if d.get("exec") else {},
+                   slow=SlowSteps.from_state(d["slow"]) if d.get("slow") is not None else None)
 
 
 @dataclass(frozen=True, slots=True)

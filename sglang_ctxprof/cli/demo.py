@@ -30,6 +30,9 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--models", default=".cache/models", help="tiny-model cache directory")
     ap.add_argument("--out", default=".cache/demo-sweep", help="results, summary and plots (replaced)")
     ap.add_argument("--log", default=".cache/demo-server.log")
+    ap.add_argument("--arms", default="", metavar="spec,plain",
+                    help="also run plain decode on a second server, interleaved, and print the speedup per "
+                         "context, the crossover and the speculation ledger (two-point only: no sustained run)")
 
 
 def run(ns) -> int:
@@ -48,11 +51,37 @@ def run(ns) -> int:
           flush=True)
     if os.path.isfile(os.path.join(ns.out, "meta.json")):  # a previous demo sweep: start afresh
         shutil.rmtree(ns.out)
+    arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
     args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
-        ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=ns.sustained, window=64,
-        out=ns.out, launch_log=ns.log)
-    return run_args(args, after=_server_profile)
+        ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=0 if arms else ns.sustained, window=64,
+        out=ns.out, launch_log=ns.log, arms=arms, plots=not arms)
+    return run_args(args, after=_servers_ledger if arms else _server_profile)
+
+
+def _servers_ledger(args, clients) -> None:
+    """Both servers' own view: one 64-token request per context on each, then the diagnosis of the
+    speculative server's profile with the plain server's as its plain baseline (the ledger)."""
+    import random
+
+    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis_text import render_text
+    from ..views.profile import Profile
+
+    bodies = {}
+    for arm, client in clients.items():
+        if not client.profile_reset():
+            return
+        for ctx in args.ctx:
+            rng = random.Random(ctx)
+            client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
+        bodies[arm] = client.profile()
+    if not all(bodies.values()):
+        return
+    ev = {arm: evidence_from_profile(Profile.from_dict(b), source=f"{arm} server") for arm, b in bodies.items()}
+    print("\nThe servers' own view: GET /ctx_profile of both, diagnosed with the plain one as the baseline "
+          "(one 64-token request per context each):\n", flush=True)
+    print(render_text(diagnose(ev["spec"], plain=ev["plain"])), end="", flush=True)
 
 
 def _server_profile(args, client) -> None:

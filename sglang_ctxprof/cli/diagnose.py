@@ -1,4 +1,6 @@
-"""``sglang-ctxprof diagnose --url URL | PATH [--baseline PATH] [--ctx N]``: regression or inherent?
+"""``sglang-ctxprof diagnose --url URL | PATH [--baseline PATH] [--plain PLAIN] [--ctx N]``: regression or
+inherent, and is speculation paying?  ``--plain`` (a plain-decode server's saved profile or sweep, or
+its URL) adds the speculation ledger with measured costs.
 
 The source is a live server (its ``/ctx_profile``), a saved profile (a JSON file of that body, e.g.
 from ``--save`` or ``show --json``) or a saved sweep directory; the baseline is a saved profile or
@@ -18,6 +20,9 @@ def add_cli_args(ap) -> None:
                     help="saved profile JSON or sweep directory (offline); omit with --url")
     ap.add_argument("--url", default=None, help="SGLang server base URL (live /ctx_profile)")
     ap.add_argument("--baseline", default=None, metavar="PATH", help="saved profile JSON or sweep directory")
+    ap.add_argument("--plain", default=None, metavar="PLAIN",
+                    help="plain-decode baseline of the same model: a saved profile JSON or sweep directory of a "
+                         "server without speculation, or its URL (the speculation ledger: measured costs)")
     ap.add_argument("--ctx", type=int, default=None, metavar="N", help="what-if: predicted tok/s at N tokens")
     ap.add_argument("--save", default=None, metavar="FILE", help="also write the fetched profile (a baseline later)")
     ap.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
@@ -59,7 +64,15 @@ def run(ns) -> int:
     else:
         ev = load_evidence(ns.path, "source")
     base = load_evidence(ns.baseline, "baseline") if ns.baseline else None
-    d = diagnose(ev, base, ctx=ns.ctx)
+    plain = None
+    if ns.plain and ns.plain.startswith(("http://", "https://")):
+        from .client import ServerClient
+
+        plain = evidence_from_profile(Profile.from_dict(ServerClient(ns.plain, ns.api_key, timeout=60)
+                                                        .require_profile()), source=f"plain server {ns.plain}")
+    elif ns.plain:
+        plain = load_evidence(ns.plain, "plain baseline")
+    d = diagnose(ev, base, ctx=ns.ctx, plain=plain)
     if ns.json:
         print(json.dumps(d, indent=1, default=str))
     else:

@@ -2,7 +2,9 @@
 
 Reads ``DIR``'s ``point-*.json`` / ``sustained-*.json`` (no server needed), prints the same rich
 table as the sweep, rewrites ``summary.csv``/``summary.json`` and writes the plots
-(``decode_tok_s.png``, ``phase_ms.png``, ``accept.png``) into ``DIR`` or ``--plots-dir``.
+(``decode_tok_s.png``, ``phase_ms.png``, ``accept.png``) into ``DIR`` or ``--plots-dir``.  A
+``sweep --arms`` directory (``DIR/spec`` and ``DIR/plain``) gets the arms table, the crossover and the
+speculation ledger instead.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ def run(ns) -> int:
     import json
 
     from rich.console import Console
+
+    if (Path(ns.dir) / "spec").is_dir() and (Path(ns.dir) / "plain").is_dir():  # a sweep --arms directory
+        from .sweep_arms import arms_report, render_arms
+
+        rep = arms_report(Path(ns.dir))
+        print(json.dumps(rep, indent=1) if ns.json else "\n".join(render_arms(rep)))
+        return 0
 
     meta, points, sust = res.load_run(ns.dir)
     rows = res.summarize(points, sust)

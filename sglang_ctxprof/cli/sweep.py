@@ -54,6 +54,8 @@ class SweepArgs:
     launch_log: str | None = None
     draft_tokens: list[int] = field(default_factory=list)
     fixed_acceptance: float | None = None
+    arms: list[str] = field(default_factory=list)
+    plain_url: str | None = None
 
     @staticmethod
     def add_cli_args(ap: argparse.ArgumentParser) -> None:
@@ -89,6 +91,12 @@ class SweepArgs:
                         help="with --launch: SGLANG_SIMULATE_ACC_LEN=A (SGLang forces every verify step to "
                              "accept A tokens incl. the bonus, on average), so context cost is measured apart "
                              "from acceptance decay; the output tokens are then not the model's")
+        ap.add_argument("--arms", type=lambda v: [a.strip() for a in v.split(",") if a.strip()], default=[],
+                        metavar="spec,plain",
+                        help="run the same prompts with and without speculation, interleaved (with --launch: "
+                             "a second server without the --speculative-* flags; else --plain-url), and print "
+                             "the speedup per context, the crossover and the speculation ledger")
+        ap.add_argument("--plain-url", default=None, help="with --arms and without --launch: the plain server")
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "SweepArgs":
@@ -113,6 +121,8 @@ class SweepArgs:
             raise CliError("--draft-tokens needs --out and values >= 2 (draft tokens include the verified root)")
         if self.fixed_acceptance is not None and self.fixed_acceptance < 1:
             raise CliError("--fixed-acceptance is an acceptance length incl. the bonus token: >= 1")
+        if self.plain_url and not self.arms:
+            raise CliError("--plain-url needs --arms spec,plain")
         if self.server_args and not self.launch:
             raise CliError(f"unexpected arguments {' '.join(self.server_args)} (server arguments need --launch)")
 
@@ -127,6 +137,10 @@ def run(ns: argparse.Namespace) -> int:
 def run_args(args: SweepArgs, after=None) -> int:
     """Run a sweep; ``after(args, client)``, if given, runs while a launched server is still up."""
     args.validate()
+    if args.arms:
+        from .sweep_arms import run_arms
+
+        return run_arms(args, after=after)
     if not args.launch:
         return sweep(args, ServerClient(args.url, args.api_key, args.timeout))
     if args.draft_tokens:

@@ -4,7 +4,8 @@ Two-point: the server's ``/ctx_profile`` is reset, then two greedy ``ignore_eos`
 prompts of exactly ``ctx`` tokens (two *different* prompts, see ``prompts``) run one after the
 other, ``short`` and ``long`` new tokens; decode tok/s = (n_long - n_short) / (t_long - t_short)
 (prefill is paid by both and cancels).  Then the profile is read back and folded into the point's
-per-phase ms per step and accepted tokens per step.
+per-phase ms per step and accepted tokens per step; ``server_wall_tok_s`` is the long request's
+committed tokens over its decode steps' wall time on the server clock (no prefill in it).
 
 Sustained: one streamed generation of N tokens from a ``ctx``-token prompt; decode tok/s over
 windows of W tokens as the context grows, plus the server's breakdown over the same run.  With the
@@ -24,7 +25,7 @@ from ..model.names import LEAF_PHASES, Phase
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
-BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.STEP.value)
+BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.DECODE.value, Phase.STEP.value)
 NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
 
 
@@ -55,6 +56,9 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "server_tok_s": com / step_s if step_s > 0 else None,
         "server_accepted_tok_s": acc / step_s if step_s > 0 else None,
         "algorithms": list(prof.algorithms),
+        # the scheduler's typical host time between consecutive steps (the median: a few long gaps
+        # are the client's idle time between requests), part of a step's wall time
+        "host_gap_ms": ((prof.host or {}).get("between_steps") or {}).get("p50_ms"),
         "timing": prof.timing,
         "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
                      "accepted_per_step": b.accepted_per_step,
@@ -88,6 +92,17 @@ def _server_request(client, rid: str | None) -> dict[str, Any] | None:
                                   "prompt_tokens", "decode_tok_s")}
 
 
+def _wall_tok_s(client, rid: str | None) -> float | None:
+    """One request's decode speed on the server's wall clock: committed tokens over the time from its
+    first decode step's start to its last one's end (host time between steps included)."""
+    req = client.profile_request(rid) if rid else None
+    rows = sorted((req or {}).get("step_rows") or [], key=lambda r: r["t_start_ns"])
+    if len(rows) < 2:
+        return None
+    span = (rows[-1]["t_start_ns"] - rows[0]["t_start_ns"]) / 1e9 + rows[-1]["step_ms"] / 1e3
+    return sum(r["committed"] for r in rows) / span if span > 0 else None
+
+
 def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
               has_profile: bool) -> dict[str, Any]:
     """Measure one (ctx, repeat) point; raises ClientError if the server fails."""
@@ -115,6 +130,7 @@ def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
         out["server_requests"] = {"short": ra, "long": rb}
         if ra and rb and rb["decode_ms"] > ra["decode_ms"]:
             out["server_pair_tok_s"] = (rb["committed"] - ra["committed"]) / ((rb["decode_ms"] - ra["decode_ms"]) / 1e3)
+        out["server_wall_tok_s"] = _wall_tok_s(client, b["rid"])
     else:
         out["note"] = out["note"] or NO_PROFILE_NOTE
     return out

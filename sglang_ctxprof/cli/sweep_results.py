@@ -20,7 +20,8 @@ from ..model.names import LEAF_PHASES
 from .main import CliError, read_json_object
 
 SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
-         "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step"}
+         "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step",
+         "decode_attn": "dec.attn", "decode_moe": "dec.moe", "decode_rest": "dec.rest"}
 TABLE_PHASES = LEAF_PHASES + ("step",)
 
 
@@ -78,10 +79,13 @@ def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[s
         pts = by_ctx.get(ctx, [])
         bds = [p["breakdown"] for p in pts if p.get("breakdown")]
         phases = {}
-        for ph in TABLE_PHASES + ("verify",):
+        for ph in TABLE_PHASES + ("verify", "decode"):
             st = _stat(b["phases_ms"].get(ph) for b in bds)
             if st:
                 phases[ph] = st
+        gap = _stat(b.get("host_gap_ms") for b in bds)
+        if gap:
+            phases["host_gap"] = gap
         s = sus.get(ctx)
         rows.append({
             "ctx": ctx,

@@ -34,6 +34,7 @@ SESSION: Optional[Any] = None  # the CtxProfSession of this process (set only by
 
 _VERIFY = Phase.VERIFY.value
 _DRAFT = Phase.DRAFT.value
+_DECODE = Phase.DECODE.value
 
 # What a timed region writes into the step: the step span, a phase, or a region inside verify.
 SPAN, PHASE, SUB = 0, 1, 2
@@ -231,9 +232,14 @@ def draft_extend(original, *args, **kwargs):
 
 def verify(original, *args, **kwargs):
     """The target's verify forward.  One made inside another phase belongs to that phase (UNO's
-    draft is the target with a LoRA, through the same ``is_verify=True`` call)."""
+    draft is the target with a LoRA, through the same ``is_verify=True`` call).  Without speculative
+    decoding the same seam is the target's one decode forward: phase ``decode``."""
     if not adapter.is_verify_call(args, kwargs):
-        return original(*args, **kwargs)
+        p = profiler()
+        b = p.current() if p is not None else None
+        if b is None or p.spec or b.open or b.kind != KIND_DECODE:
+            return original(*args, **kwargs)
+        return _around(p, b, PHASE, _DECODE, original, args, kwargs)
     p = profiler()
     b = p.current() if p is not None else None
     if b is None or b.open:
@@ -278,7 +284,8 @@ def block_forward(original, self, *args, **kwargs):
 
 
 def _sub(name: str, original, args, kwargs):
-    """Attention / MoE regions inside verify; only the outermost region of a call counts.
+    """Attention / MoE regions inside verify (or a plain decode step's ``decode``, where
+    ``step.resolve`` files them as ``decode_attn`` / ``decode_moe``); the outermost region counts.
 
     While a timed graph copy is captured the region gets an external event pair instead (graph_clock).
     Runs for every attention and MoE block of every layer, so the handle is read inline."""
@@ -292,7 +299,8 @@ def _sub(name: str, original, args, kwargs):
     if g is not None and g.capturing():
         return g.region(name, original, args, kwargs)
     b = p.current()
-    if b is None or b.sub_depth or not b.in_phase(_VERIFY) or (g is not None and g.foreign_capture()):
+    if (b is None or b.sub_depth or not (b.in_phase(_VERIFY) or b.in_phase(_DECODE))
+            or (g is not None and g.foreign_capture())):
         return original(*args, **kwargs)
     return _around(p, b, SUB, name, original, args, kwargs)
 

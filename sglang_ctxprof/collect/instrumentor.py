@@ -119,9 +119,16 @@ class CtxProfInstrumentor:
 
     def wrap_instance(self, obj: Any, attr: str, hook: Hook, group: str = "timing") -> bool:
         current = getattr(obj, attr, None)
-        if current is None or is_wrapper(current):
-            return False
         own = obj.__dict__.get(attr) if hasattr(obj, "__dict__") else None
+        # Only the object's own attribute counts as already wrapped: its class's method may carry a
+        # class-level hook (plain decode's worker: TpModelWorker.forward_batch_generation is hooked as
+        # the target forward, and the step span wraps the same method on the instance).
+        if own is not None:
+            wrapped = is_wrapper(own)
+        else:  # a bound method of a class-level hook is not this object's wrapper
+            wrapped = is_wrapper(current) and not hasattr(current, "__self__")
+        if current is None or wrapped:
+            return False
         setattr(obj, attr, _make_wrapper(current, hook))
         self._patched.append((obj, attr, own, getattr(obj, attr), group))
         return True

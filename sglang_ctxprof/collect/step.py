@@ -9,6 +9,10 @@ Phase arithmetic (all in ms):
 * ``draft``, ``verify``, ``draft_extend``: sums of their intervals;
 * ``verify_attn`` / ``verify_moe``: attention / MoE intervals recorded while inside ``verify``;
 * ``verify_rest = verify - verify_attn - verify_moe``;
+* plain (non-speculative) decode: the target's forward is ``decode``, and the attention / MoE marks
+  inside it become ``decode_attn`` / ``decode_moe`` (``decode_rest`` the remainder).  Under a CUDA
+  graph (``graph_ran``) those blocks run inside the replay and leave no marks: the split is then left
+  out, never reported as zero;
 * under CUDA graphs the split comes from :mod:`graph_clock` (``b.split``) on sampled steps and
   is left out (not zero) on the others;
 * the remainder ``step - (draft + verify + draft_extend)`` is ``overhead`` for algorithms whose
@@ -19,10 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..model.names import TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
+from ..model.names import FORWARD_SPLIT, TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
 
 _D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
 _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
+_DEC = Phase.DECODE.value
 
 
 class StepBuilder:
@@ -68,10 +73,15 @@ def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[flo
         sums[phase] = sums.get(phase, 0.0) + ms
     phases: dict[str, float] = {}
     named = 0.0
-    for p in (_D, _V, _DE):
+    for p in (_D, _V, _DE, _DEC):
         if p in sums:
             phases[p] = sums[p]
             named += sums[p]
+    if _DEC in phases and not b.graph_ran:  # plain decode: its blocks are marked as attn/MoE regions
+        da, dm, dr = FORWARD_SPLIT[_DEC]
+        phases[da] = sums.get(_VA, 0.0)
+        phases[dm] = sums.get(_VM, 0.0)
+        phases[dr] = max(0.0, phases[_DEC] - phases[da] - phases[dm])
     if _V in phases and b.split is not None and not isinstance(b.split, dict):
         pass  # split unavailable (verify ran in a CUDA graph on an unsampled step): never guess
     elif _V in phases:

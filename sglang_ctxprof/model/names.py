@@ -16,10 +16,12 @@ SCHEMA_VERSION = 1
 
 
 class Phase(str, enum.Enum):
-    """Time buckets of one speculative decode step.
+    """Time buckets of one decode step.
 
-    Leaf phases add up to the step span: draft + verify_attn + verify_moe + verify_rest +
-    draft_extend + overhead + unattributed == step.  ``verify`` is the sum of its three children.
+    Speculative decode: draft + verify_attn + verify_moe + verify_rest + draft_extend + overhead +
+    unattributed == step, and ``verify`` is the sum of its three children.  Plain (non-speculative)
+    decode: decode_attn + decode_moe + decode_rest + overhead == step, where ``decode`` (the target's
+    one forward) is the sum of its three children.  Either way the leaf phases add up to the step.
     """
 
     DRAFT = "draft"
@@ -32,6 +34,10 @@ class Phase(str, enum.Enum):
     UNATTRIBUTED = "unattributed"
     STEP = "step"
     PREFILL = "prefill"
+    DECODE = "decode"
+    DECODE_ATTN = "decode_attn"
+    DECODE_MOE = "decode_moe"
+    DECODE_REST = "decode_rest"
 
 
 # Phases whose sum is the step span (order is the display order).
@@ -43,9 +49,19 @@ LEAF_PHASES: tuple[str, ...] = (
     Phase.DRAFT_EXTEND.value,
     Phase.OVERHEAD.value,
     Phase.UNATTRIBUTED.value,
+    Phase.DECODE_ATTN.value,
+    Phase.DECODE_MOE.value,
+    Phase.DECODE_REST.value,
 )
 # Every phase that gets statistics in a decode bucket (display order).
-REPORTED_PHASES: tuple[str, ...] = (Phase.STEP.value, Phase.DRAFT.value, Phase.VERIFY.value) + LEAF_PHASES[1:]
+REPORTED_PHASES: tuple[str, ...] = ((Phase.STEP.value, Phase.DRAFT.value, Phase.VERIFY.value) + LEAF_PHASES[1:7]
+                                    + (Phase.DECODE.value,) + LEAF_PHASES[7:])
+# The target forward of a step and its attention / MoE / rest split: a speculative step's verify,
+# a plain decode step's decode (what the speculation ledger holds side by side).
+FORWARD_SPLIT: dict[str, tuple[str, str, str]] = {
+    Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
+    Phase.DECODE.value: (Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value, Phase.DECODE_REST.value),
+}
 # Phases a custom worker may declare through ``sglang_ctxprof.phase(name)``.
 DECLARABLE_PHASES: frozenset[str] = frozenset(
     {Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value}
@@ -77,8 +93,9 @@ FIT_ROBUST_METHOD = "theil-sen"
 # Algorithms whose worker seams we know: they get full phase records, and time outside the named
 # phases is "overhead".  Any other algorithm reports it as "unattributed".
 FULL_PHASE_ALGORITHMS: frozenset[str] = frozenset(
-    {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN", "DFLASH", "DSPARK", "UNO"}
+    {"EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "NEXTN", "DFLASH", "DSPARK", "UNO", "NONE"}
 )
+ALGORITHM_NONE = "NONE"  # plain (non-speculative) decode
 # Block drafters: the draft proposes a whole block of positions at once (block diffusion, or the
 # target with a LoRA for UNO).  Their records carry the block size and the number of draft model
 # forward passes (denoising / selection steps) of the step.
@@ -214,6 +231,7 @@ METRIC_STEPS = "sglang_ctxprof_steps"
 METRIC_REQUEST_STEPS = "sglang_ctxprof_request_steps"  # request-steps (steps x batch size)
 METRIC_DRAFT_TOKENS = "sglang_ctxprof_draft_tokens"  # draft budget x batch size
 METRIC_POSITION_ACCEPTED = "sglang_ctxprof_position_accepted"  # request-steps whose draft position i was accepted
+METRIC_POSITION_OBSERVED = "sglang_ctxprof_position_observed"  # request-steps whose draft budget reached position i
 METRIC_DROPPED = "sglang_ctxprof_dropped_records"  # records the hot path's queue dropped
 METRIC_DEGRADED = "sglang_ctxprof_degraded"  # 1 while a component is disabled after a failure
 LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model

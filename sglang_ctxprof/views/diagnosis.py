@@ -15,7 +15,12 @@ acceptance by position, host time and the loss counters.  :func:`diagnose` turns
 * ``baseline``: every phase, acceptance and tok/s against a baseline through the noise model of
   ``compare`` (``model.noise``); any phase worse beyond noise is "regression in <phase>";
 * ``flags``: execution-mode downgrades, acceptance falling with context, host bubbles above
-  :data:`BUBBLE_SHARE`, dropped or evicted records;
+  :data:`BUBBLE_SHARE`, steps set apart as outliers (``aggregate.outliers``: how many, where, how
+  much, "warm-up?"), dropped or evicted records;
+
+Every per-bucket number of a profile is its **robust** mean: the mean over the bucket's steps
+without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A few
+warm-up steps therefore cannot flip the headline.
 * ``whatif``: predicted tok/s at a context from the fits and the nearest bucket's acceptance (with
   the range the data supports), the speedup if verify attention ran at the roofline, and the
   draft-budget advice per bucket (measured vs assumed stated).
@@ -33,11 +38,15 @@ from ..model.names import LEAF_PHASES, Phase
 from ..model.noise import compare, fit
 from ..model.stats import theil_sen
 from ..aggregate.acceptance import describe_exec
+from ..aggregate.ledger import ledger
+from ..aggregate.outliers import describe as describe_outliers
 
 BUBBLE_SHARE = 0.10  # host time between/inside steps above this share of the wall time is flagged
 ROOFLINE_FACTOR = 3.0  # measured attention slope within this factor of the roofline: "inherent"
 ACCEPT_TOL = 0.05  # relative acceptance change below this reads "unchanged"
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
+_DEC = Phase.DECODE.value
+HOST_GAP = "host_gap"  # a point's typical host time between steps (ms), beside its phases
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Evidence:
     dropped: int = 0
     evicted: int = 0
     draft_budget: Optional[int] = None
+    # Buckets with steps set apart as outliers: (label, ``aggregate.outliers.robust`` dict).
+    outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
 def _leaves(phases: Mapping[str, float]) -> dict[str, float]:
@@ -82,20 +93,25 @@ def _leaves(phases: Mapping[str, float]) -> dict[str, float]:
 def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
     pts = []
     for b in profile.buckets:
-        step = b.mean_ms(_STEP)
+        step = b.robust_ms(_STEP)
         if not b.steps or not step:
             continue
-        ph = {p: v.mean_ms for p, v in b.phases.items()}
+        ph = {p: b.robust_ms(p) or 0.0 for p in b.phases}
         noise = {p: 2 * max(0.0, v.p90_ms - v.p50_ms) / math.sqrt(max(1, v.count)) for p, v in b.phases.items()}
         pts.append(Point(b.label, b.mean_ctx, b.ctx_sum / b.steps, b.steps, b.accepted_per_step, step, ph,
                          noise, b.mean_batch_size))
+    gap = ((profile.host or {}).get("between_steps") or {})
+    if gap.get("count"):  # the typical host time between steps (median: idle gaps between requests)
+        pts = [Point(p.label, p.ctx, p.ctx_sum, p.steps, p.al, p.step_ms, {**p.phases, HOST_GAP: gap["p50_ms"]},
+                     p.noise, p.batch) for p in pts]
     fits = {p: f.best() for p, f in profile.fits.items()}
     budgets = [b.draft_tokens_per_step for b in profile.buckets if b.draft_tokens]
     return Evidence(source, tuple(pts), fits, profile.timing, profile.hw,
                     tuple((b.label, b.exec_mode) for b in profile.buckets if b.exec_mode),
                     tuple((a["label"], a["acceptance_by_position"]) for a in profile.acceptance_by_ctx),
                     dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
-                    round(max(budgets)) - 1 if budgets else None)
+                    round(max(budgets)) - 1 if budgets else None,
+                    tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")))
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:
@@ -104,6 +120,8 @@ def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], 
     for r in rows:
         ph = {p: st["median"] for p, st in (r.get("phases_ms") or {}).items()}
         al = (r.get("server_accept_per_step") or r.get("accept_per_step") or {}).get("median")
+        if ph.get(_STEP) and not al and _DEC in ph:
+            al = 1.0  # a plain-decode arm: one token per step
         if not ph.get(_STEP) or not al:
             continue
         noise = {p: st.get("spread", 0.0) for p, st in r["phases_ms"].items()}
@@ -233,6 +251,8 @@ def _flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
                       f"host time outside the model calls is {100 * share:.0f}% of the scheduler's wall time "
                       f"({gaps:.0f} ms between steps, {inside:.0f} ms inside run_batch; threshold "
                       f"{100 * BUBBLE_SHARE:.0f}%)"})
+    for label, r in ev.outliers:
+        flags.append({"kind": "outlier_steps", "message": describe_outliers(label, r)})
     if ev.dropped or ev.evicted:
         flags.append({"kind": "lost_records", "message": f"{ev.dropped} step records dropped, "
                                                          f"{ev.evicted} requests evicted from the history"})
@@ -248,7 +268,8 @@ def _predict_step(ev: Evidence, ctx: float) -> Optional[float]:
     return sum(max(0.0, ev.fits[p][1] + ev.fits[p][0] * ctx / 1e3) for p in leaves)
 
 
-def _whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any]) -> dict[str, Any]:
+def _whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any],
+            led: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     pts = sorted(ev.points, key=lambda p: p.ctx)
     if not pts:
         return {"available": False, "reason": "no decode steps yet"}
@@ -268,14 +289,17 @@ def _whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any]) -> dict[s
         if attn:
             roof = phys["roofline_ms_per_1k"] * b.ctx_sum / 1e3
             out["attention_at_roofline"] = {"bucket": b.label, "speedup": b.step_ms / (b.step_ms - attn + roof)}
-    out["draft_budget"] = _budget_advice(ev)
+    out["draft_budget"] = _budget_advice(ev, led)
     return out
 
 
-def _budget_advice(ev: Evidence) -> list[dict[str, Any]]:
+def _budget_advice(ev: Evidence, led: Optional[Mapping[str, Any]] = None) -> list[dict[str, Any]]:
     """F6: position i+1 pays while p_{i+1} / AL_i > (marginal cost of one position) / T_step.
-    Measured: p_i per own-context bucket, the step time.  Assumed (one budget measured): a draft
-    position costs the draft phase / k plus verify / (k + 1) of the step."""
+    Measured: p_i per own-context bucket, the step time.  With a plain baseline (the ledger) the
+    step with no drafts is the plain step at this context and a position costs (T_step - T_plain) / k,
+    both measured.  Without one (assumed): a draft position costs the draft phase / k plus
+    verify / (k + 1) of the step."""
+    rows = (led or {}).get("rows") or [] if (led or {}).get("available") else []
     by_label = {p.label: p for p in ev.points}
     out = []
     for label, v in ev.acceptance:
@@ -283,8 +307,13 @@ def _budget_advice(ev: Evidence) -> list[dict[str, Any]]:
         if pt is None or not v or not v.get("p"):
             continue
         k = len(v["p"])
-        per_pos = pt.phases.get(Phase.DRAFT.value, 0.0) / k + pt.phases.get(_V, 0.0) / (k + 1)
-        base = pt.step_ms - k * per_pos  # a step with no drafts (assumed)
+        lr = min(rows, key=lambda r: abs(r["ctx"] - pt.ctx)) if rows else None
+        if lr is not None:  # measured: the plain step at this context, and the step's excess over it
+            base = lr["plain_step_ms"]
+            per_pos = max(0.0, pt.step_ms - base) / k
+        else:
+            per_pos = pt.phases.get(Phase.DRAFT.value, 0.0) / k + pt.phases.get(_V, 0.0) / (k + 1)
+            base = pt.step_ms - k * per_pos  # a step with no drafts (assumed)
         best_k, best = 0, 1e3 / base if base > 0 else 0.0
         al = 1.0
         rates = {0: best}
@@ -298,10 +327,16 @@ def _budget_advice(ev: Evidence) -> list[dict[str, Any]]:
                 f"vs {rates[k]:.1f} at {k})")
         if best_k == 0:
             line = f"{label}: turn speculation off above context {_lo_of(label)}: no budget beats plain decode"
+        if lr is not None:
+            out.append({"bucket": label, "best_budget": best_k, "rates": rates, "advice": line,
+                        "measured": "p_i per position, step times, and the plain step at this context "
+                                    f"({lr['plain_from']})", "assumed":
+                        "draft positions cost the same each ((T_step - T_plain) / k)"})
+            continue
         out.append({"bucket": label, "best_budget": best_k, "rates": rates, "advice": line,
                     "measured": "p_i per position, step and phase times", "assumed":
                     "each draft position costs draft/k + verify/(k+1) of this bucket's step (one budget "
-                    "measured; sweep --draft-tokens measures it)"})
+                    "measured; sweep --draft-tokens measures it, diagnose --plain measures the step without drafts)"})
     return out
 
 
@@ -309,17 +344,32 @@ def _lo_of(label: str) -> int:
     return int(label.split("-")[0].rstrip("+"))
 
 
+def ledger_points(ev: Evidence) -> list[dict[str, Any]]:
+    """The evidence's points in the shape of ``aggregate.ledger``."""
+    return [{"ctx": p.ctx, "label": p.label, "al": p.al, "phases": {**p.phases, _STEP: p.step_ms}}
+            for p in ev.points]
+
+
 def diagnose(ev: Evidence, baseline: Optional[Evidence] = None, ctx: Optional[int] = None,
-             k: float = 2.0, rel: float = 0.05, abs_ms: float = 0.05) -> dict[str, Any]:
+             k: float = 2.0, rel: float = 0.05, abs_ms: float = 0.05,
+             plain: Optional[Evidence] = None) -> dict[str, Any]:
+    """``plain``: a plain-decode profile or sweep of the same model (the speculation ledger)."""
     dec = _decomposition(ev)
     phys = _physics(ev)
     base = _baseline(ev, baseline, k, rel, abs_ms)
     flags = _flags(ev, dec)
-    out = {"source": ev.source, "headline": _headline(ev, dec, phys, base, flags), "flags": flags,
+    led = ledger(ledger_points(ev), ledger_points(plain) if plain is not None else [])
+    if plain is not None:
+        led["plain_source"] = plain.source
+    head = _headline(ev, dec, phys, base, flags)
+    if led.get("available"):
+        head += "; " + led["verdict"]
+    out = {"source": ev.source, "headline": head, "flags": flags, "ledger": led,
            "decomposition": dec, "phases": _phases(ev), "physics": phys, "baseline": base,
            "exec_mode": {lbl: x for lbl, x in ev.exec_modes},
            "acceptance_by_ctx": {lbl: v for lbl, v in ev.acceptance},
-           "host": dict(ev.host), "whatif": _whatif(ev, ctx, phys),
+           "host": dict(ev.host), "whatif": _whatif(ev, ctx, phys, led),
+           "outliers": {lbl: r for lbl, r in ev.outliers},
            "fit_method": sorted({f[4] for f in ev.fits.values()})}
     return out
 
@@ -358,5 +408,10 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
                  f"no downgrade ({', '.join(modes)})" if modes else "execution mode unknown")
     if phys.get("available"):
         parts.append(phys["verdict"])
+    if ev.outliers:
+        n = sum(len(r["outliers"]) for _, r in ev.outliers)
+        warm = all(o["warmup"] for _, r in ev.outliers for o in r["outliers"])
+        parts.append(f"{n} slow step{'s' if n != 1 else ''} set apart from the means above "
+                     f"(in {', '.join(lbl for lbl, _ in ev.outliers)}{'; warm-up?' if warm else ''})")
     parts.append(base["verdict"] if base.get("given") else "no baseline given")
     return "; ".join(parts)

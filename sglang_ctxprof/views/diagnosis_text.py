@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .ledger_text import render_ledger
+
 
 def _f(v: Any, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
@@ -44,6 +46,8 @@ def render_text(d: Mapping[str, Any]) -> str:
                    f"{phys['roofline_ms_per_1k']:.4f} ms/1k ({phys['ratio']:.1f}x)")
     base = d.get("baseline") or {}
     out += ["", "baseline: " + base.get("verdict", "no baseline given")]
+    if d.get("ledger"):
+        out += [""] + render_ledger(d["ledger"])
     wi = d.get("whatif") or {}
     if wi.get("supported_range"):
         lo, hi = wi["supported_range"]

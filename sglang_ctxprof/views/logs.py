@@ -64,6 +64,7 @@ class _Window:
         self.step_ms_max = 0.0
         self.committed = 0
         self.accepted = 0
+        self.req_steps = 0
         self.requests = 0
         self.slow_requests = 0
         self.slow_steps = 0
@@ -98,6 +99,7 @@ class LogView:
             w.step_ms_max = max(w.step_ms_max, rec.step_ms)
             w.committed += sum(rec.committed)
             w.accepted += sum(rec.accepted)
+            w.req_steps += rec.batch_size
             w.slow_steps += int(slow)
             if not slow or not self._take():
                 if slow:
@@ -151,7 +153,7 @@ class LogView:
                 "slow_requests": w.slow_requests, "slow_steps": w.slow_steps,
                 "step_ms_mean": round(w.step_ms / w.steps, 3) if w.steps else 0.0,
                 "step_ms_max": round(w.step_ms_max, 3),
-                "accepted_per_step": round(w.accepted / w.steps, 4) if w.steps else 0.0,
+                "accepted_per_step": round(w.accepted / w.req_steps, 4) if w.req_steps else 0.0,
                 "committed_tok_s": round(w.committed / span, 3)}
 
     def emit_summary(self) -> dict[str, Any]:

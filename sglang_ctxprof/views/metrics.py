@@ -11,8 +11,12 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_request_steps_total`` counter, label ``ctx_bucket``: request-steps (steps x batch
   size), the denominator of "accepted tokens per step" as ``/ctx_profile`` reports it;
 * ``sglang_ctxprof_draft_tokens_total`` counter, label ``ctx_bucket``: draft budget x batch size;
-* ``sglang_ctxprof_position_accepted_total`` counter, labels ``ctx_bucket`` and ``position``: request-
-  steps whose draft position ``i`` (1..32) was accepted, so ``p_i`` = its rate / request-steps' rate;
+* ``sglang_ctxprof_position_accepted_total`` and ``sglang_ctxprof_position_observed_total`` counters,
+  labels ``ctx_bucket`` and ``position``: request-steps whose draft position ``i`` (1..32) was accepted,
+  and those whose draft budget reached ``i``, so ``p_i`` = accepted rate / observed rate, exactly the
+  ``acceptance_by_position`` of ``/ctx_profile`` (both count from ``acceptance.record_counts``; here,
+  as there, ``ctx_bucket`` is each *request's own* context, and a position beyond a step's adaptive
+  budget is unobserved, not rejected);
 * ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
   (read from the recorder when the next record drains);
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
@@ -35,8 +39,9 @@ from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
 from ..model.names import (KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
-                           METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase)
+                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase)
 from ..model.records import StepRecord
+from ..aggregate.acceptance import record_counts
 
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
 PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -69,6 +74,9 @@ class MetricsView:
                                     [m, "ctx_bucket"], registry=reg)
         self.position = Counter(METRIC_POSITION_ACCEPTED, "Request-steps whose draft position was accepted.",
                                 [m, "ctx_bucket", "position"], registry=reg)
+        self.observed_pos = Counter(METRIC_POSITION_OBSERVED,
+                                    "Request-steps whose draft budget reached the draft position.",
+                                    [m, "ctx_bucket", "position"], registry=reg)
         self.dropped = Counter(METRIC_DROPPED, "Step records dropped by the bounded hot-path queue.", [m],
                                registry=reg)
         self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
@@ -104,16 +112,20 @@ class MetricsView:
         self.steps.labels(model, label).inc()
         self.req_steps.labels(model, label).inc(rec.batch_size)
         self.draft_tokens.labels(model, label).inc(rec.draft_tokens * rec.batch_size)
-        # accepted includes the bonus token: a request that accepted a tokens accepted drafts 1..a-1
-        counts = [0] * (MAX_POSITION_LABEL + 1)
-        for a in rec.accepted:
-            for i in range(1, min(a - 1, MAX_POSITION_LABEL) + 1):
-                counts[i] += 1
-        for i in range(1, MAX_POSITION_LABEL + 1):
-            if counts[i]:
-                self.position.labels(model, label, str(i)).inc(counts[i])
-            elif i <= rec.draft_tokens - 1:
-                self.position.labels(model, label, str(i)).inc(0)  # a position tried and never accepted
+        # per own-context bucket: [accepted, observed] request-steps per position (index 0 unused)
+        labels: dict[int, list[list[int]]] = {}
+        for (i, budget, correct), n in record_counts(rec, self.bucketing.edges).items():
+            hit, seen = labels.setdefault(i, [[0] * (MAX_POSITION_LABEL + 1), [0] * (MAX_POSITION_LABEL + 1)])
+            for pos in range(1, min(budget, MAX_POSITION_LABEL) + 1):
+                seen[pos] += n
+                if pos <= correct:
+                    hit[pos] += n
+        for i, (hit, seen) in labels.items():
+            own = self.bucketing.label(i)
+            for pos in range(1, MAX_POSITION_LABEL + 1):
+                if seen[pos]:
+                    self.position.labels(model, own, str(pos)).inc(hit[pos])  # 0 is an answer: tried, never
+                    self.observed_pos.labels(model, own, str(pos)).inc(seen[pos])
         self.observed += 1
 
 

@@ -26,6 +26,7 @@ from ..model.roofline import bucket_roofline
 from ..model.names import FIT_ROBUST_METHOD
 from ..model.stats import theil_sen
 from ..aggregate import acceptance as acc
+from ..aggregate.outliers import robust as robust_bucket
 
 
 def _div(a: float, b: float) -> float:
@@ -66,6 +67,8 @@ class BucketView:
     acceptance_by_position: Optional[Mapping[str, Any]] = None  # keyed by each request's own ctx
     exec_mode: Optional[Mapping[str, Any]] = None
     step_bs1_ms: Optional[float] = None  # mean step at batch size 1 (the batch-sharing baseline)
+    # Robust means (outlier steps set apart) and the outliers themselves (``aggregate.outliers``).
+    robust: Optional[Mapping[str, Any]] = None
 
     @property
     def mean_batch_size(self) -> float:
@@ -91,6 +94,16 @@ class BucketView:
     def mean_ms(self, phase: str) -> Optional[float]:
         p = self.phases.get(phase)
         return p.mean_ms if p is not None else None
+
+    def robust_ms(self, phase: str) -> Optional[float]:
+        """The phase's mean over the bucket's steps without its outliers (the mean without them)."""
+        r = self.robust
+        if r:
+            if phase == Phase.STEP.value:
+                return float(r["step_ms"])
+            if phase in (r.get("phases") or {}):
+                return float(r["phases"][phase])
+        return self.mean_ms(phase)
 
     @property
     def decode_tok_s(self) -> float:
@@ -119,7 +132,8 @@ class BucketView:
             "req_steps": self.req_steps, "accepted": self.accepted, "committed": self.committed,
             "draft_tokens": self.draft_tokens, "ctx_sum": self.ctx_sum,
         } | {k: v for k, v in (("acceptance_by_position", self.acceptance_by_position),
-                                ("exec_mode", self.exec_mode), ("step_bs1_ms", self.step_bs1_ms))
+                                ("exec_mode", self.exec_mode), ("step_bs1_ms", self.step_bs1_ms),
+                                ("robust", self.robust))
              if v is not None}
 
     @classmethod
@@ -135,7 +149,7 @@ class BucketView:
                    exact("draft_tokens", "draft_tokens_per_step"), exact("ctx_sum", "mean_ctx"),
                    {str(p): PhaseView.from_dict(v) for p, v in (d.get("phases") or {}).items()},
                    dict(d.get("roofline") or {}), d.get("acceptance_by_position"), d.get("exec_mode"),
-                   None if d.get("step_bs1_ms") is None else float(d["step_bs1_ms"]))
+                   None if d.get("step_bs1_ms") is None else float(d["step_bs1_ms"]), d.get("robust"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +314,8 @@ def build_profile(snap: Snapshot) -> Profile:
             phases, bucket_roofline(snap.hw, _div(b.attn_ctx_sum, attn.count) if attn else 0.0,
                                     attn.mean_ms if attn else None),
             acc.view(snap.acceptance.get(i, {})), acc.exec_view(b.exec) if b.exec else None,
-            b.step_bs1.mean if b.step_bs1 is not None and b.step_bs1.count else None))
+            b.step_bs1.mean if b.step_bs1 is not None and b.step_bs1.count else None,
+            robust_bucket(b.phases.get(Phase.STEP.value), b.phases, b.slow)))
     prefill = []
     for i in sorted(snap.prefill):
         b = snap.prefill[i]

@@ -7,7 +7,11 @@ It uses the same family names and labels as the live metrics of ``views/metrics.
   the 0.5/0.9/0.99 quantiles that ``/ctx_profile`` keeps) instead of the live histogram's ``le``
   buckets: the aggregate keeps log-scale quantile bins, not Prometheus bucket counts.  ``_count`` and
   ``_sum`` mean the same in both;
-* ``sglang_ctxprof_accepted_tokens_total{ctx_bucket}`` and ``sglang_ctxprof_steps_total{ctx_bucket}``.
+* ``sglang_ctxprof_accepted_tokens_total{ctx_bucket}``, ``sglang_ctxprof_steps_total{ctx_bucket}`` and
+  ``sglang_ctxprof_request_steps_total{ctx_bucket}``;
+* ``sglang_ctxprof_position_accepted_total{ctx_bucket, position}`` and
+  ``sglang_ctxprof_position_observed_total{ctx_bucket, position}`` from ``acceptance_by_ctx`` (the
+  request's own context, as the live counters): their ratio is ``/ctx_profile``'s ``p_i``.
 
 Labels are bounded: ``phase`` comes from the closed phase vocabulary and ``ctx_bucket`` from the
 configured bucket ranges, never raw lengths.  Values are totals since the last reset; the counters
@@ -18,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.names import METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_STEPS
+from ..model.names import (MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
+                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS)
 from .profile import Profile
 
 
@@ -45,4 +50,19 @@ def render(profile: Profile) -> str:
     out += [f"# HELP {METRIC_STEPS}_total Speculative decode steps.", f"# TYPE {METRIC_STEPS}_total counter"]
     for b in buckets:
         out.append(f'{METRIC_STEPS}_total{{ctx_bucket="{_esc(b.label)}"}} {b.steps}')
+    out += [f"# HELP {METRIC_REQUEST_STEPS}_total Request-steps (decode steps x batch size).",
+            f"# TYPE {METRIC_REQUEST_STEPS}_total counter"]
+    for b in buckets:
+        out.append(f'{METRIC_REQUEST_STEPS}_total{{ctx_bucket="{_esc(b.label)}"}} {b.req_steps}')
+    for name, key, what in ((METRIC_POSITION_ACCEPTED, "accepted", "was accepted"),
+                            (METRIC_POSITION_OBSERVED, "observed", "was within the draft budget")):
+        out += [f"# HELP {name}_total Request-steps whose draft position {what}.", f"# TYPE {name}_total counter"]
+        for a in profile.acceptance_by_ctx:
+            v = a["acceptance_by_position"]
+            obs = v.get("observed") or []
+            hits = v.get("accepted") or [round(p * o) for p, o in zip(v.get("p") or [], obs)]
+            for i, (o, h) in enumerate(zip(obs, hits), start=1):
+                if o and i <= MAX_POSITION_LABEL:
+                    out.append(f'{name}_total{{ctx_bucket="{_esc(a["label"])}",position="{i}"}} '
+                               f'{h if key == "accepted" else o}')
     return "\n".join(out) + "\n"

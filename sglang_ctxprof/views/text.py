@@ -13,7 +13,7 @@ from .profile import Profile
 _SHORT = {
     "draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
     "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "verify": "verify",
-    "step": "step",
+    "step": "step", "decode": "dec", "decode_attn": "dec.attn", "decode_moe": "dec.moe", "decode_rest": "dec.rest",
 }
 
 
@@ -72,6 +72,16 @@ def render(profile: Profile) -> str:
     if not roof:  # say why there is no roofline column (CPU run, unknown GPU, ...)
         why = next((b.roofline.get("reason") for b in buckets if b.roofline), None)
         lines.append(f"verify attention % of HBM roofline: unavailable ({why or 'not reported'})")
+    accept = [a for a in profile.acceptance_by_ctx if (a.get("acceptance_by_position") or {}).get("p")]
+    if accept:
+        k = max(len(a["acceptance_by_position"]["p"]) for a in accept)
+        lines.append("")
+        lines.append("acceptance by draft position, P(position i accepted) (bucket = the request's own context)")
+        lines += _table(["ctx", "req-steps", "AL"] + [f"p{i}" for i in range(1, k + 1)],
+                        [[a["label"], str(a["acceptance_by_position"]["n_steps"]),
+                          f"{a['acceptance_by_position']['mean_len']:.3f}"]
+                         + [f"{x:.3f}" for x in a["acceptance_by_position"]["p"]]
+                         + ["-"] * (k - len(a["acceptance_by_position"]["p"])) for a in accept])
     if profile.fits:
         lines.append("")
         lines.append("context cost fit per phase: ms = slope * (batch context / 1k tokens) + intercept")

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, Phase
+from ..model.names import FORWARD_SPLIT, KIND_DECODE, MAX_TRACE_STEPS, Phase
 
 PID = 1
 PROCESS = "sglang-ctxprof"
-_TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value, Phase.OVERHEAD.value,
-        Phase.UNATTRIBUTED.value)
-_VERIFY_KIDS = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
+_TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DECODE.value, Phase.DRAFT_EXTEND.value,
+        Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
 LAYOUT_NOTE = ("phases laid back to back from the step start in execution order (attention and MoE "
                "interleave layer by layer in reality); they tile the step exactly")
 
@@ -53,7 +52,7 @@ def _meta(tid: int, name: str, sort: int) -> list[dict[str, Any]]:
 def phase_events(phases: Mapping[str, float], start_ns: int, end_ns: int, tid: int, t0: int) -> list[dict[str, Any]]:
     """The phase slices of one step, tiling [start_ns, end_ns) when the leaf phases add up to the
     step (the profiler's rule); verify's children tile verify the same way."""
-    present = [p for p in _TOP if p in phases and (_ns(phases[p]) > 0 or p == Phase.VERIFY.value)]
+    present = [p for p in _TOP if p in phases and (_ns(phases[p]) > 0 or p in FORWARD_SPLIT)]
     out: list[dict[str, Any]] = []
     cum = 0.0
     cur = start_ns
@@ -64,8 +63,8 @@ def phase_events(phases: Mapping[str, float], start_ns: int, end_ns: int, tid: i
             end = end_ns
         end = min(end, end_ns)
         out.append(_x(p, "phase", tid, cur, end, t0))
-        if p == Phase.VERIFY.value:
-            kids = [c for c in _VERIFY_KIDS if c in phases and _ns(phases[c]) > 0]
+        if p in FORWARD_SPLIT:
+            kids = [c for c in FORWARD_SPLIT[p] if c in phases and _ns(phases[c]) > 0]
             vcum, vcur = 0.0, cur
             for j, c in enumerate(kids):
                 vcum += float(phases[c])

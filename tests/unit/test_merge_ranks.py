@@ -81,6 +81,10 @@ def test_merged_equals_single_aggregator(per_rank):
     merged = summarize(merge_states([s["state"] for s in snaps]))
     want = summarize(json.loads(json.dumps(single.state())))
     merged.pop("hw", None), want.pop("hw", None)
+    for body in (merged, want):  # an outlier's ordinals are its own rank's (each rank warms up on its own)
+        for b in body["buckets"]:
+            if b.get("robust"):
+                b["robust"]["outliers"] = sorted(o["step_ms"] for o in b["robust"]["outliers"])
     _close(merged, want)
     body = served(snaps)
     assert [r["status"]["rank"]["dp"] for r in body["ranks"]] == list(range(len(per_rank)))

@@ -42,7 +42,8 @@ def test_live_metrics_have_bounded_labels():
     h = fam["sglang_ctxprof_phase_seconds"]
     assert h.type == "histogram"
     labels = {(s.labels["phase"], s.labels["ctx_bucket"]) for s in h.samples if s.name.endswith("_count")}
-    assert {p for p, _ in labels} == set(REPORTED_PHASES) - {"unattributed"}
+    assert {p for p, _ in labels} == set(REPORTED_PHASES) - {"unattributed", "decode", "decode_attn", "decode_moe",
+                                                              "decode_rest"}  # plain decode only
     assert {b for _, b in labels} == {"64-127", "2048-4095", "524288-1048575", "1048576+"}
     step_count = {s.labels["ctx_bucket"]: s.value for s in h.samples
                   if s.name.endswith("_count") and s.labels["phase"] == "step"}

@@ -14,6 +14,10 @@ changes, so one server serves every planted case):
   sleep ``ms`` once, in their first attention call, inside a ``torch.profiler.record_function``
   range named ``ctxprof_plant.slow_step`` (so a profiler trace shows where the planted work ran);
   ``_STATE["planted"]`` counts them.
+* ``host_spin_ms``: the same delay as a busy-wait (the core stays busy and its caches warm, so the
+  steps around it run as without it);
+* ``stall_steps`` / ``stall_ms``: the next ``stall_steps`` verify steps after the file changes each
+  stall ``stall_ms`` in their first attention layer: a few slow steps, as a kernel compiling costs.
 
 The attention wrapper sits on the intel_amx backend's ``forward_extend``/``forward_decode`` (called
 inside ``RadixAttention.forward``), so the planted time is inside the profiler's verify attention.
@@ -26,7 +30,7 @@ import os
 import time
 
 ENV = "CTXPROF_PLANT_FILE"
-_STATE = {"mtime": None, "cfg": {}, "left": 0, "batch": None, "planted": 0}
+_STATE = {"mtime": None, "cfg": {}, "left": 0, "batch": None, "planted": 0, "stalled": 0}
 SLOW_RANGE = "ctxprof_plant.slow_step"
 
 
@@ -44,6 +48,7 @@ def cfg() -> dict:
             _STATE["cfg"] = {}
         _STATE["mtime"] = m
         _STATE["left"] = int((_STATE["cfg"].get("slow_steps") or (0, 0))[1])
+        _STATE["stalled"] = 0
     return _STATE["cfg"]
 
 
@@ -58,6 +63,9 @@ def _wrap_attn(cls, name):
             per_1k = float(c.get("attn_ms_per_1k", 0.0) or 0.0)
             if per_1k > 0:
                 time.sleep(per_1k * ctx / 1000.0 / 1000.0)
+            if getattr(layer, "layer_id", None) == 0 and _STATE["stalled"] < int(c.get("stall_steps", 0) or 0):
+                _STATE["stalled"] += 1
+                time.sleep(float(c.get("stall_ms", 0.0) or 0.0) / 1000.0)
             above = c.get("acc_len_above")
             from sglang.srt.speculative import spec_utils
 
@@ -86,9 +94,15 @@ def register() -> None:
     orig = Scheduler.get_next_batch_to_run
 
     def get_next_batch_to_run(self, *args, **kwargs):
-        ms = float(cfg().get("host_sleep_ms", 0.0) or 0.0)
-        if ms > 0 and (self.running_batch is not None and not self.running_batch.is_empty()):
-            time.sleep(ms / 1000.0)
+        c = cfg()
+        ms = float(c.get("host_sleep_ms", 0.0) or 0.0)
+        spin = float(c.get("host_spin_ms", 0.0) or 0.0)
+        if (ms > 0 or spin > 0) and (self.running_batch is not None and not self.running_batch.is_empty()):
+            if ms > 0:
+                time.sleep(ms / 1000.0)
+            end = time.perf_counter() + spin / 1000.0
+            while time.perf_counter() < end:
+                pass
         return orig(self, *args, **kwargs)
 
     Scheduler.get_next_batch_to_run = get_next_batch_to_run

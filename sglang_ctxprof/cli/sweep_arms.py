@@ -1,0 +1,234 @@
+"""``sweep --arms spec,plain``: the same prompts on the same model with and without speculation.
+
+With ``--launch`` two servers start from the given arguments: ``spec`` as given, ``plain`` with every
+``--speculative-*`` flag removed (same model, attention backend and memory settings).  Without it,
+``--url`` is the speculative server and ``--plain-url`` the plain one.  The two-point measurements
+interleave: for each context and repeat both arms run back to back, in alternating order, so a drift
+of the machine hits both.  Each arm's results go to ``OUT/spec`` and ``OUT/plain`` (ordinary sweep
+directories: ``report``, ``compare`` and ``diagnose --plain`` read them).
+
+The closing table gives per context the spec and plain tok/s (median over repeats) measured two ways:
+the long request's decode steps on the server's wall clock (no prefill in it: the measured speedup),
+and the two-point figure on the client clock (prefill noise at long context makes it the noisier);
+the measured speedup (median of the per-repeat spec/plain ratios, ± half their range), the speedup the
+ledger predicts from the servers' mean step times and acceptance (per interleaved pair, median: the
+pair shares the machine's drift), and the crossover context where the measured speedup
+falls below 1 (interpolated, or extrapolated from the step-time slopes; labelled).  Then the ledger
+itself (``aggregate.ledger``).  ``OUT/arms.json`` holds all of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from . import sweep_results as res
+from .main import CliError
+
+ARMS = ("spec", "plain")
+
+
+def plain_args(sargs: list[str]) -> list[str]:
+    """The server arguments without speculative decoding: every ``--speculative-*`` flag and its value."""
+    out: list[str] = []
+    skip = False
+    for a in sargs:
+        if skip:
+            skip = False
+            continue
+        if a.startswith("--speculative-"):
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def validate(args: Any) -> None:
+    if sorted(args.arms) != sorted(ARMS):
+        raise CliError("--arms takes spec,plain")
+    if not args.out:
+        raise CliError("--arms needs --out (one directory per arm)")
+    if args.draft_tokens or args.sustained:
+        raise CliError("--arms runs two-point measurements only (no --draft-tokens, no --sustained)")
+    if args.launch:
+        if not any(a.startswith("--speculative-algorithm") for a in args.server_args):
+            raise CliError("--arms with --launch needs the speculative server's arguments "
+                           "(--speculative-algorithm ...); the plain arm drops them")
+    elif not args.plain_url:
+        raise CliError("--arms without --launch needs --url (speculative server) and --plain-url (plain server)")
+
+
+def run_arms(args: Any, after: Optional[Callable[..., None]] = None) -> int:
+    from .client import ServerClient
+    from .server import ServerError, ServerProcess
+
+    validate(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.launch:
+        clients = {"spec": ServerClient(args.url, args.api_key, args.timeout),
+                   "plain": ServerClient(args.plain_url, args.api_key, args.timeout)}
+        rc = sweep_arms(args, clients)
+        if after is not None and rc == 0:
+            after(args, clients)
+        return rc
+    servers: dict[str, Any] = {}
+    try:
+        for arm in ARMS:
+            sargs = list(args.server_args) if arm == "spec" else plain_args(args.server_args)
+            if not args.no_profile and "--enable-ctx-profile" not in sargs:
+                sargs.append("--enable-ctx-profile")
+            log = str(out / f"{arm}-server.log")
+            print(f"starting the {arm} server: {' '.join(sargs)} (log: {log})", file=sys.stderr, flush=True)
+            srv = ServerProcess(sargs, log_path=log)
+            try:
+                srv.start()
+            except ServerError as exc:
+                raise CliError(f"{arm} server: {str(exc).splitlines()[0]} (see {log})") from None
+            servers[arm] = srv
+            print(f"{arm} server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
+        clients = {arm: ServerClient(s.url, args.api_key, args.timeout) for arm, s in servers.items()}
+        rc = sweep_arms(args, clients)
+        if after is not None and rc == 0:
+            after(args, clients)
+        return rc
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        if servers:
+            print("servers stopped.", file=sys.stderr, flush=True)
+
+
+def sweep_arms(args: Any, clients: dict[str, Any]) -> int:
+    from .client import ClientError
+    from .prompts import PromptPlan, tokenize_corpus
+    from .sweep_point import two_point
+
+    stream, max_len = tokenize_corpus(clients["spec"])
+    ctxs = sorted(set(args.ctx))
+    if max_len > 0 and max(ctxs) + args.long > max_len:
+        raise CliError(f"--ctx {max(ctxs)} plus {args.long} new tokens exceeds the server's context length "
+                       f"({max_len} tokens)")
+    plan = PromptPlan(stream, args.prompt, args.seed)
+    plan.plan(ctxs, args.repeat, ("short", "long"))
+    has_profile = {arm: c.profile() is not None for arm, c in clients.items()}
+    base = {"schema": "ctxprof-sweep/1", "ctx": ctxs, "repeat": args.repeat, "short": args.short,
+            "long": args.long, "prompt_mode": args.prompt, "seed": args.seed, "sustained": 0,
+            "window": args.window, "arms": list(ARMS)}
+    dirs = {}
+    for arm, c in clients.items():
+        d = out_dir(args, arm)
+        if any(d.glob("point-c*.json")):
+            raise CliError(f"{d} already holds results: choose another --out")
+        d.mkdir(parents=True, exist_ok=True)
+        res.write_json(d / "meta.json", {**base, "arm": arm, "url": c.url, "has_profile": has_profile[arm],
+                                         "model_path": c.model_info().get("model_path"),
+                                         "server_args": (list(args.server_args) if arm == "spec" else
+                                                         plain_args(args.server_args)) or None})
+        dirs[arm] = d
+        c.generate(plan.get(16, 0, "warmup"), 4)  # first request of a fresh server; not recorded
+    warm = {ctx: plan.get(ctx, 0, "warmup") for ctx in ctxs} if args.warmup else {}
+    total, done = len(ctxs) * args.repeat, 0
+    for ctx in ctxs:
+        for rep in range(args.repeat):
+            order = ARMS if rep % 2 == 0 else ARMS[::-1]  # alternate who goes first: drift hits both
+            for arm in order:
+                try:
+                    if ctx in warm and rep == 0:
+                        clients[arm].generate(warm[ctx], 1)
+                    r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
+                except ClientError as exc:
+                    raise ClientError(f"{exc} during {arm} ctx {ctx} repeat {rep + 1}; finished results are "
+                                      f"kept in {args.out}") from None
+                res.write_json(dirs[arm] / res.point_name(ctx, rep), r)
+            done += 1
+            print(f"ctx {ctx} repeat {rep + 1}/{args.repeat} ({done}/{total}) done", file=sys.stderr, flush=True)
+    report = arms_report(Path(args.out))
+    res.write_json(Path(args.out) / "arms.json", report)
+    print("\n".join(render_arms(report)), flush=True)
+    return 0
+
+
+def out_dir(args: Any, arm: str) -> Path:
+    return Path(args.out) / arm
+
+
+def arms_report(out: Path) -> dict[str, Any]:
+    """The arms table and the ledger from ``OUT/spec`` and ``OUT/plain`` (offline)."""
+    from ..aggregate.ledger import crossover, ledger
+    from ..aggregate.ledger import row as ledger_row
+    from ..views.diagnosis import evidence_from_sweep, ledger_points
+
+    runs = {arm: res.load_run(out / arm) for arm in ARMS}
+    rows = {arm: res.summarize(pts) for arm, (_, pts, _) in runs.items()}
+    ev = {arm: evidence_from_sweep(rows[arm], runs[arm][0], source=f"sweep {out / arm}") for arm in ARMS}
+    led = ledger(ledger_points(ev["spec"]), ledger_points(ev["plain"]))
+    led["plain_source"] = ev["plain"].source
+    predicted = {round(r["ctx"]): r["speedup"] for r in led.get("rows") or []}
+    table = []
+    for ctx in sorted({p["ctx"] for p in runs["spec"][1]} & {p["ctx"] for p in runs["plain"][1]}):
+        row: dict[str, Any] = {"ctx": ctx, "predicted_speedup": predicted.get(ctx)}
+        for key, name in (("server_wall_tok_s", "server"), ("decode_tok_s", "client")):
+            by = {arm: {p["repeat"]: p.get(key) for p in runs[arm][1] if p["ctx"] == ctx} for arm in ARMS}
+            reps = sorted(r for r in by["spec"] if by["spec"][r] and by["plain"].get(r))
+            ratios = [by["spec"][r] / by["plain"][r] for r in reps]
+            row[name] = {"repeats": len(reps),
+                         "spec_tok_s": statistics.median(by["spec"][r] for r in reps) if reps else None,
+                         "plain_tok_s": statistics.median(by["plain"][r] for r in reps) if reps else None,
+                         "speedup": statistics.median(ratios) if ratios else None,
+                         "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None}
+        row["speedup"] = row["server"]["speedup"] or row["client"]["speedup"]
+        # the ledger's prediction per interleaved pair (both arms' steps measured side by side), median
+        pairs = [ledger_row(_ledger_point(sp), [_ledger_point(pp)])
+                 for sp in runs["spec"][1] for pp in runs["plain"][1]
+                 if sp["ctx"] == ctx == pp["ctx"] and sp["repeat"] == pp["repeat"]
+                 and sp.get("breakdown") and pp.get("breakdown")]
+        pairs = [r["speedup"] for r in pairs if r is not None]
+        if pairs:
+            row["predicted_speedup"] = statistics.median(pairs)
+        table.append(row)
+    measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
+                 "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
+                for t in table if t["speedup"] is not None]
+    cross = crossover(measured, ledger_points(ev["spec"]), ledger_points(ev["plain"]))
+    return {"table": table, "crossover": cross, "ledger": led}
+
+
+def _ledger_point(pt: dict[str, Any]) -> dict[str, Any]:
+    """One two-point result in the shape of ``aggregate.ledger`` (a plain arm accepts one token per step)."""
+    b = pt["breakdown"]
+    ph = dict(b.get("phases_ms") or {})
+    if b.get("host_gap_ms") is not None:
+        ph["host_gap"] = b["host_gap_ms"]
+    return {"ctx": float(pt["ctx"]), "label": str(pt["ctx"]), "al": float(b.get("accepted_per_step") or 1.0),
+            "phases": ph}
+
+
+def render_arms(rep: dict[str, Any]) -> list[str]:
+    from ..views.ledger_text import render_ledger
+
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else fmt.format(v)
+
+    head = ["ctx", "repeats", "spec tok/s", "plain tok/s", "speedup", "±", "ledger speedup",
+            "client spec", "client plain", "client speedup", "±"]
+    rows = []
+    for t in rep["table"]:
+        s, c = t["server"], t["client"]
+        rows.append([str(t["ctx"]), str(s["repeats"]), f(s["spec_tok_s"], "{:.2f}"), f(s["plain_tok_s"], "{:.2f}"),
+                     f(s["speedup"], "{:.3f}"), f(s["speedup_spread"], "{:.3f}"), f(t["predicted_speedup"], "{:.3f}"),
+                     f(c["spec_tok_s"], "{:.2f}"), f(c["plain_tok_s"], "{:.2f}"), f(c["speedup"], "{:.3f}"),
+                     f(c["speedup_spread"], "{:.3f}")])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    out = ["", "speculative vs plain decode, same prompts, interleaved: tok/s of the long request's decode steps "
+               "on the server's wall clock (no prefill; host time between steps included), and the two-point "
+               "tok/s on the client clock; speedup = median of the per-repeat ratios, ± half their range",
+           "  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    c = rep["crossover"]
+    out.append("crossover (measured speedup < 1): " + (f"~{c['ctx']:.0f} tokens of context, {c['how']} ({c['note']})"
+                                                       if c.get("ctx") is not None else f"none ({c['note']})"))
+    out += [""] + render_ledger(rep["ledger"])
+    return out
