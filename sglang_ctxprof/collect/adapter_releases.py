@@ -31,6 +31,8 @@ RELEASE_LIMITS: dict[str, dict[str, str]] = {
         f"{_RB}.full_cuda_graph_backend.FullCudaGraphBackend.cleanup": _GRAPH_LOST,
         f"{_RB}.breakable_cuda_graph_backend.BreakableCudaGraphBackend.replay": _GRAPH_LOST,
         f"{_RB}.tc_piecewise_cuda_graph_backend.TcPiecewiseCudaGraphBackend.replay": _GRAPH_LOST,
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture":
+            _GRAPH_LOST,
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph":
             "no eager fallback for sampled verify steps (SGLANG_CTXPROF_GRAPH_FALLBACK=eager)",
         f"{_FROZEN_DRAFT}.draft": "the FrozenKV MTP worker does not exist yet",
