@@ -1,7 +1,7 @@
 """``sglang-ctxprof report DIR``: the sweep table and PNG plots again, from the saved files alone.
 
 Reads ``DIR``'s ``point-*.json`` / ``sustained-*.json`` (no server needed), prints the same rich
-table as the sweep, rewrites ``summary.csv``/``summary.json`` and writes the plots
+table as the sweep, rewrites ``summary.csv``/``summary.json``/``table.txt`` and writes the plots
 (``decode_tok_s.png``, ``phase_ms.png``, ``accept.png``) into ``DIR`` or ``--plots-dir``.  A
 ``sweep --arms`` directory (``DIR/spec`` and ``DIR/plain``) gets the arms table, the crossover and the
 speculation ledger instead.

@@ -268,7 +268,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     res.render_table(rows, meta, con)
     if out is not None:
         res.write_summary(out, meta, rows)
-        msg = f"results: {out}/ (one JSON per point, summary.csv, summary.json"
+        msg = f"results: {out}/ (one JSON per point, summary.csv, summary.json, table.txt"
         if args.plots:
             from .plots import model_title, write_plots
 

@@ -1,10 +1,11 @@
-"""Sweep result files: names, loading, per-context summary, ``summary.csv``/``summary.json``, table.
+"""Sweep result files: names, loading, per-context summary, ``summary.csv``/``summary.json``, tables.
 
 A run directory holds ``meta.json`` (how the sweep ran), one ``point-c<ctx>-r<repeat>.json`` per
 two-point measurement and one ``sustained-c<ctx>.json`` per sustained run.  ``summarize`` groups them
 by context length: median and spread (half the min-max range) over the repeats for decode tok/s,
 t_a, t_b, acceptance and each phase's ms per step.  Used by ``sweep``, ``report`` and ``compare``;
-everything here works offline from the files alone.
+everything here works offline from the files alone.  The printed table keeps the columns a reader
+needs first and fits 120 columns; ``table.txt`` (written with the summary) has every column.
 """
 
 from __future__ import annotations
@@ -141,50 +142,81 @@ def write_summary(d: str | os.PathLike, meta: dict, rows: list[dict]) -> None:
         w.writerow(header)
         for row in data:
             w.writerow(["" if v is None else (f"{v:.6g}" if isinstance(v, float) else v) for v in row])
+    write_table(p, rows, meta)
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def render_table(rows: list[dict], meta: dict, console=None) -> None:
-    """The end-of-sweep rich table (also printed by ``report``)."""
-    from rich.console import Console
+SCREEN_COLUMNS = 120  # what sweep/report/demo print fits a normal terminal; table.txt has every column
+
+
+def _table(rows: list[dict], full: bool):
+    """The sweep table.  ``full``: every column (``table.txt``).  Otherwise the columns a reader needs
+    first, short enough for ``SCREEN_COLUMNS``: context, two-point tok/s and its spread, acceptance,
+    ms per decode step by phase and in all, and sustained tok/s; a prompt of the wrong length is
+    flagged on the context."""
     from rich.table import Table
 
-    console = console or Console()
     present = [p for p in TABLE_PHASES if any(p in r["phases_ms"] for r in rows)]
     has_sus = any(r["sustained"] for r in rows)
-    t = Table(title="decode by context length (two-point; ms per decode step from the server)")
-    for h in ["ctx", "prompt_tok", "tok/s", "±", "t_a s", "t_b s", "acc/step"]:
+    has_srv = full and any(r["server_tok_s"] for r in rows)
+    if full:
+        t = Table(title="decode by context length (two-point; ms per decode step from the server)")
+        heads = ["ctx", "prompt_tok", "tok/s", "±", "t_a s", "t_b s", "acc/step"] + ["srv tok/s"] * has_srv
+        heads += [f"{SHORT[p]} ms" for p in present]
+        heads += ["sustained tok/s (client)", "sust srv tok/s", "sust acc/step"] * has_sus
+    else:
+        t = Table(title="decode by context: two-point tok/s (client); ms per decode step by phase (server)")
+        heads = ["ctx", "tok/s", "±", "acc/step"] + [SHORT[p] for p in present] + ["sust tok/s"] * has_sus
+    for h in heads:
         t.add_column(h, justify="right")
-    has_srv = any(r["server_tok_s"] for r in rows)
-    if has_srv:
-        t.add_column("srv tok/s", justify="right")
-    for p in present:
-        t.add_column(f"{SHORT[p]} ms", justify="right")
-    if has_sus:
-        t.add_column("sustained tok/s (client)", justify="right")
-        t.add_column("sust srv tok/s", justify="right")
-        t.add_column("sust acc/step", justify="right")
     for r in rows:
         d = r["decode_tok_s"]
         pt = "/".join(str(x) for x in r["prompt_tokens"]) or "-"
-        if r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]]:
-            pt += " (!)"
-        cells = [str(r["ctx"]), pt, _f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}"),
-                 _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), _f(_med(r["accept_per_step"]))]
-        if has_srv:
-            cells.append(_f(_med(r["server_tok_s"]), "{:.1f}"))
-        cells += [_f(_med(r["phases_ms"].get(p))) for p in present]
-        if has_sus:
-            s = r["sustained"] or {}
-            cells += [_f(s.get("decode_tok_s"), "{:.1f}"), _f(s.get("server_decode_tok_s"), "{:.1f}"),
-                      _f(s.get("accept_per_step"))]
+        bad = " (!)" if r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]] else ""
+        tok = [_f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}")]
+        acc = _f(_med(r["accept_per_step"]))
+        phases = [_f(_med(r["phases_ms"].get(p))) for p in present]
+        s = r["sustained"] or {}
+        if full:
+            cells = [str(r["ctx"]), pt + bad, *tok, _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), acc]
+            cells += [_f(_med(r["server_tok_s"]), "{:.1f}")] * has_srv + phases
+            if has_sus:
+                cells += [_f(s.get("decode_tok_s"), "{:.1f}"), _f(s.get("server_decode_tok_s"), "{:.1f}"),
+                          _f(s.get("accept_per_step"))]
+        else:
+            cells = [str(r["ctx"]) + bad, *tok, acc, *phases] + [_f(s.get("decode_tok_s"), "{:.1f}")] * has_sus
         t.add_row(*cells)
-    console.print(t)
-    for line in footnotes(rows, meta):
-        console.print(line, highlight=False, markup=False)
+    return t
+
+
+def render_table(rows: list[dict], meta: dict, console=None) -> None:
+    """The end-of-sweep table (also printed by ``report``), at most ``SCREEN_COLUMNS`` wide."""
+    from rich.console import Console
+
+    console = console or Console()
+    width = min(console.width, SCREEN_COLUMNS)
+    console.print(_table(rows, full=False), width=width)
+    notes = footnotes(rows, meta)
+    if any(r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]] for r in rows):
+        notes.insert(0, "(!): the server counted a prompt length other than the context asked for")
+    notes.append("every column (prompt tokens, t_a/t_b, the server's tok/s, sustained on the server clock): "
+                 "table.txt beside summary.csv")
+    for line in notes:
+        console.print(line, highlight=False, markup=False, width=width)
+
+
+def write_table(d: str | os.PathLike, rows: list[dict], meta: dict) -> None:
+    """``table.txt``: the full table, every column, and its footnotes, as plain text."""
+    from rich.console import Console
+
+    with open(Path(d) / "table.txt", "w") as f:
+        con = Console(file=f, width=400, color_system=None, force_terminal=False)
+        con.print(_table(rows, full=True))
+        for line in footnotes(rows, meta):
+            con.print(line, highlight=False, markup=False)
 
 
 def footnotes(rows: list[dict], meta: dict) -> list[str]:
