@@ -2,7 +2,7 @@
 
 Part of the adapter (the only modules that know SGLang's internals): the tables here are what
 start-up prints (``plugin``), what ``sglang-ctxprof patch`` and ``make check-compat`` check, and
-what the README's support table says.  ``compat_check``'s tests hold ``RELEASE_LIMITS`` equal to the
+what the support table in docs/sglang-versions.md says.  ``compat_check``'s tests hold ``RELEASE_LIMITS`` equal to the
 optional hook targets each cached wheel really lacks.
 """
 

@@ -101,7 +101,7 @@ ALGORITHM_NONE = "NONE"  # plain (non-speculative) decode
 # forward passes (denoising / selection steps) of the step.
 BLOCK_ALGORITHMS: frozenset[str] = frozenset({"DFLASH", "DSPARK", "UNO"})
 
-# ---- environment variables (all parsed in model.config; the README lists them) ---------------
+# ---- environment variables (all parsed in model.config; docs/configuration.md lists them) -----
 ENV_ENABLE = "SGLANG_CTX_PROFILE"
 ENV_BUCKETS = "SGLANG_CTXPROF_BUCKETS"  # "pow2" | "fixed:<width>" | "edges:64,128,..."
 ENV_MAX_CTX = "SGLANG_CTXPROF_MAX_CTX"

@@ -5,7 +5,7 @@ or a prefill/extend batch) once its timings and acceptance are known.  It serial
 (``to_dict``/``from_dict``) so it can travel through SGLang's msgpack control channel, be written
 to disk and be read back by the CLI.
 
-Accounting rule (documented in the README): for a request, ``1 + sum(committed)`` equals SGLang's
+Accounting rule (documented in docs/measurement.md): for a request, ``1 + sum(committed)`` equals SGLang's
 ``completion_tokens`` (the first token comes from prefill), the number of decode records equals
 ``meta_info.spec_verify_ct``, and ``sum(accepted) - sum(committed)`` is what SGLang dropped at the
 request's last step (``max_new_tokens`` or a stop condition).

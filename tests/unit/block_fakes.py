@@ -1,6 +1,6 @@
 """Fakes of SGLang 0.5.23's block-drafter workers (DFLASH, DSPARK, UNO) for pure unit tests.
 
-SGLang refuses all three on a CPU device at argument validation (see README, "Algorithms"), so
+SGLang refuses all three on a CPU device at argument validation (see docs/algorithms.md), so
 their hooks are driven here by fakes that make the same calls, in the same order, with the same
 class and method names as the real workers (``collect.block_adapter.CALL_ORDER``, verified by the
 AST check over every release, is asserted against each fake's call log).  The acceptance decision

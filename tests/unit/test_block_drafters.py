@@ -1,6 +1,6 @@
 """DFLASH, DSPARK and UNO step records, driven through the real hooks by faithful worker fakes.
 
-SGLang 0.5.23 refuses these algorithms on a CPU device (README, "Algorithms"), so no real server
+SGLang 0.5.23 refuses these algorithms on a CPU device (docs/algorithms.md), so no real server
 runs them here.  ``block_fakes`` reproduces each worker's decode step (same class and method names,
 same call order: checked against ``block_adapter.CALL_ORDER``, which the AST check verifies in every
 release) and uses SGLang's own acceptance code, so the records' ``accepted`` are what the worker
