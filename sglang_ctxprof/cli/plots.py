@@ -4,7 +4,7 @@
   sustained tok/s (overall and per window as the context grows) - the two side by side;
 * ``phase_ms.png``: stacked leaf-phase ms per decode step vs context (from the server breakdown);
 * ``accept.png``: accepted tokens per step vs context (client meta_info and server profile);
-* ``overview.png``: the first two side by side (the README picture).
+* ``overview.png``: the first two side by side (``docs/sweep-example.png``).
 """
 
 from __future__ import annotations
