@@ -168,7 +168,7 @@ def _table(rows: list[dict], full: bool):
         heads += [f"{SHORT[p]} ms" for p in present]
         heads += ["sustained tok/s (client)", "sust srv tok/s", "sust acc/step"] * has_sus
     else:
-        t = Table(title="decode by context: two-point tok/s (client); ms per decode step by phase (server)")
+        t = Table(title="decode by context length: two-point tok/s (client); ms per decode step by phase (server)")
         heads = ["ctx", "tok/s", "±", "acc/step"] + [SHORT[p] for p in present] + ["sust tok/s"] * has_sus
     for h in heads:
         t.add_column(h, justify="right")

@@ -31,6 +31,10 @@ def test_demo_runs_end_to_end_and_prints_the_servers_table(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
     assert "decode by context length" in text
+    # the sweep table fits a 120-column terminal even where the terminal is wider; every column is in table.txt
+    table = text.split("decode by context length", 1)[1].split("results:", 1)[0].splitlines()
+    assert table and max(len(ln) for ln in table) <= 120, table
+    assert "prompt_tok" not in "\n".join(table) and "prompt_tok" in (out / "table.txt").read_text()
     own = text.split("GET /ctx_profile?format=text", 1)
     assert len(own) == 2, text[-2000:]
     assert "64-127" in own[1] and "512-1023" in own[1], own[1]
