@@ -15,7 +15,8 @@ FENCE = re.compile(r"^(```|~~~)")
 
 
 def _pages() -> list[Path]:
-    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+    """README.md and every docs page; drafts waiting in docs/_pending/ are checked once folded in."""
+    return [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "_pending" not in p.parts)
 
 
 def _prose(text: str) -> list[str]:
