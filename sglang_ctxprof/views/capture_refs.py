@@ -80,7 +80,8 @@ def describe(c: Mapping[str, Any]) -> str:
     elif c.get("path"):
         where += f" (file {c['path']})"
     why = f"; {c['reason']}" if c.get("reason") else ""
-    return f"{c['id']} ({c.get('trigger')}{who}, {_steps(list(c.get('step_ids') or ()))}, {c.get('state')}): {where}{why}"
+    steps = _steps(list(c.get("step_ids") or ()))
+    return f"{c['id']} ({c.get('trigger')}{who}, {steps}, {c.get('state')}): {where}{why}"
 
 
 def flag(captures: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
