@@ -9,7 +9,8 @@ chromedriver (selenium) and screenshots.
 
     python docs/capture_timeline_shot.py TIMELINE.json docs/capture-timeline.png [--steps N]
 
-``--steps N``: show the first N of the capture's steps (our ``decode step`` slices), default 2.
+``--first K --steps N``: show N of the capture's steps (our step slices) from the K-th (0-based),
+default the first 2.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ PAGE = r"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>ctxprof captu
 <style>body{margin:0;font:12px sans-serif;background:#fff}#h{padding:6px 10px;background:#263238;color:#fff}</style>
 </head><body><div id="h"></div><canvas id="c"></canvas><script>
 const D = __DATA__;
-const W = 1600, LEFT = 230, ROW = 15, MAXD = 14;
+const W = 1580, LEFT = 230, ROW = 15, MAXD = 12;
 const t0 = D.t0, t1 = D.t1, sx = (W - LEFT - 10) / (t1 - t0);
 const tracks = {};
 for (const e of D.events) { const k = e.pid + "/" + e.tid; (tracks[k] = tracks[k] || []).push(e); }
@@ -53,7 +54,9 @@ for (const r of rows) {
   g.fillStyle = "#ccc"; g.fillRect(0, r.y - 6, W, 1);
   for (const e of r.ev) {
     if (e.d >= MAXD) continue;
-    const x = LEFT + (e.ts - t0) * sx, w = Math.max(1, e.dur * sx), yy = r.y + e.d * ROW;
+    const xa = Math.max(LEFT, LEFT + (e.ts - t0) * sx), xb = Math.min(W - 10, LEFT + (e.ts + e.dur - t0) * sx);
+    if (xb <= xa) continue;
+    const x = xa, w = Math.max(1, xb - xa), yy = r.y + e.d * ROW;
     g.fillStyle = col(e.name); g.fillRect(x, yy, w, ROW - 1);
     if (w > 40) { g.save(); g.beginPath(); g.rect(x, yy, w, ROW); g.clip(); g.fillStyle = "#000";
       g.fillText(e.name, x + 2, yy + 7); g.restore(); }
@@ -63,13 +66,14 @@ document.getElementById("h").textContent = D.title;
 </script></body></html>"""
 
 
-def page_data(tl: dict, n_steps: int) -> dict:
+def page_data(tl: dict, n_steps: int, first: int = 0) -> dict:
     ev = [e for e in tl["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     meta = [e for e in tl["traceEvents"] if e.get("ph") == "M"]
     info = (tl.get("otherData") or {}).get("ctxprof") or {}
     ours_pid = next((e["pid"] for e in ev if e["name"] == "decode step"), 1)
-    steps = sorted((e for e in ev if e["name"] == "decode step" and e["pid"] == ours_pid), key=lambda e: e["ts"])
-    show = steps[:n_steps] or ev
+    steps = sorted((e for e in ev if e["name"] in ("decode step", "prefill") and e["pid"] == ours_pid),
+                   key=lambda e: e["ts"])
+    show = steps[first:first + n_steps] or ev
     t0 = min(e["ts"] for e in show)
     t1 = max(e["ts"] + e["dur"] for e in show)
     pad = (t1 - t0) * 0.02
@@ -97,22 +101,23 @@ def main() -> None:
     ap.add_argument("timeline")
     ap.add_argument("png")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--first", type=int, default=0)
     ns = ap.parse_args()
-    data = page_data(json.loads(Path(ns.timeline).read_text()), ns.steps)
+    data = page_data(json.loads(Path(ns.timeline).read_text()), ns.steps, ns.first)
     html = Path(tempfile.mkdtemp()) / "timeline.html"
     html.write_text(PAGE.replace("__DATA__", json.dumps(data)))
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     o = webdriver.ChromeOptions()
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,900"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1600,2400"):
         o.add_argument(a)
     d = webdriver.Chrome(options=o, service=Service("/usr/bin/chromedriver"))
     try:
         d.get(html.as_uri())
-        h = int(d.execute_script("return document.body.scrollHeight"))
-        d.set_window_size(1600, min(max(h + 20, 400), 4000))
-        d.save_screenshot(ns.png)
+        from selenium.webdriver.common.by import By
+
+        d.find_element(By.TAG_NAME, "body").screenshot(ns.png)
         print(f"{ns.png}: {data['title']}; browser {d.capabilities.get('browserName')} "
               f"{d.capabilities.get('browserVersion')}")
     finally:
