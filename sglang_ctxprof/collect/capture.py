@@ -5,7 +5,8 @@ steps; ``rid``: that request's next N steps) through the control channel, or the
 on the recorder's drain thread (:meth:`Capture.observe`, registered only when one is on): a decode
 step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
 it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
-steps in a row, or a host gap above ``host_gap_ms``.
+steps in a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace
+policy judges slow, whose next steps are captured (``collect.tail_trigger``).
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
@@ -39,18 +40,20 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..model import names
 from ..model.config import CaptureSettings
 from ..model.records import StepRecord
 from . import adapter_capture, hooks
+from .tail_trigger import Policy, TailTrigger
 
 logger = logging.getLogger(__name__)
 
 HISTORY = 32  # captures remembered (status, links)
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
+AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
 MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
@@ -89,8 +92,11 @@ class CaptureInfo:
 
 
 class Capture:
-    def __init__(self, cfg: CaptureSettings, guard: Any = None) -> None:
+    def __init__(self, cfg: CaptureSettings, guard: Any = None,
+                 policy: Callable[[], Optional[Policy]] = lambda: None) -> None:
+        """``policy()``: the trace policy now (the slow-request trigger asks it)."""
         self.cfg = cfg
+        self.tail = TailTrigger(policy) if cfg.slow_request else None
         self.guard = guard
         self.armed = False  # the hot path's one check: a capture is pending, running or exporting
         self.auto = cfg.auto  # automatic triggers (turned off on multi-rank groups at bind)
@@ -153,6 +159,8 @@ class Capture:
         ``rec`` (under the recorder's lock)."""
         if not self.auto:
             return
+        if self.tail is not None:  # first: it also names the request
+            self.tail.observe(rec, self.request)
         gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
         self._prev_end_ns = max(self._prev_end_ns, rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6))
         if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:
@@ -211,8 +219,9 @@ class Capture:
                 return
         elif info.rid and info.rid not in rids:
             info._waited += 1
-            if info._waited > RID_WAIT_STEPS:
-                self._end(info, names.CAPTURE_FAILED, f"request {info.rid} not seen in {RID_WAIT_STEPS} steps")
+            wait = RID_WAIT_STEPS if info.trigger == names.TRIGGER_RID else AUTO_RID_WAIT_STEPS
+            if info._waited > wait:
+                self._end(info, names.CAPTURE_FAILED, f"request {info.rid} not seen in {wait} steps")
             return
         elif not rids:
             return  # an idle batch: start on a real step
@@ -331,7 +340,7 @@ class Capture:
         return next((c for c in self.history if c.id == cid), None)
 
     def for_rid(self, rid: str) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in self.history if rid in c.rids or c.rid == rid]
+        return [c.to_dict() for c in list(self.history) if rid in c.rids or c.rid == rid]
 
     def status(self) -> dict[str, Any]:
         c = self.cfg
@@ -340,7 +349,8 @@ class Capture:
                        "max_mb": c.max_mb, "dir": c.dir},
             "triggers": {names.TRIGGER_SLOW_STEP: {"factor": c.slow_factor, "run": c.slow_run,
                                                    "on": self.auto and c.slow_factor > 0},
-                         names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0}},
+                         names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0},
+                         names.TRIGGER_SLOW_REQUEST: {"on": self.auto and self.tail is not None}},
             "fired": dict(self.fired),
             "suppressed": dict(self.suppressed),
             "deleted": self.deleted,

@@ -65,6 +65,9 @@ Environment variables (all optional):
     ... for this many decode steps in a row.
 ``SGLANG_CTXPROF_CAPTURE_HOST_GAP_MS`` (default 0: off) - ``capture``
     Trigger a capture when the host gap between two steps exceeds this many ms.
+``SGLANG_CTXPROF_CAPTURE_SLOW_REQUEST`` (default 0: off) - ``capture``
+    ``1``: capture the next steps of a running request the trace policy already judges slow
+    (``SGLANG_CTXPROF_SLOW_TOK_S``, ``SGLANG_CTXPROF_SLOW_STEP_MS``, as changed at run time).
 ``SGLANG_CTXPROF_FAULT`` (test only)
     A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
     ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
@@ -200,7 +203,7 @@ class RooflineSettings:
 @dataclass(frozen=True)
 class CaptureSettings:
     """Deep capture through SGLang's own profiler (``collect.capture``): budget and triggers.
-    ``slow_factor`` and ``host_gap_ms`` are the automatic triggers, each off at 0."""
+    ``slow_factor``, ``host_gap_ms`` and ``slow_request`` are the automatic triggers, each off by default."""
     dir: str = ""
     interval_s: float = 900.0
     max_steps: int = 32
@@ -209,10 +212,11 @@ class CaptureSettings:
     slow_factor: float = 0.0
     slow_run: int = 1
     host_gap_ms: float = 0.0
+    slow_request: bool = False
 
     @property
     def auto(self) -> bool:
-        return self.slow_factor > 0 or self.host_gap_ms > 0
+        return self.slow_factor > 0 or self.host_gap_ms > 0 or self.slow_request
 
 
 def _capture(env: Mapping[str, str]) -> CaptureSettings:
@@ -232,7 +236,8 @@ def _capture(env: Mapping[str, str]) -> CaptureSettings:
         max_steps=max_steps, steps=steps,
         max_mb=parse_float(names.ENV_CAPTURE_MAX_MB, _raw(env, names.ENV_CAPTURE_MAX_MB) or 256, positive=True),
         slow_factor=slow, slow_run=_int(env, names.ENV_CAPTURE_SLOW_RUN, 1),
-        host_gap_ms=_float(env, names.ENV_CAPTURE_HOST_GAP_MS, 0.0))
+        host_gap_ms=_float(env, names.ENV_CAPTURE_HOST_GAP_MS, 0.0),
+        slow_request=_choice(env, names.ENV_CAPTURE_SLOW_REQUEST, "0", ("0", "1")) == "1")
 
 
 @dataclass(frozen=True)

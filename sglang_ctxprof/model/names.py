@@ -134,6 +134,7 @@ ENV_CAPTURE_MAX_MB = "SGLANG_CTXPROF_CAPTURE_MAX_MB"  # byte cap on kept capture
 ENV_CAPTURE_SLOW_FACTOR = "SGLANG_CTXPROF_CAPTURE_SLOW_FACTOR"  # trigger: step > factor x prediction (0 off)
 ENV_CAPTURE_SLOW_RUN = "SGLANG_CTXPROF_CAPTURE_SLOW_RUN"  # ... for this many decode steps in a row
 ENV_CAPTURE_HOST_GAP_MS = "SGLANG_CTXPROF_CAPTURE_HOST_GAP_MS"  # trigger: host gap above this (0 off)
+ENV_CAPTURE_SLOW_REQUEST = "SGLANG_CTXPROF_CAPTURE_SLOW_REQUEST"  # trigger: a running request the trace policy calls slow
 
 # ---- the server flag -------------------------------------------------------------------------
 CLI_FLAG = "--enable-ctx-profile"
@@ -181,7 +182,8 @@ TRIGGER_MANUAL = "manual"  # POST /ctx_profile/capture?steps=N
 TRIGGER_RID = "rid"  # POST /ctx_profile/capture?rid=RID: that request's next steps
 TRIGGER_SLOW_STEP = "slow_step"  # a decode step slower than its context model predicts
 TRIGGER_HOST_GAP = "host_gap"  # a host gap between steps above the threshold
-TRIGGERS: tuple[str, ...] = (TRIGGER_MANUAL, TRIGGER_RID, TRIGGER_SLOW_STEP, TRIGGER_HOST_GAP)
+TRIGGER_SLOW_REQUEST = "slow_request"  # a running request the trace policy judges slow: its next steps
+TRIGGERS: tuple[str, ...] = (TRIGGER_MANUAL, TRIGGER_RID, TRIGGER_SLOW_STEP, TRIGGER_HOST_GAP, TRIGGER_SLOW_REQUEST)
 CAPTURE_PENDING = "pending"
 CAPTURE_RUNNING = "running"
 CAPTURE_EXPORTING = "exporting"
@@ -191,7 +193,12 @@ CAPTURE_DELETED = "deleted"  # removed by the byte cap (oldest first)
 RANGE_PREFIX = "ctxprof."  # record_function ranges: "ctxprof.verify_attn step=12 ctx=345"
 RANGE_STEP = "ctxprof.step"
 RANGE_CLOCK_SYNC = "ctxprof.clock_sync"  # opened at a known wall time: aligns the two clocks
-ATTR_CAPTURE_URI = "sglang.ctxprof.capture.uri"
+# The request span's links to the deep captures that covered its steps (lists, one entry per capture;
+# ``steps``: the request's step ids the captures cover)
+ATTR_CAPTURE_ID = "sglang.ctxprof.capture.id"
+ATTR_CAPTURE_TRIGGER = "sglang.ctxprof.capture.trigger"
+ATTR_CAPTURE_URI = "sglang.ctxprof.capture.uri"  # where to fetch it: GET <server>/ctx_profile/capture/<id>
+ATTR_CAPTURE_PATH = "sglang.ctxprof.capture.path"  # the trace file on the server ("" until written)
 ATTR_CAPTURE_STEPS = "sglang.ctxprof.capture.steps"
 
 # ---- instrumentor: the marker every wrapper carries ------------------------------------------

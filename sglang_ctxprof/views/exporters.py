@@ -183,7 +183,10 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
         return r is None or r.tp == 0
 
     def history(rid: str) -> Optional[Mapping[str, Any]]:
-        return profiler.recorder.aggregator.request(rid, lazy=True)  # rows read only to export
+        req = profiler.recorder.aggregator.request(rid, lazy=True)  # rows read only to export
+        if req is not None and profiler.capture.history:  # the deep captures that covered its steps
+            req["captures"] = profiler.capture.for_rid(rid)
+        return req
 
     def metrics_args() -> dict[str, Any]:
         return {"model": model_name(), "dropped": lambda: profiler.recorder.dropped,

@@ -22,6 +22,10 @@ likewise, although real attention and MoE calls interleave layer by layer.  On G
 event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
 carries ``ctxprof.phase_layout = "sequential"`` to say so.
 
+The request span names the deep captures that covered its steps (``sglang.ctxprof.capture.*``: id,
+trigger, where to fetch it, the trace file, the steps covered; see ``views.capture_refs``), when
+the request summary lists them (``captures``).
+
 The request span's parent is the record's W3C ``traceparent`` when SGLang passed one (see
 ``adapter.req_trace_parent``), else it starts a new trace.
 
@@ -42,6 +46,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from ..model import names
 from ..model.config import DEFAULT_OTEL_QUEUE
 from ..model.names import Phase
+from .capture_refs import span_attrs
 
 _VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
 _TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)
@@ -242,6 +247,8 @@ class OtelView:
             attrs[names.ATTR_SLOW_REASON] = slow_reason
         if req.get("ctx_last") is not None:
             attrs[names.ATTR_CTX_LEN] = int(req["ctx_last"])
+        if req.get("captures"):  # deep captures that covered its steps: views.capture_refs
+            attrs.update(span_attrs(req["captures"], (r["step_id"] for r in rows)))
         root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
                                       start_time=t0, attributes=attrs)
         ctx = self._trace.set_span_in_context(root)

@@ -12,7 +12,12 @@ range.  In order:
    admin ``POST /ctx_profile/capture``;
 3. without the admin key ``POST /ctx_profile/capture`` is refused (401) and starts nothing;
 4. ``?rid=`` captures that request's steps, and the request links to the capture;
-5. the merged timeline loads as JSON and our step slices overlap the trace's step ranges.
+5. the merged timeline loads as JSON and our step slices overlap the trace's step ranges;
+6. the CLIs show and take captures;
+7. the slow-request trigger (on, but the trace policy starts with both criteria at 0: nothing is
+   slow until the test sets ``slow_step_ms`` and ``mode=slow`` at run time) captures the next steps
+   of a request made slow by a planted slow step; the request's OTel span (to an in-process OTLP
+   receiver) names that capture, and the diagnosis flags it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pytest
 
 import ctxprof_ref
 from conftest import ROOT, generate, http, rand_ids, start_server, write_dist_info
+from test_tracing import Receiver
 from sglang_ctxprof.model import names
 from sglang_ctxprof.views.timeline import OUR_PID
 
@@ -41,6 +47,7 @@ R = names.ROUTE_CAPTURE
 ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 DONE = (names.CAPTURE_DONE, names.CAPTURE_FAILED, names.CAPTURE_DELETED)
 STATE: dict = {}
+RECEIVER: list = []
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +63,11 @@ def server(tmp_path_factory):
     plant_file.write_text("{}")
     env = {"PYTHONPATH": f"{PLANT}:{d}", ctxprof_plant.ENV: str(plant_file),
            names.ENV_CAPTURE_DIR: str(d / "captures"), names.ENV_CAPTURE_INTERVAL_S: str(INTERVAL_S),
-           names.ENV_CAPTURE_SLOW_FACTOR: "3", names.ENV_CAPTURE_STEPS: "4", names.ENV_CAPTURE_MAX_MB: str(MAX_MB)}
+           names.ENV_CAPTURE_SLOW_FACTOR: "3", names.ENV_CAPTURE_STEPS: "4", names.ENV_CAPTURE_MAX_MB: str(MAX_MB),
+           names.ENV_CAPTURE_SLOW_REQUEST: "1", names.ENV_TRACE_SLOW_TOK_S: "0", names.ENV_TRACE_SLOW_STEP_MS: "0"}
+    RECEIVER.append(Receiver())
+    env.update({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": RECEIVER[0].endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
     args = ctxprof_ref.model_args() + [names.CLI_FLAG, "--admin-api-key", ADMIN]
     srv = start_server("capture", args, env=env)
     srv.plant_file, srv.dir = plant_file, d
@@ -65,6 +76,7 @@ def server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
+        RECEIVER.pop().stop()
 
 
 def capture_status(server) -> dict:
@@ -272,3 +284,76 @@ def test_the_trace_cli_shows_the_capture_and_the_capture_cli_takes_one(server, c
     json.loads((tmp_path / files[0]).read_text())
     assert main(["capture", "--url", server.url, "--steps", "2"]) != 0  # no admin key: one line, no traceback
     assert "401" in capsys.readouterr().err
+
+
+def test_a_slow_request_by_the_trace_policy_captures_its_next_steps(server, capsys):
+    server.plant_file.write_text("{}")
+    st = capture_status(server)
+    assert st["triggers"][names.TRIGGER_SLOW_REQUEST]["on"] is True
+    assert names.TRIGGER_SLOW_REQUEST not in st["fired"]  # nothing was slow by the policy so far
+    t0 = time.time()
+    while time.time() - t0 < INTERVAL_S + 60:  # wait out the cooling-off window of the last capture
+        caps = capture_status(server)["captures"]
+        if all(c["state"] in DONE for c in caps) and (
+                not caps or time.time() - caps[-1]["requested_ns"] / 1e9 > INTERVAL_S + 0.5):
+            break
+        time.sleep(1)
+    n_before = len(capture_status(server)["captures"])
+    status, body = http("POST", server.url + names.ROUTE_TRACE_POLICY, body={"mode": "slow", "slow_step_ms": 1000},
+                        headers=ADMIN_H)
+    assert status == 200, body
+    try:
+        rid = "slow-request-1"
+        plant_slow(server, 1500, 1)  # the request's first verify step: > slow_step_ms, so the request is slow
+        gen = background(server, 200, 60, seed=41, rid=rid)
+        t0 = time.time()
+        while len(capture_status(server)["captures"]) == n_before and time.time() - t0 < 120:
+            time.sleep(0.2)
+        caps = capture_status(server)["captures"][n_before:]
+        assert len(caps) == 1, caps
+        info = wait_done(server, caps[0]["id"])
+        gen.join(300)
+    finally:
+        http("POST", server.url + names.ROUTE_TRACE_POLICY, body={"mode": "off", "slow_step_ms": 0}, headers=ADMIN_H)
+    assert info["trigger"] == names.TRIGGER_SLOW_REQUEST and info["rid"] == rid, info
+    assert info["state"] == names.CAPTURE_DONE and 1 <= len(info["step_ids"]) <= 4, info
+    assert info["trigger_step"] < info["step_ids"][0] and "step " in info["reason"], info
+    st = capture_status(server)
+    assert st["fired"][names.TRIGGER_SLOW_REQUEST] == 1, st
+    status, full = http("GET", server.url + f"{R}/{info['id']}")
+    assert status == 200, full
+    recs = full["ranks"][0]["steps"]
+    assert sorted(r["step_id"] for r in recs) == info["step_ids"] and all(rid in r["rids"] for r in recs), recs
+    status, req = http("GET", server.url + f"{names.ROUTE_REQUESTS}/{rid}")
+    assert status == 200 and info["id"] in [c["id"] for c in req["captures"]], req
+    # the request span names the capture that covered its steps
+    t0 = time.time()
+    spans = []
+    while time.time() - t0 < 60 and not spans:
+        spans = [s for s in RECEIVER[0].ours() if s["attrs"].get(names.ATTR_RID) == rid]
+        time.sleep(0.3)
+    assert len(spans) == 1, RECEIVER[0].ours()
+    a = spans[0]["attrs"]
+    ids = _attr_list(a, names.ATTR_CAPTURE_ID)
+    assert info["id"] in ids, a
+    k = ids.index(info["id"])
+    assert _attr_list(a, names.ATTR_CAPTURE_URI)[k] == f"{R}/{info['id']}"
+    assert _attr_list(a, names.ATTR_CAPTURE_TRIGGER)[k] == names.TRIGGER_SLOW_REQUEST
+    assert _attr_list(a, names.ATTR_CAPTURE_PATH)[k] in ("", info["path"])
+    assert set(info["step_ids"]) <= set(_attr_list(a, names.ATTR_CAPTURE_STEPS))
+    # and the diagnosis lists it, with where to fetch it
+    status, d = http("GET", server.url + names.ROUTE_DIAGNOSIS)
+    assert status == 200, d
+    (flag,) = [f for f in d["flags"] if f["kind"] == "captures"]
+    assert f"{info['id']} (slow_request for request {rid}" in flag["message"]
+    assert f"GET {R}/{info['id']}?format=timeline" in flag["message"]
+    with capsys.disabled():
+        print(f"\nslow-request capture {info['id']}: trigger step {info['trigger_step']}, steps {info['step_ids']}, "
+              f"{info['bytes']} bytes, stop {info['stop_ms']:.1f} ms, export {info['export_ms']:.0f} ms; reason: "
+              f"{info['reason']}; span attrs: {sorted(k for k in a if 'capture' in k)}; flag: {flag['message']}")
+
+
+def _attr_list(attrs: dict, key: str) -> list:
+    """A list attribute as the test receiver decodes it (an OTLP ArrayValue)."""
+    v = attrs.get(key)
+    return [getattr(x, x.WhichOneof("value")) for x in v.values] if v is not None else []
