@@ -10,7 +10,7 @@ overlapped event loop reduced to its order: launch step N+1, then process step N
 On a device (``dev``: ``torch.cuda``, or the simulated one of ``fake_cuda``) each result carries a
 ``copy_done`` event that ``process_batch_result`` synchronizes, SGLang's one synchronize per step;
 with ``streams`` the forward runs on a forward stream and the event is recorded on a copy stream
-that waits on it, as SGLang's overlap scheduler does.  Imports nothing.
+that waits on it, as SGLang's overlap scheduler does.  Imports only the standard library.
 """
 
 from __future__ import annotations
