@@ -24,31 +24,25 @@ import json
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-
-def http(method: str, url: str, body=None, timeout: float = 600):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+from overhead import generate, http  # noqa: E402 - the same request loop as the overhead benchmark
 
 
 def load(url: str, stop: threading.Event, seed: int, ctx: int, new: int) -> None:
+    """Keep one generation running until ``stop``: fresh random prompts of ``ctx`` tokens."""
     import random
 
     rng = random.Random(seed)
     while not stop.is_set():
-        ids = [rng.randint(10, 3999) for _ in range(ctx)]
-        http("POST", url + "/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+        try:
+            generate(url, [rng.randint(10, 3999) for _ in range(ctx)], new)
+        except (RuntimeError, OSError):
+            pass  # a refused or dropped request is the server's news, not the load's
 
 
 def p99(xs: list[float]) -> float:

@@ -41,6 +41,7 @@ from sglang_ctxprof.collect.adapter import Target  # noqa: E402
 from sglang_ctxprof.model.config import CtxProfConfig, GraphSettings  # noqa: E402
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory  # noqa: E402
 from sglang_ctxprof.collect.session import CtxProfSession  # noqa: E402
+from sglang_ctxprof.testing.fake_scheduler import PATH as SCHED, FakeScheduler  # noqa: E402
 from sglang_ctxprof.testing.session import Capture  # noqa: E402
 from sglang_ctxprof.collect.clocks import CudaEventClock  # noqa: E402
 
@@ -140,29 +141,9 @@ def Result():
     return NS(accept_lens=None)
 
 
-class Scheduler:
-    def __init__(self, worker, device):
-        self.model_worker, self.forward_ct = worker, 0
-        self.server_args = NS(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4, device=device)
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        res = self.model_worker.forward_batch_generation(batch)
-        res.copy_done = DEV.Event()
-        res.copy_done.record()
-        return res
-
-    def process_batch_result(self, batch, result):
-        result.copy_done.synchronize()  # SGLang's own, one per step
-        for r in batch.reqs:
-            r.spec_verify_ct += 1
-            r.output_ids.append(7)
-
-
 M = __name__
-TARGETS = [Target(f"{M}.{p}", h) for p, h in (
-    ("Scheduler.run_batch", "run_batch"), ("Scheduler.process_batch_result", "process_batch_result"),
+TARGETS = [Target(f"{SCHED}.run_batch", "run_batch"), Target(f"{SCHED}.process_batch_result", "process_batch_result")] + [
+    Target(f"{M}.{p}", h) for p, h in (
     ("Target_.forward_batch_generation", "verify"), ("AttnBlock.forward", "attn"), ("MoEBlock.forward", "moe"),
     ("Backend.capture_one", "graph_capture"), ("Backend.replay", "graph_replay"),
     ("Backend.cleanup", "graph_cleanup"))]
@@ -180,7 +161,7 @@ def profiled_run(layers, steps, use_graph, dry, step_ctx=None):
             p.graph = GraphTimer(f, DEV.is_capturing, sample_every=1, reason=why)
         else:
             p.ensure_graph()
-        sched = Scheduler(None, "cpu" if dry else "cuda")
+        sched = FakeScheduler(None, device="cpu" if dry else "cuda", dev=DEV)
         p.bind(sched)
         if dry:
             p.clock = CudaEventClock(event_factory=lambda: DEV.Event(enable_timing=True))
@@ -341,7 +322,7 @@ def check_no_sync(layers, steps, dry):
 
 
 def _unprofiled(layers, steps, step_ctx):
-    sched = Scheduler(Worker(Target_(layers, use_graph=True)), "cuda")
+    sched = FakeScheduler(Worker(Target_(layers, use_graph=True)), device="cuda", dev=DEV)
     reqs = [Req(f"r{i}") for i in range(4)]
     with step_ctx:
         for _ in range(steps):

@@ -14,7 +14,6 @@ never wrong, no exception).  Runs on ``torch.cuda`` or the simulated device (``p
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace as NS
 
 from sglang_ctxprof.collect.adapter import Target
@@ -22,6 +21,7 @@ from sglang_ctxprof.collect.clocks import CudaEventClock
 from sglang_ctxprof.collect.graph_clock import GraphTimer, external_event_factory
 from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.testing.fake_scheduler import PATH as SCHED, FakeScheduler
 from sglang_ctxprof.testing.session import Capture
 
 D = None  # the device of this run (probe_devices.TorchCuda or FakeCuda)
@@ -115,57 +115,18 @@ def Batch(reqs):
     return NS(reqs=reqs, forward_mode=NS(is_decode=lambda: True), forward_iter=0)
 
 
-class Scheduler:
-    def __init__(self, worker):
-        self.model_worker, self.forward_ct = worker, 0
-        self.server_args = NS(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4, device="cpu")
-        self.forward_stream, self.copy_stream = D.Stream(), D.Stream()
-        self.last_batch, self.result_queue, self.sglang_syncs = None, deque(), 0
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        with D.stream(self.forward_stream):
-            res = self.model_worker.forward_batch_generation(batch)
-        self.copy_stream.wait_stream(self.forward_stream)
-        res.copy_done = D.Event()
-        res.copy_done.record(self.copy_stream)
-        return res
-
-    def process_batch_result(self, batch, result):
-        result.copy_done.synchronize()  # SGLang's own, one per step
-        self.sglang_syncs += 1
-        for r in batch.reqs:
-            r.spec_verify_ct += 1
-            r.output_ids.append(7)
-
-    def is_disable_overlap_for_batch(self, batch, last_batch):
-        return False
-
-    def loop_overlap(self, batches):
-        for batch in list(batches) + [None]:
-            disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
-            if disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            if batch is not None:
-                self.result_queue.append((batch, self.run_batch(batch)))
-            if self.last_batch is not None and not disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            self.last_batch = batch
-        while self.result_queue:
-            self.process_batch_result(*self.result_queue.popleft())
-
-
 M = __name__
-SPEC = (("Scheduler.run_batch", "run_batch"), ("Scheduler.process_batch_result", "process_batch_result"),
-        ("Scheduler.is_disable_overlap_for_batch", "overlap_gate"), ("Target_.forward_batch_generation", "verify"),
+SCHED_SPEC = (("run_batch", "run_batch"), ("process_batch_result", "process_batch_result"),
+              ("is_disable_overlap_for_batch", "overlap_gate"))
+SPEC = (("Target_.forward_batch_generation", "verify"),
         ("Attn.forward", "attn"), ("MoE.forward", "moe"), ("Backend.capture_one", "graph_capture"),
         ("Backend.replay", "graph_replay"), ("Backend.cleanup", "graph_cleanup"),
         ("Runner.can_run_graph", "graph_eager_fallback"))
 
 
 def run(k, gate, steps=40):
-    targets = [Target(f"{M}.{p}", h) for p, h in SPEC if gate or h != "overlap_gate"]
+    targets = [Target(f"{SCHED}.{m}", h) for m, h in SCHED_SPEC if gate or h != "overlap_gate"]
+    targets += [Target(f"{M}.{p}", h) for p, h in SPEC]
     session = CtxProfSession(CtxProfConfig(), targets=targets)
     session.instrument()
     p = session.profiler
@@ -173,7 +134,7 @@ def run(k, gate, steps=40):
     try:
         f, why = external_event_factory(D.Event)
         p.graph = GraphTimer(f, D.is_current_stream_capturing, sample_every=k, reason=why)
-        sched = Scheduler(None)
+        sched = FakeScheduler(None, dev=D, streams=True)
         p.bind(sched)
         p.clock = CudaEventClock(event_factory=lambda: D.Event(enable_timing=True))
         sched.model_worker = Worker()

@@ -80,26 +80,6 @@ class _Worker:
         return None
 
 
-class _Sched:
-    def __init__(self):
-        from types import SimpleNamespace
-
-        self.model_worker = _Worker()
-        self.server_args = SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4,
-                                           device="cpu")
-        self.forward_ct = 0
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        return self.model_worker.forward_batch_generation(batch)
-
-    def process_batch_result(self, batch, result):
-        for r in batch.reqs:
-            r.spec_verify_ct += 1
-            r.output_ids.append(7)
-
-
 def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from types import SimpleNamespace
 
@@ -107,6 +87,7 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from sglang_ctxprof.collect.adapter import Target
     from sglang_ctxprof.model.config import CtxProfConfig
     from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.testing.fake_scheduler import PATH, FakeScheduler
 
     def _exporters(profiler):  # the OTel/log/metric sinks the plugin installs (if present)
         try:
@@ -131,7 +112,7 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
         return best / 1e3  # µs
 
     def workload():
-        s = _Sched()
+        s = FakeScheduler(_Worker())
         _Target.n = n_calls
 
         def one_big_step():
@@ -158,8 +139,9 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
 
     bare = workload()
     M = __name__
-    session = CtxProfSession(CtxProfConfig(), targets=[Target(f"{M}.{x}", h) for x, h in (
-        ("_Sched.run_batch", "run_batch"), ("_Sched.process_batch_result", "process_batch_result"),
+    session = CtxProfSession(CtxProfConfig(), targets=[Target(f"{PATH}.run_batch", "run_batch"),
+                                                       Target(f"{PATH}.process_batch_result", "process_batch_result")]
+                             + [Target(f"{M}.{x}", h) for x, h in (
         ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"),
         ("_Attn.forward", "attn"), ("_MoE.forward", "moe"))], exporters=_exporters)
     session.instrument()
@@ -189,21 +171,23 @@ def http(method: str, url: str, body=None, timeout: float = 600):
         return exc.code, exc.read().decode(errors="replace")
 
 
+def generate(url: str, ids: list[int], new: int) -> int:
+    """One greedy ``/generate`` of exactly ``new`` tokens (``ignore_eos``); returns its decode tokens."""
+    st, out = http("POST", url + "/generate", {"input_ids": ids, "sampling_params": {
+        "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+    if st != 200:
+        raise RuntimeError(f"/generate failed: {st} {out}")
+    return out["meta_info"]["completion_tokens"] - 1
+
+
 def window(url: str, n_req: int, conc: int, prompt: int, new: int, seed: int) -> float:
     """Decode tok/s of one window: ``n_req`` fresh random prompts, ``conc`` in flight at a time."""
     rng = random.Random(seed)
     prompts = [[rng.randint(10, 3999) for _ in range(prompt)] for _ in range(n_req)]
 
-    def one(ids):
-        st, out = http("POST", url + "/generate", {"input_ids": ids, "sampling_params": {
-            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
-        if st != 200:
-            raise RuntimeError(f"/generate failed: {st} {out}")
-        return out["meta_info"]["completion_tokens"] - 1
-
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as ex:
-        toks = sum(ex.map(one, prompts))
+        toks = sum(ex.map(lambda ids: generate(url, ids, new), prompts))
     return toks / (time.perf_counter() - t0)
 
 

@@ -37,6 +37,8 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sglang_ctxprof.testing.fake_scheduler import PATH, FakeScheduler  # noqa: E402
+
 # µs/step before the flat hot path (bench/overhead.py's fake scheduler, commit 5899930).
 BEFORE = {1: (35, 50), 8: (46, 75), 32: (93, 171), 128: (353, 492), 256: (667, 1047)}
 CTX = 2048
@@ -90,24 +92,6 @@ class _Req:
         return self.finished_reason is not None
 
 
-class _Sched:
-    def __init__(self):
-        self.model_worker = _Worker()
-        self.server_args = SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4,
-                                           device="cpu")
-        self.forward_ct = 0
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        return self.model_worker.forward_batch_generation(batch)
-
-    def process_batch_result(self, batch, result):
-        for i, r in enumerate(batch.reqs):
-            r.spec_verify_ct += 1
-            r.output_ids.extend((7, 7, 7)[: result.accept[i]])
-
-
 _MODE = SimpleNamespace(is_decode=lambda: True)
 
 
@@ -119,7 +103,7 @@ def make_batch(n: int):
     return SimpleNamespace(reqs=reqs, forward_mode=_MODE, forward_iter=0, result=result)
 
 
-def run_steps(s: _Sched, batch, steps: int) -> int:
+def run_steps(s: FakeScheduler, batch, steps: int) -> int:
     t0 = time.perf_counter_ns()
     for _ in range(steps):
         s.process_batch_result(batch, s.run_batch(batch))
@@ -133,9 +117,9 @@ def session():
     from sglang_ctxprof.views import exporters
 
     M = __name__
-    return CtxProfSession(CtxProfConfig(), targets=[Target(f"{M}.{x}", h) for x, h in (
-        ("_Sched.run_batch", "run_batch"), ("_Sched.process_batch_result", "process_batch_result"),
-        ("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"))],
+    return CtxProfSession(CtxProfConfig(), targets=[
+        Target(f"{PATH}.run_batch", "run_batch"), Target(f"{PATH}.process_batch_result", "process_batch_result")]
+        + [Target(f"{M}.{x}", h) for x, h in (("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"))],
         exporters=exporters.install)
 
 
@@ -151,14 +135,14 @@ def measure(n: int, steps: int, reps: int) -> dict:
     chunks = max(1, steps // k)
     bare = []
     for _ in range(reps):
-        s, batch = _Sched(), make_batch(n)
+        s, batch = FakeScheduler(_Worker()), make_batch(n)
         bare += [run_steps(s, batch, k) / k for _ in range(chunks)]
     sched, drain = [], []
     for _ in range(reps):
         sess = session()
         sess.instrument()
         try:
-            s, batch = _Sched(), make_batch(n)
+            s, batch = FakeScheduler(_Worker()), make_batch(n)
             run_steps(s, batch, 2)  # binds the profiler (starts the drain thread) ...
             rec = sess.profiler.recorder
             rec.stop()  # ... which is held now: the steps below only enqueue

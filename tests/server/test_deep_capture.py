@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 import threading
 import time
 from collections import Counter
@@ -32,14 +31,14 @@ from collections import Counter
 import pytest
 
 import ctxprof_ref
-from conftest import ROOT, generate, http, rand_ids, start_server, write_dist_info
+from conftest import generate, http, rand_ids
+from plant_rig import plant, start_planted
 from test_tracing import Receiver
 from sglang_ctxprof.model import names
 from sglang_ctxprof.views.timeline import OUR_PID
 
 pytestmark = pytest.mark.server
 
-PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
 ADMIN = "capture-admin-key"
 INTERVAL_S = 25
 MAX_MB = 64
@@ -53,24 +52,14 @@ RECEIVER: list = []
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("capture")
-    sys.path.insert(0, str(PLANT))
-    try:
-        import ctxprof_plant
-    finally:
-        sys.path.remove(str(PLANT))
-    write_dist_info(str(d), ctxprof_plant.__name__)
-    plant_file = d / "plant.json"
-    plant_file.write_text("{}")
-    env = {"PYTHONPATH": f"{PLANT}:{d}", ctxprof_plant.ENV: str(plant_file),
-           names.ENV_CAPTURE_DIR: str(d / "captures"), names.ENV_CAPTURE_INTERVAL_S: str(INTERVAL_S),
+    env = {names.ENV_CAPTURE_DIR: str(d / "captures"), names.ENV_CAPTURE_INTERVAL_S: str(INTERVAL_S),
            names.ENV_CAPTURE_SLOW_FACTOR: "3", names.ENV_CAPTURE_STEPS: "4", names.ENV_CAPTURE_MAX_MB: str(MAX_MB),
            names.ENV_CAPTURE_SLOW_REQUEST: "1", names.ENV_TRACE_SLOW_TOK_S: "0", names.ENV_TRACE_SLOW_STEP_MS: "0"}
     RECEIVER.append(Receiver())
     env.update({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": RECEIVER[0].endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"})
     args = ctxprof_ref.model_args() + [names.CLI_FLAG, "--admin-api-key", ADMIN]
-    srv = start_server("capture", args, env=env)
-    srv.plant_file, srv.dir = plant_file, d
+    srv = start_planted("capture", args, d, env=env)
     try:
         generate(srv.url, rand_ids(300, seed=1), max_new_tokens=80)  # warm-up; the bucket's steps
         yield srv
@@ -106,8 +95,7 @@ def wait_done(server, cid: str, timeout: float = 240) -> dict:
 
 
 def plant_slow(server, ms: int, n: int) -> None:
-    server.plant_file.write_text(json.dumps({"slow_steps": [ms, n]}))
-    time.sleep(0.05)
+    plant(server, slow_steps=[ms, n])
 
 
 def load_trace(path: str) -> dict:
@@ -206,7 +194,7 @@ def test_bad_capture_requests_are_400(server):
 
 
 def test_capture_by_rid_covers_that_request_and_links_back(server):
-    server.plant_file.write_text("{}")
+    plant(server)
     rid = "capture-rid-1"
     t0 = time.time()
     while True:  # wait out the cooling-off window of the first capture
@@ -287,7 +275,7 @@ def test_the_trace_cli_shows_the_capture_and_the_capture_cli_takes_one(server, c
 
 
 def test_a_slow_request_by_the_trace_policy_captures_its_next_steps(server, capsys):
-    server.plant_file.write_text("{}")
+    plant(server)
     st = capture_status(server)
     assert st["triggers"][names.TRIGGER_SLOW_REQUEST]["on"] is True
     assert names.TRIGGER_SLOW_REQUEST not in st["fired"]  # nothing was slow by the policy so far

@@ -16,19 +16,17 @@ plugin, whose planted causes the test switches between phases through a JSON fil
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
+from conftest import generate, http, rand_ids, tiny
+from plant_rig import plant, start_planted
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import cpu_args
 from sglang_ctxprof.model.buckets import Bucketing
 
 pytestmark = pytest.mark.server
 
-PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
 CTX = (64, 1024, 3072)
 NEW = 24
 RESULTS: dict = {}
@@ -36,30 +34,14 @@ RESULTS: dict = {}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("plant")
-    sys.path.insert(0, str(PLANT))
-    try:
-        import ctxprof_plant
-    finally:
-        sys.path.remove(str(PLANT))
-    write_dist_info(str(d), ctxprof_plant.__name__)
-    plant_file = d / "plant.json"
-    plant_file.write_text("{}")
     m = tiny("deepseek-v3", "eagle", high_acceptance=True)
     args = cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"]
-    srv = start_server("diagnosis-plant", args,
-                       env={"PYTHONPATH": f"{PLANT}:{d}", ctxprof_plant.ENV: str(plant_file)})
-    srv.plant_file, srv.dir = plant_file, d
+    srv = start_planted("diagnosis-plant", args, tmp_path_factory.mktemp("plant"))
     try:
         generate(srv.url, rand_ids(64, seed=1), max_new_tokens=8)  # warm-up: the first steps compile/allocate
         yield srv
     finally:
         srv.stop()
-
-
-def plant(server, **cfg):
-    server.plant_file.write_text(json.dumps(cfg))
-    time.sleep(0.05)
 
 
 def phase(server, name, ctxs=CTX, new=NEW):

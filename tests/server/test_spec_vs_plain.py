@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 
 import pytest
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
+from conftest import generate, http, rand_ids, start_server, tiny
+from plant_rig import plant, start_planted
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import cpu_args
 from sglang_ctxprof.cli.sweep_arms import plain_args
@@ -36,7 +35,6 @@ pytestmark = [pytest.mark.server,
               pytest.mark.skipif(os.environ.get("CTXPROF_ARMS_TESTS") != "1",
                                  reason="opt-in: CTXPROF_ARMS_TESTS=1 (two servers, ~10 min)")]
 
-PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
 CTX = ("64", "1024", "3072")
 SWEEP = ["--ctx", *CTX, "--repeat", "2", "--short", "4", "--long", "40", "--no-plots"]
 RUNS: dict = {}
@@ -44,35 +42,19 @@ RUNS: dict = {}
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    d = tmp_path_factory.mktemp("arms")
-    sys.path.insert(0, str(PLANT))
-    try:
-        import ctxprof_plant
-    finally:
-        sys.path.remove(str(PLANT))
-    write_dist_info(str(d), ctxprof_plant.__name__)
-    plant_file = d / "plant.json"
-    plant_file.write_text("{}")
     m = tiny("deepseek-v3", "eagle", high_acceptance=True)
     spec_args = cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"]
-    path = ":".join(x for x in (str(PLANT), str(d), os.environ.get("PYTHONPATH", "")) if x)
-    spec = start_server("arms-spec", spec_args, env={"PYTHONPATH": path, ctxprof_plant.ENV: str(plant_file)})
+    spec = start_planted("arms-spec", spec_args, tmp_path_factory.mktemp("arms"))
     try:
         plain = start_server("arms-plain", plain_args(spec_args))
     except BaseException:
         spec.stop()
         raise
-    spec.plant_file, spec.dir = plant_file, d
     try:
         yield spec, plain
     finally:
         spec.stop()
         plain.stop()
-
-
-def plant(spec, **cfg):
-    spec.plant_file.write_text(json.dumps(cfg))
-    time.sleep(0.05)
 
 
 def arms(servers, name):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from sglang_ctxprof.testing.fake_scheduler import FakeScheduler
+
 
 class Mode:
     def __init__(self, name):
@@ -116,24 +118,5 @@ class MoE:
         time.sleep(self.sleep)
 
 
-class Scheduler:
-    def __init__(self, worker):
-        self.model_worker = worker
-        self.server_args = ServerArgs()
-        self.forward_ct = 0
-
-    def run_batch(self, batch):
-        self.forward_ct += 1
-        batch.forward_iter = self.forward_ct
-        return self.model_worker.forward_batch_generation(batch)
-
-    def process_batch_result(self, batch, result):
-        for i, req in enumerate(batch.reqs):
-            if req.finished():
-                continue  # overshoot row: SGLang does not count it
-            req.spec_verify_ct += 1
-            req.output_ids.extend([7] * result.accept_lens.vals[i])
-        return "processed"
-
-    def get_internal_state(self, recv_req):
-        return {"internal": True}
+# SGLang's Scheduler reduced to what the hooks touch: the one the benchmarks drive too.
+Scheduler = FakeScheduler

@@ -33,10 +33,10 @@ PURE_ROOMS = ("model", "aggregate")
 PURE_MODULES = ("control.protocol", "collect.step", "views.policy", "views.profile", "views.trace_events")  # pure modules in other rooms
 
 
-def _modules() -> dict[str, Path]:
+def _modules(pkg: Path = PKG) -> dict[str, Path]:
     out = {}
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG).with_suffix("").parts
+    for path in pkg.rglob("*.py"):
+        rel = path.relative_to(pkg).with_suffix("").parts
         name = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
         out[name] = path
     return out
@@ -50,9 +50,9 @@ def _package_of(name: str, path: Path) -> list[str]:
     return parts if path.name == "__init__.py" else parts[:-1]
 
 
-def imports(name: str) -> tuple[set[str], set[str]]:
+def imports(name: str, modules: dict[str, Path] = MODULES) -> tuple[set[str], set[str]]:
     """(package modules imported, external top-level packages imported) by module ``name``."""
-    path = MODULES[name]
+    path = modules[name]
     inside, outside = set(), set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -73,8 +73,8 @@ def imports(name: str) -> tuple[set[str], set[str]]:
                 base = pkg[: len(pkg) - (node.level - 1)] + ((node.module or "").split(".") if node.module else [])
             for a in node.names:
                 sub = ".".join([*base, a.name])
-                inside.add(sub if sub in MODULES else ".".join(base))
-    return {m for m in inside if m in MODULES}, outside
+                inside.add(sub if sub in modules else ".".join(base))
+    return {m for m in inside if m in modules}, outside
 
 
 def room(name: str) -> str | None:
@@ -82,42 +82,60 @@ def room(name: str) -> str | None:
     return top if top in ALLOWED else None
 
 
-GRAPH = {m: imports(m)[0] - {m} for m in MODULES}
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {m: imports(m, modules)[0] - {m} for m in modules}
 
 
-def test_no_import_circle():
+GRAPH = import_graph(MODULES)
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as a closed path, or None."""
     seen: dict[str, int] = {}  # 1: on the current path, 2: done
     stack: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> list[str] | None:
         seen[m] = 1
         stack.append(m)
-        for n in sorted(GRAPH[m]):
+        for n in sorted(graph[m]):
             if seen.get(n) == 1:
-                cycle = stack[stack.index(n):] + [n]
-                pytest.fail("import circle: " + " -> ".join(cycle))
-            if n not in seen:
-                visit(n)
+                return stack[stack.index(n):] + [n]
+            if n not in seen and (cycle := visit(n)):
+                return cycle
         stack.pop()
         seen[m] = 2
+        return None
 
-    for m in sorted(GRAPH):
-        if m not in seen:
-            visit(m)
+    for m in sorted(graph):
+        if m not in seen and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def room_violations(name: str, graph: dict[str, set[str]]) -> set[str]:
+    """The modules ``name`` imports that its room may not (a room's own package __init__ is in the room)."""
+    r = room(name)
+    return {n for n in graph[name] if (room(n) or n or "root") not in ALLOWED[r] and n != r}
+
+
+def heavy_imports(name: str, modules: dict[str, Path] = MODULES) -> set[str]:
+    return imports(name, modules)[1] & set(HEAVY)
+
+
+def test_no_import_circle():
+    cycle = find_circle(GRAPH)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
 
 @pytest.mark.parametrize("name", sorted(m for m in MODULES if room(m)))
 def test_rooms_import_only_what_they_may(name):
-    r = room(name)
-    bad = {n for n in GRAPH[name] if (room(n) or n or "root") not in ALLOWED[r]}
-    # a room's own package __init__ is part of the room
-    bad = {n for n in bad if n != r}
-    assert not bad, f"{name} ({r}/) may import only {sorted(ALLOWED[r])}/, but imports {sorted(bad)}"
+    bad = room_violations(name, GRAPH)
+    assert not bad, f"{name} ({room(name)}/) may import only {sorted(ALLOWED[room(name)])}/, but imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("name", sorted(m for m in MODULES if room(m) in PURE_ROOMS or m in PURE_MODULES))
 def test_pure_modules_import_nothing_heavy(name):
-    bad = imports(name)[1] & set(HEAVY)
+    bad = heavy_imports(name)
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
@@ -126,11 +144,42 @@ def test_the_root_holds_only_entry_points():
     assert root == {"api", "plugin", "http_app"}, root
 
 
-def test_checker_sees_a_violation():
-    """The rules above can fail: views importing collect is caught, and so is a circle."""
-    assert "collect" not in ALLOWED["views"]
-    assert room("collect.hooks") == "collect"
-    assert "model.names" in GRAPH["collect.hooks"]  # relative imports are resolved
+SYNTHETIC = {  # a small package with one of each violation, in each import form the checker reads
+    "__init__.py": '"""root"""',
+    "model/__init__.py": '"""m"""',
+    "model/names.py": '"""clean"""\nimport json\n',
+    "model/a.py": '"""circle, relative"""\nfrom . import b\n',
+    "model/b.py": '"""circle, absolute"""\nfrom sglang_ctxprof.model.a import X\n',
+    "model/heavy.py": '"""lazy heavy"""\ndef f():\n    import torch.cuda\n    from opentelemetry import trace\n',
+    "collect/__init__.py": '"""c"""',
+    "collect/hooks.py": '"""clean"""\nfrom ..model import names\n',
+    "views/__init__.py": '"""v"""',
+    "views/up.py": '"""views -> collect, relative"""\nfrom ..collect.hooks import x\n',
+    "views/up_lazy.py": '"""views -> collect, lazy absolute"""\ndef f():\n    import sglang_ctxprof.collect\n',
+    "views/root.py": '"""views -> an entry point"""\nfrom .. import plugin\n',
+    "plugin.py": '"""entry"""',
+}
+
+
+def test_checker_reports_synthetic_violations(tmp_path):
+    """The rules above can fail: fed a package that breaks each rule, the checker names each break."""
+    pkg = tmp_path / "sglang_ctxprof"
+    for rel, src in SYNTHETIC.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(src)
+    mods = _modules(pkg)
+    graph = import_graph(mods)
+    assert graph["collect.hooks"] == {"model.names"}  # relative imports are resolved
+    assert set(find_circle(graph) or []) == {"model.a", "model.b"}
+    assert room_violations("views.up", graph) == {"collect.hooks"}
+    assert room_violations("views.up_lazy", graph) == {"collect"}
+    assert room_violations("views.root", graph) == {"plugin"}
+    assert room_violations("collect.hooks", graph) == set() and room_violations("model.a", graph) == set()
+    assert heavy_imports("model.heavy", mods) == {"torch", "opentelemetry"}
+    assert heavy_imports("model.names", mods) == set()
+    del graph["model.b"], graph["model.a"]
+    graph = {m: deps - {"model.a", "model.b"} for m, deps in graph.items()}
+    assert find_circle(graph) is None
 
 
 def test_modules_are_small_and_documented():

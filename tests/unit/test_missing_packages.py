@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from sglang_ctxprof.cli.main import SUBCOMMANDS, main
-from test_sweep_fake_server import FakeSGLang, QuietServer
+from http_fakes import FakeSGLang, QuietServer
 
 FIXTURE = ROOT / "tests" / "fixtures" / "sweep"
 

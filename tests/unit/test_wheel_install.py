@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from test_sweep_fake_server import FakeSGLang, QuietServer
+from http_fakes import FakeSGLang, QuietServer
 
 FIXTURE = ROOT / "tests" / "fixtures" / "sweep" / "baseline"
 

@@ -1,14 +1,148 @@
-"""The sweep table: what ``sweep``/``report``/``demo`` print fits a 120-column terminal, and the full
-table (every column) goes to the results directory as ``table.txt``."""
+"""Sweep building blocks without a server: prompts, breakdown pooling, summary, CSV, plots, compare math; the printed
+table fits a 120-column terminal and the full table goes to ``table.txt``."""
 
 from __future__ import annotations
 
 import copy
+import csv
 from pathlib import Path
 
+import pytest
+
+from sglang_ctxprof.cli import compare as cmp
 from sglang_ctxprof.cli import sweep_results as res
 from sglang_ctxprof.cli.main import main
+from sglang_ctxprof.cli.prompts import PromptPlan, corpus_text
+from sglang_ctxprof.cli.sweep_point import breakdown
 
+
+def test_corpus_is_bundled_and_large():
+    text = corpus_text()
+    assert "We hold these truths to be self-evident" in text and "Four score and seven years" in text
+    assert len(text.split()) > 5000
+
+
+@pytest.mark.parametrize("mode", ["corpus", "random-ids"])
+def test_prompts_exact_length_distinct_and_stable(mode):
+    stream = list(range(10, 1010)) * 3 + list(range(5, 500))  # wraps, repeats inside
+    plan = PromptPlan(stream, mode, seed=1)
+    ctxs = [2, 64, 1024, 5000]  # longer than the stream: wraps around
+    plan.plan(ctxs, 3, ("short", "long"))
+    heads = set()
+    for c in ctxs:
+        for r in range(3):
+            a, b = plan.get(c, r, "short"), plan.get(c, r, "long")
+            assert len(a) == len(b) == c and a != b
+            heads |= {tuple(a[:2]), tuple(b[:2])}
+    assert len(heads) == len(ctxs) * 3 * 2  # no two prompts share their first two tokens
+    again = PromptPlan(stream, mode, seed=1)
+    again.plan(ctxs, 3, ("short", "long"))
+    assert again.get(1024, 2, "long") == plan.get(1024, 2, "long")  # --resume rebuilds the same prompts
+    assert set(plan.get(5000, 0, "short")) <= set(stream)
+
+
+def test_prompt_mode_checked():
+    with pytest.raises(ValueError):
+        PromptPlan(list(range(100)), "bogus")
+
+
+def _bucket(label, steps, bs, acc, com, phases):
+    """A bucket as a server without exact counts sent it (they are rebuilt from the means)."""
+    lo = int(label.split("-")[0])
+    return {"label": label, "lo": lo, "hi": 2 * lo, "steps": steps, "mean_batch_size": bs, "mean_ctx": 100.0, "accepted_per_step": acc,
+            "committed_per_step": com,
+            "phases": {p: {"mean_ms": ms, "total_ms": ms * steps, "count": steps} for p, ms in phases.items()}}
+
+
+def test_breakdown_pools_buckets_by_steps():
+    body = {"algorithms": ["EAGLE"], "timing": "cpu", "buckets": [
+        _bucket("64-127", 10, 1.0, 4.0, 3.5, {"draft": 2.0, "verify_attn": 1.0, "step": 3.0}),
+        _bucket("128-255", 30, 1.0, 2.0, 2.0, {"draft": 4.0, "verify_attn": 3.0, "draft_extend": 1.0, "step": 8.0}),
+    ]}
+    b = breakdown(body)
+    assert b["steps"] == 40
+    assert b["phases_ms"]["draft"] == pytest.approx((20 + 120) / 40)
+    assert b["phases_ms"]["draft_extend"] == pytest.approx(30 / 40)  # ms per step over all steps
+    assert b["accepted_per_step"] == pytest.approx((40 + 60) / 40)
+    assert b["server_tok_s"] == pytest.approx(((35 + 60) / 40) / (((30 + 240) / 40) / 1e3))
+    assert breakdown(None) is None and breakdown({"buckets": []}) is None
+
+
+def _point(ctx, rep, tok_s, draft, attn, acc=3.5):
+    return {"ctx": ctx, "repeat": rep, "prompt_tokens": ctx, "t_a": 0.1, "t_b": 1.0, "decode_tok_s": tok_s,
+            "accept_per_step": acc, "cached_tokens": 0,
+            "breakdown": {"accepted_per_step": acc, "server_tok_s": tok_s * 1.02,
+                          "phases_ms": {"draft": draft, "verify_attn": attn, "step": draft + attn}}}
+
+
+def _run(scale_attn=1.0, draft_add=0.0, ctxs=(64, 1024, 3072), jitter=0.02):
+    pts = []
+    for c in ctxs:
+        for r, j in enumerate((-jitter, 0.0, jitter)):
+            attn = (1.0 + 2.0 * c / 1000) * scale_attn * (1 + j)
+            draft = 3.0 * (1 + j) + draft_add
+            pts.append(_point(c, r, 3.5 / ((draft + attn) / 1e3), draft, attn))
+    return res.summarize(pts)
+
+
+def test_summary_median_spread_and_csv(tmp_path):
+    rows = _run()
+    assert [r["ctx"] for r in rows] == [64, 1024, 3072]
+    r = rows[1]
+    assert r["repeats"] == 3 and r["prompt_tokens"] == [1024] and r["breakdown"]
+    assert r["phases_ms"]["verify_attn"]["median"] == pytest.approx(3.048)
+    assert r["phases_ms"]["verify_attn"]["spread"] == pytest.approx(3.048 * 0.02)
+    res.write_summary(tmp_path, {"prompt_mode": "corpus"}, rows)
+    data = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [int(d["ctx"]) for d in data] == [64, 1024, 3072]
+    assert float(data[2]["ms_verify_attn"]) == pytest.approx(7.144)
+    from sglang_ctxprof.cli.plots import write_plots
+
+    paths = write_plots(rows, tmp_path, "unit")
+    assert len(paths) == 4
+    for p in paths:
+        assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_same_run_is_not_a_regression():
+    out = cmp.compare(_run(), _run())
+    assert out["exit_code"] == 0 and out["verdict"] == "inherent context scaling"
+    assert out["scaling"]["slopes"]["verify_attn"] == pytest.approx(2.0, rel=0.05)
+    assert all(c["status"] in ("same", "(same)") for c in out["checks"])
+
+
+def test_compare_phase_regression_is_caught():
+    out = cmp.compare(_run(), _run(scale_attn=1.3))
+    assert out["exit_code"] == 1 and out["verdict"] == "regression"
+    worse = {(c["ctx"], c["quantity"]) for c in out["checks"] if c["status"] == "worse"}
+    assert (3072, "verify_attn") in worse and not any(q == "draft" for _, q in worse)
+
+
+def test_compare_small_change_is_noise():
+    out = cmp.compare(_run(), _run(draft_add=0.05))
+    assert out["exit_code"] == 0
+
+
+def test_compare_longer_context_judged_by_baseline_fit():
+    base = _run(ctxs=(64, 1024, 3072))
+    longer = _run(ctxs=(64, 1024, 3072, 6144))
+    out = cmp.compare(base, longer)
+    assert out["exit_code"] == 0 and out["verdict"] == "inherent context scaling"
+    assert any(c["ctx"] == 6144 and c["source"] == "A fit" for c in out["checks"])
+    slow = _run(ctxs=(64, 1024, 3072, 6144), scale_attn=1.0)
+    for r in slow:
+        if r["ctx"] == 6144:
+            r["phases_ms"]["verify_attn"] = {k: v * 1.5 if k != "n" else v
+                                             for k, v in r["phases_ms"]["verify_attn"].items()}
+    assert cmp.compare(base, slow)["verdict"] == "regression"
+
+
+def test_fit():
+    assert cmp.fit([(0, 1), (1, 3), (2, 5)]) == pytest.approx((2.0, 1.0))
+    assert cmp.fit([(1, 1), (1, 2)]) is None
+
+
+# ---- the printed table and table.txt ----
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "sweep"
 FULL_ONLY = ("prompt_tok", "t_a s", "t_b s", "srv tok/s", "sust srv tok/s", "sust acc/step")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_graph_timing import build, cleanup  # noqa: F401 - fixture and builder
+from graph_rig import build, cleanup  # noqa: F401 - fixture and builder
 from sglang_ctxprof.collect.graph_clock import EAGER, PLAIN, TIMED, GraphTimer, shape_selected
 from sglang_ctxprof.model.config import CtxProfConfig, parse_timed_shapes
 

@@ -18,7 +18,7 @@ import gc
 import pytest
 
 import gpu_fakes as gf
-from test_graph_timing import K, build, cleanup, records, traffic  # noqa: F401 - fixture and builders
+from graph_rig import K, build, cleanup, records, traffic  # noqa: F401 - fixture and builders
 from sglang_ctxprof.collect import graph_clock
 from sglang_ctxprof.testing.fake_comm import CollectiveMismatch
 

@@ -18,7 +18,7 @@ from sglang_ctxprof.cli.show import _fleet_text, merge_servers
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.views.http import served_state
 from sglang_ctxprof.views.profile import build_profile
-from test_trace_export import _rec
+from record_fakes import trace_rec as _rec
 
 
 def _body(agg: Aggregator, dropped: int = 0) -> dict:

@@ -14,7 +14,7 @@ import pytest
 
 from sglang_ctxprof.cli.main import main
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sweep"
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "sweep"
 
 
 def _compare(a: str, b: str, capsys) -> tuple[int, dict, str]:

@@ -251,3 +251,19 @@ def test_fake_streams_order_work_and_capture_side_branches():
                 side.wait_stream(main)
                 with dev.stream(side):
                     dev.kernel(1.0)
+
+
+def test_elapsed_ms_of_a_cross_stream_pair_waits_for_both():
+    dev = FakeDevice()
+    clock = CudaEventClock(event_factory=lambda: dev.Event(enable_timing=True))
+    s1, s2 = dev.Stream(), dev.Stream()
+    with dev.stream(s1):
+        dev.kernel(5.0)
+        a = clock.mark()  # start on s1, behind a long kernel
+    with dev.stream(s2):
+        b = clock.mark()  # end on s2, which has nothing before it
+    dev.advance(b)
+    assert b.query() and not a.query()
+    assert clock.elapsed_ms(a, b) is None  # not an exception that would turn profiling off
+    dev.run()
+    assert clock.elapsed_ms(a, b) is not None

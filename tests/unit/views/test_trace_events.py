@@ -16,19 +16,7 @@ from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.model.names import MAX_TRACE_STEPS
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.views.trace_events import request_trace, steps_trace
-
-LEAVES = ("draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead")
-
-
-def _rec(i: int, t_ns: int, times, ctx=(100, 300), kind="decode", rank=RankId()) -> StepRecord:
-    ph = dict(zip(LEAVES, times))
-    ph["verify"] = ph["verify_attn"] + ph["verify_moe"] + ph["verify_rest"]
-    n = len(ctx)
-    return StepRecord(step_id=i, kind=kind, algorithm="EAGLE", rank=rank, rids=tuple(f"r{j}" for j in range(n)),
-                      ctx_lens=tuple(ctx), accepted=(3,) * n, committed=(3,) * n, finished=(False,) * n,
-                      draft_tokens=4, step_ms=sum(times) if kind == "decode" else 7.5,
-                      phases_ms=ph if kind == "decode" else {}, t_start_ns=t_ns)
-
+from record_fakes import LEAVES, trace_rec as _rec  # noqa: F401
 
 def _ns(us: float) -> int:
     return int(round(us * 1000))

@@ -9,6 +9,7 @@ from sglang_ctxprof.aggregate.aggregator import Aggregator, merge_states
 from sglang_ctxprof.aggregate.snapshot import Snapshot
 from sglang_ctxprof.views.profile import build_profile, summarize
 from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.model.roofline import hw_meta, kv_bytes_per_token
 
 # DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers, bf16 KV.
 DSV3 = {"attention": "mla", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "layers": 61,
@@ -123,7 +124,7 @@ def _sched(arch, **cfg):
 
 def test_adapter_model_facts_from_sglang_model_config():
     from sglang_ctxprof.collect import adapter
-
+    
     mla = adapter.model_facts(_sched("AttentionArch.MLA", layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
     assert mla["attention"] == "mla" and mla["kv_dtype_bytes"] == 2
     assert rl.kv_bytes_per_token(mla) == 70272
@@ -161,3 +162,41 @@ def test_profiler_ships_hw_facts_in_its_state(monkeypatch):
     assert hw["device"] == "cpu" and hw["kv_bytes_per_token"] == 70272 and hw["hbm_gbps"] == 1000.0
     st = _state(hw, attn_ms=1.0)
     assert summarize(st)["buckets"][0]["roofline"]["pct"] == pytest.approx(2_302_672_896 / 1e-3 / 1e12 * 100)
+
+
+# ---- found by the CUDA-path read: bytes and time from the same steps, attention TP, sparse models
+def _gpu_rec(step_id, ctx, attn_ms=None):
+    phases = {"verify": 10.0, "overhead": 1.0}
+    if attn_ms is not None:
+        phases.update(verify_attn=attn_ms, verify_moe=0.0, verify_rest=10.0 - attn_ms)
+    return StepRecord(step_id=step_id, kind="decode", algorithm="EAGLE", rank=RankId(0, 0, 0), rids=("a",),
+                      ctx_lens=(ctx,), accepted=(1,), committed=(2,), finished=(False,), draft_tokens=4,
+                      step_ms=11.0, phases_ms=phases, t_start_ns=0, timing="cuda_graph")
+
+
+def test_roofline_bytes_and_time_come_from_the_same_steps():
+    facts = {"layers": 1, "kv_dtype_bytes": 2, "attention": "gqa", "num_kv_heads": 1, "head_dim": 64,
+             "tp_size": 1}
+    hw = hw_meta(facts, "NVIDIA H200")
+    agg = Aggregator()
+    # one bucket: the sampled step (with an attention time) has 1000 tokens, the others 1023
+    agg.observe(_gpu_rec(64, 1000, attn_ms=1.0))
+    for i in range(1, 8):
+        agg.observe(_gpu_rec(64 + i, 1023))
+    b = build_profile(agg.snapshot().with_hw(hw)).buckets[0]
+    assert b.roofline["kv_bytes_per_step"] == pytest.approx(1000 * kv_bytes_per_token(facts))
+
+
+def test_roofline_uses_the_attention_tp_size_under_attention_dp():
+    gqa = {"layers": 2, "kv_dtype_bytes": 2, "attention": "gqa", "num_kv_heads": 8, "head_dim": 128}
+    assert kv_bytes_per_token({**gqa, "tp_size": 8, "attn_tp_size": 2}) == 2 * 4 * 128 * 2 * 2
+    assert kv_bytes_per_token({**gqa, "tp_size": 8}) == 2 * 1 * 128 * 2 * 2
+
+
+def test_roofline_is_unavailable_for_sparse_attention():
+    facts = {"layers": 1, "kv_dtype_bytes": 2, "attention": "mla", "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+             "tp_size": 1, "sparse": "sparse attention (DSA/NSA, index_topk=2048)"}
+    agg = Aggregator()
+    agg.observe(_gpu_rec(64, 1000, attn_ms=1.0))
+    r = build_profile(agg.snapshot().with_hw(hw_meta(facts, "NVIDIA H200"))).buckets[0].roofline
+    assert r["available"] is False and "DSA" in r["reason"]

@@ -6,7 +6,7 @@ others; the overlap gate, needed only when consecutive steps are sampled, and wi
 discarded read instead of another step's numbers; events not complete yet -> split unavailable,
 step parked and retried; the eager fallback; no synchronize anywhere; the gate decision identical
 on every rank; the real SGLang targets resolve with our signatures.  The defects found by reading
-the CUDA paths have their own tests in ``test_gpu_defects``.
+the CUDA paths have their own tests in ``test_graph_clock_defects``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 import gpu_fakes as gf
 from fakes import Batch, Req
+from graph_rig import K, build, cleanup, records, traffic  # noqa: F401 - fixture and builders
 from sglang_ctxprof.collect import adapter, graph_hooks, hooks
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.config import CtxProfConfig
@@ -23,50 +24,6 @@ from sglang_ctxprof.collect.instrumentor import check_signature, resolve
 from sglang_ctxprof.model.names import TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS
 
 TIMING_CUDA_GRAPH = "cuda_graph"
-from sglang_ctxprof.collect.session import HOOKS, CtxProfSession
-from sglang_ctxprof.testing.session import Capture
-from sglang_ctxprof.collect.clocks import CudaEventClock
-
-K = 4
-
-
-def build(monkeypatch, *, external=True, use_graph=True, gate=True, fallback="off", device_sync=True, k=K,
-          record_cost_ms=0.0, draft_graph=True, concurrent=False):
-    dev = gf.reset(supports_external=external, record_cost_ms=record_cost_ms, concurrent=concurrent)
-    targets = [Target(path, hook) for path, hook in gf.TARGETS_SPEC
-               if (gate or hook != "overlap_gate") and hook in HOOKS]
-    session = CtxProfSession(CtxProfConfig(), targets=targets)
-    assert set(session.instrument().values()) == {"ok"}
-    p = session.profiler
-    CAPTURES[id(p)] = Capture(p)
-    sched = gf.Scheduler(None, device_sync=device_sync)
-    p.bind(sched)
-    p.clock = CudaEventClock(event_factory=lambda: gf.DEV.Event(enable_timing=True))
-    factory, reason = external_event_factory(dev.Event)
-    p.graph = GraphTimer(factory, lambda: gf.DEV.is_current_stream_capturing(), sample_every=k,
-                         fallback=fallback, reason=reason)
-    sched.model_worker = gf.Worker(use_graph=use_graph, draft_graph=draft_graph)  # model init: capture
-    return p, session, sched
-
-
-CAPTURES: dict[int, Capture] = {}  # profiler id -> the test's record capture
-
-
-def records(p):
-    return CAPTURES[id(p)].records()
-
-
-@pytest.fixture
-def cleanup():
-    made = []
-    yield made
-    for _, session in made:
-        session.uninstrument()
-
-
-def traffic(sched, n=13):
-    reqs = [Req("a", 100), Req("b", 700)]
-    sched.loop_overlap([Batch(reqs) for _ in range(n)])
 
 
 def test_feature_detection():

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+
+import pytest
 
 from sglang_ctxprof.model import names
 from sglang_ctxprof import plugin
@@ -40,7 +43,21 @@ def test_good_config_exports_the_switch(monkeypatch):
     assert __import__("os").environ[names.ENV_ENABLE] == "1"
 
 
-def test_no_leak_into_later_tests():
-    import os
-
-    assert os.environ.get(names.ENV_ENABLE) is None
+def test_register_writes_only_the_switch_and_the_app_path():
+    """What register() exports is exactly the switch and the app path, so a test that records those
+    two leaves the process as it found it (no order between tests is assumed)."""
+    before = dict(os.environ)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plugin, "_register_cli_hooks", lambda: None)
+        mp.setattr(plugin, "_BAD_CONFIG", None)
+        mp.setattr("sys.argv", ["launch_server", names.CLI_FLAG])
+        mp.setattr("sglang_ctxprof.plugin.install_http_routes", lambda app=None: None)
+        for key in (names.ENV_ENABLE, names.ENV_SGLANG_APP_PATH):
+            mp.setenv(key, "")  # recorded, so the context's exit restores the original state
+            mp.delenv(key)
+        plugin.register()
+        changed = {k for k in set(os.environ) | set(before) if os.environ.get(k) != before.get(k)}
+        assert changed - {names.ENV_ENABLE, names.ENV_SGLANG_APP_PATH} == set()
+        assert os.environ[names.ENV_ENABLE] == "1"
+        assert os.environ[names.ENV_SGLANG_APP_PATH] == names.HTTP_APP_PATH
+    assert dict(os.environ) == before

@@ -228,3 +228,11 @@ def test_acceptance_by_position_equals_a_per_request_count():
             if a > 0:
                 acc_mod.add(want.setdefault(agg.bucketing.index(c), {}), depth or 4, a - 1)
     assert agg.acceptance == want
+
+
+def test_profile_timing_is_the_best_label_seen_not_the_last():
+    agg = Aggregator()
+    for i, label in enumerate(("cuda_graph", "cuda_graph_events", "cuda_graph", "cuda_events")):
+        r = rec(60 + i, (1000,))
+        agg.observe(StepRecord.from_dict({**r.to_dict(), "timing": label}))
+    assert agg.snapshot().timing == "cuda_graph_events"

@@ -1,0 +1,47 @@
+"""A real server with the test-only ``ctxprof_plant`` plugin (tests/plugins/ctxprof_plant) loaded.
+
+The plugin is path-loaded: its folder and a dist-info entry point written into the test's temp
+folder go on the server's ``PYTHONPATH`` (after nothing, before the caller's own, so a worktree's
+code still wins), nothing is installed.  The server reads its planted causes from ``plant.json`` in
+that folder; ``plant(srv, **cfg)`` rewrites it between phases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT, start_server, write_dist_info
+
+PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
+
+
+def _plugin():
+    sys.path.insert(0, str(PLANT))
+    try:
+        import ctxprof_plant
+    finally:
+        sys.path.remove(str(PLANT))
+    return ctxprof_plant
+
+
+def start_planted(name: str, args: list[str], folder: Path, env: dict[str, str] | None = None):
+    """Start ``args`` with the plant plugin loaded and nothing planted; the server gets
+    ``plant_file`` and ``dir`` (``folder``) attributes."""
+    mod = _plugin()
+    write_dist_info(str(folder), mod.__name__)
+    plant_file = folder / "plant.json"
+    plant_file.write_text("{}")
+    path = ":".join(x for x in (str(PLANT), str(folder), os.environ.get("PYTHONPATH", "")) if x)
+    srv = start_server(name, args, env={**(env or {}), "PYTHONPATH": path, mod.ENV: str(plant_file)})
+    srv.plant_file, srv.dir = plant_file, folder
+    return srv
+
+
+def plant(srv, **cfg) -> None:
+    """Plant ``cfg`` (the plugin re-reads the file when its mtime changes); ``plant(srv)`` clears it."""
+    srv.plant_file.write_text(json.dumps(cfg))
+    time.sleep(0.05)
