@@ -150,3 +150,25 @@ def test_a_plain_server_says_it_has_no_ledger_of_its_own(monkeypatch):
     http.install_routes(app, FakeChannel(_agg(spec=False)), admin=lambda f: f)
     led = TestClient(app).get(names.ROUTE_DIAGNOSIS).json()["ledger"]
     assert led["available"] is False and led["reason"].startswith("this server decodes without speculation")
+
+
+def test_the_page_draws_the_ledger_from_these_fields_only(client):
+    """Every field the page's ledger renderer reads is in the route's JSON, and it recomputes none."""
+    import re
+
+    from sglang_ctxprof.views import ui
+
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body())).status_code == 200
+    led = client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]
+    js = ui.read("app.js").decode()
+    part = js[js.index("function ledgerRows("):js.index("// ---- one request")]
+    row_fields = set(re.findall(r"\br\.(\w+)", part)) | set(re.findall(r"led\.rows\[i\]\.(\w+)", part))
+    spent = set(re.findall(r"r\.spent_ms\.(\w+)", part))
+    top = set(re.findall(r"\bled\.(\w+)", part)) - {"rows"} | {"rows"}
+    assert row_fields and row_fields <= set(led["rows"][0]), row_fields - set(led["rows"][0])
+    assert spent == set(led["rows"][0]["spent_ms"])  # every spent term is drawn
+    assert top <= set(led) | {"reason"}, top - set(led)
+    assert not re.search(r"\*|al\s*\*|/\s*r\.", part.replace("×", ""))  # no arithmetic on the numbers
+    html = ui.read("index.html").decode()
+    for el in ("ledger-box", "ledger-source", "ledger-verdict", "ledger", "ledger-notes"):
+        assert f'id="{el}"' in html, el
