@@ -228,19 +228,22 @@ def render_arms(rep: dict[str, Any]) -> list[str]:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else fmt.format(v)
 
-    head = ["ctx", "repeats", "spec tok/s", "plain tok/s", "speedup", "±", "ledger speedup",
+    head = ["ctx", "repeats", "spec tok/s", "plain tok/s", "speedup", "±", "mean ±95% CI", "ledger speedup",
             "client spec", "client plain", "client speedup", "±"]
     rows = []
     for t in rep["table"]:
         s, c = t["server"], t["client"]
         rows.append([str(t["ctx"]), str(s["repeats"]), f(s["spec_tok_s"], "{:.2f}"), f(s["plain_tok_s"], "{:.2f}"),
-                     f(s["speedup"], "{:.3f}"), f(s["speedup_spread"], "{:.3f}"), f(t["predicted_speedup"], "{:.3f}"),
+                     f(s["speedup"], "{:.3f}"), f(s["speedup_spread"], "{:.3f}"),
+                     f(s.get("speedup_mean"), "{:.3f}") + " ±" + f(s.get("speedup_ci95"), "{:.3f}"),
+                     f(t["predicted_speedup"], "{:.3f}"),
                      f(c["spec_tok_s"], "{:.2f}"), f(c["plain_tok_s"], "{:.2f}"), f(c["speedup"], "{:.3f}"),
                      f(c["speedup_spread"], "{:.3f}")])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     out = ["", "speculative vs plain decode, same prompts, interleaved: tok/s of the long request's decode steps "
                "on the server's wall clock (no prefill; host time between steps included), and the two-point "
-               "tok/s on the client clock; speedup = median of the per-repeat ratios, ± half their range",
+               "tok/s on the client clock; speedup = median of the per-repeat ratios, ± half their range; their mean "
+               "± the half-width of its 95% confidence interval (Student's t)",
            "  ".join(h.rjust(w) for h, w in zip(head, widths))]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     c = rep["crossover"]
