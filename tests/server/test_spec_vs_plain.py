@@ -191,9 +191,11 @@ def test_planted_host_delay_is_overhead_and_leaves_verify_inflation(servers):
         assert grew == pytest.approx(20.0, rel=0.4), (ctx, grew)  # the planted delay is overhead
         # and net saved carries it: net = saved - spent, the delay inside spent's overhead
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
-        # none of it is charged to verify attention: per interleaved pair, verify inflation stays
-        # where the clean run had it (both arms of a pair share the machine's state)
-        assert _pair_inflation(out, ctx) == pytest.approx(_pair_inflation(spec.dir / "clean", ctx), rel=0.5), ctx
+    # none of it is charged to verify attention: per interleaved pair (both arms of a pair share the
+    # machine's state), verify inflation at the long context stays where the clean run had it (at 64
+    # tokens attention is a few ms and its ratio is the machine's noise)
+    hi = int(CTX[-1])
+    assert _pair_inflation(out, hi) == pytest.approx(_pair_inflation(spec.dir / "clean", hi), rel=0.5)
 
 
 def _post_profile(url, body, source):
