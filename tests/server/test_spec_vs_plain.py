@@ -10,9 +10,14 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    interval: a bound from the run's spread, never a fixed share or a time;
 2. a verify-only attention slowdown growing with context: verify inflation grows with context, the
    crossover moves to a shorter context and the ledger names the verify attention path;
-3. a constant host delay per step: it shows as overhead (the ledger's overhead grows by the planted
-   amount, inside net saved), verify inflation does not change.  Net saved itself is not compared
-   across the two sweeps: on a shared CPU the plain arm's step moves more than the delay between runs;
+3. a constant host delay per step: it shows as overhead (the ledger's overhead of each interleaved
+   pair grows by the planted amount, inside net saved), verify inflation does not change.  Net saved
+   itself is not compared across the two sweeps: on a shared CPU the plain arm's step moves more than
+   the delay between runs;
+
+Comparisons across sweeps are made per interleaved pair (the two arms' points of one repeat ran back
+to back, so the machine's state is shared), and at the long context where a ratio of attention
+times is more than noise: other tenants of a 2-core machine slowed single repeats 10x.
 4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
