@@ -208,11 +208,13 @@ def test_planted_host_delay_is_overhead_and_leaves_verify_inflation(servers):
         assert grew == pytest.approx(20.0, rel=0.4), (ctx, grew)
         # and net saved carries it: net = saved - spent, the delay inside spent's overhead
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
-    # none of it is charged to verify attention: per interleaved pair (both arms of a pair share the
-    # machine's state), verify inflation at the long context stays where the clean run had it (at 64
-    # tokens attention is a few ms and its ratio is the machine's noise)
+    # none of it is charged to verify attention: at the long context verify attention (median over
+    # the repeats) moved by far less than the planted 20 ms (a ratio against plain decode attention
+    # measured seconds apart moved 0.9 -> 1.5 between two sweeps on a shared machine)
     hi = int(CTX[-1])
-    assert _pair_inflation(out, hi) == pytest.approx(_pair_inflation(spec.dir / "clean", hi), rel=0.5)
+    va = [statistics.median(json.loads(f.read_text())["breakdown"]["phases_ms"]["verify_attn"]
+                            for f in (d / "spec").glob(f"point-c{hi:06d}-r*.json")) for d in (out, clean_out)]
+    assert abs(va[0] - va[1]) < 0.5 * 20.0, va
 
 
 def _post_profile(url, body, source):
