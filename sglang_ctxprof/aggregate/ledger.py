@@ -55,7 +55,13 @@ def _interp(points: Sequence[tuple[float, float]], x: float) -> tuple[Optional[f
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0), how
 
 
-def _plain_at(plain: Sequence[Mapping[str, Any]], ctx: float, phase: str) -> tuple[Optional[float], str]:
+def _plain_at(plain: Sequence[Mapping[str, Any]], ctx: float, phase: str,
+              label: Optional[str] = None) -> tuple[Optional[float], str]:
+    """The plain arm's ``phase`` at ``ctx``: its point of the same label (the same context bucket of a
+    profile, the same context of a sweep) where it has one, else interpolated in context."""
+    same = [p for p in plain if label is not None and p.get("label") == label]
+    if same:
+        return (float(same[0]["phases"][phase]), "measured") if phase in same[0]["phases"] else (None, "none")
     return _interp([(float(p["ctx"]), float(p["phases"][phase])) for p in plain if phase in p["phases"]], ctx)
 
 
@@ -67,13 +73,14 @@ def row(spec: Mapping[str, Any], plain: Sequence[Mapping[str, Any]]) -> Optional
     """The ledger of one context (``spec``: ctx, al, phases) against the plain arm's points."""
     ph = spec["phases"]
     al, ctx = float(spec["al"]), float(spec["ctx"])
+    lbl = spec.get("label")
     t_step = float(ph.get("step") or 0.0) + float(ph.get(HOST_GAP) or 0.0)
-    t_plain, how = _plain_at(plain, ctx, "step")
+    t_plain, how = _plain_at(plain, ctx, "step", lbl)
     if not t_step or not t_plain:
         return None
-    t_plain += _plain_at(plain, ctx, HOST_GAP)[0] or 0.0
-    fwd, _ = _plain_at(plain, ctx, "decode")
-    ovh_p = sum(v for v in (_plain_at(plain, ctx, o)[0] for o in _OVH + (HOST_GAP,)) if v is not None)
+    t_plain += _plain_at(plain, ctx, HOST_GAP, lbl)[0] or 0.0
+    fwd, _ = _plain_at(plain, ctx, "decode", lbl)
+    ovh_p = sum(v for v in (_plain_at(plain, ctx, o, lbl)[0] for o in _OVH + (HOST_GAP,)) if v is not None)
     if fwd is None:  # a plain profile without the forward split: all of it is the forward
         fwd, ovh_p = t_plain, 0.0
     draft, ext, verify = (float(ph.get(p, 0.0)) for p in ("draft", "draft_extend", "verify"))
@@ -83,8 +90,8 @@ def row(spec: Mapping[str, Any], plain: Sequence[Mapping[str, Any]]) -> Optional
     spent["overhead_extra"] += (t_step - t_plain) - sum(spent.values())
     saved = (al - 1.0) * t_plain
     net = al * t_plain - t_step
-    va, da = ph.get("verify_attn"), _plain_at(plain, ctx, "decode_attn")[0]
-    vm, dm = ph.get("verify_moe"), _plain_at(plain, ctx, "decode_moe")[0]
+    va, da = ph.get("verify_attn"), _plain_at(plain, ctx, "decode_attn", lbl)[0]
+    vm, dm = ph.get("verify_moe"), _plain_at(plain, ctx, "decode_moe", lbl)[0]
     return {"ctx": ctx, "label": spec.get("label", str(round(ctx))), "al": al, "step_ms": t_step,
             "plain_step_ms": t_plain, "plain_from": how, "speedup": al * t_plain / t_step,
             "saved_ms": saved, "spent_ms": spent, "net_ms": net, "net_per_token_ms": net / al if al else None,

@@ -178,7 +178,8 @@ def arms_report(out: Path) -> dict[str, Any]:
                          "spec_tok_s": statistics.median(by["spec"][r] for r in reps) if reps else None,
                          "plain_tok_s": statistics.median(by["plain"][r] for r in reps) if reps else None,
                          "speedup": statistics.median(ratios) if ratios else None,
-                         "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None}
+                         "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None,
+                         **mean_ci95(ratios, "speedup")}
         row["speedup"] = row["server"]["speedup"] or row["client"]["speedup"]
         # the ledger's prediction per interleaved pair (both arms' steps measured side by side), median
         pairs = [ledger_row(_ledger_point(sp), [_ledger_point(pp)])
@@ -188,12 +189,27 @@ def arms_report(out: Path) -> dict[str, Any]:
         pairs = [r["speedup"] for r in pairs if r is not None]
         if pairs:
             row["predicted_speedup"] = statistics.median(pairs)
+        row.update(mean_ci95(pairs, "predicted"))
         table.append(row)
     measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
                  "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
                 for t in table if t["speedup"] is not None]
     cross = crossover(measured, ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     return {"table": table, "crossover": cross, "ledger": led}
+
+
+def mean_ci95(xs: list[float], name: str) -> dict[str, Optional[float]]:
+    """``{name}_mean`` and ``{name}_ci95``: the mean of the per-repeat values and the half-width of its
+    95% confidence interval (Student's t; None below two repeats)."""
+    if not xs:
+        return {f"{name}_mean": None, f"{name}_ci95": None}
+    n = len(xs)
+    ci = _T95[min(n - 1, len(_T95) - 1)] * statistics.stdev(xs) / n ** 0.5 if n >= 2 else None
+    return {f"{name}_mean": statistics.fmean(xs), f"{name}_ci95": ci}
+
+
+# Student's t, 97.5% quantile, by degrees of freedom (index); beyond 10 the value at 10 (conservative)
+_T95 = (float("inf"), 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 def _ledger_point(pt: dict[str, Any]) -> dict[str, Any]:
@@ -212,19 +228,22 @@ def render_arms(rep: dict[str, Any]) -> list[str]:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else fmt.format(v)
 
-    head = ["ctx", "repeats", "spec tok/s", "plain tok/s", "speedup", "±", "ledger speedup",
+    head = ["ctx", "repeats", "spec tok/s", "plain tok/s", "speedup", "±", "mean ±95% CI", "ledger speedup",
             "client spec", "client plain", "client speedup", "±"]
     rows = []
     for t in rep["table"]:
         s, c = t["server"], t["client"]
         rows.append([str(t["ctx"]), str(s["repeats"]), f(s["spec_tok_s"], "{:.2f}"), f(s["plain_tok_s"], "{:.2f}"),
-                     f(s["speedup"], "{:.3f}"), f(s["speedup_spread"], "{:.3f}"), f(t["predicted_speedup"], "{:.3f}"),
+                     f(s["speedup"], "{:.3f}"), f(s["speedup_spread"], "{:.3f}"),
+                     f(s.get("speedup_mean"), "{:.3f}") + " ±" + f(s.get("speedup_ci95"), "{:.3f}"),
+                     f(t["predicted_speedup"], "{:.3f}"),
                      f(c["spec_tok_s"], "{:.2f}"), f(c["plain_tok_s"], "{:.2f}"), f(c["speedup"], "{:.3f}"),
                      f(c["speedup_spread"], "{:.3f}")])
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
     out = ["", "speculative vs plain decode, same prompts, interleaved: tok/s of the long request's decode steps "
                "on the server's wall clock (no prefill; host time between steps included), and the two-point "
-               "tok/s on the client clock; speedup = median of the per-repeat ratios, ± half their range",
+               "tok/s on the client clock; speedup = median of the per-repeat ratios, ± half their range; their mean "
+               "± the half-width of its 95% confidence interval (Student's t)",
            "  ".join(h.rjust(w) for h, w in zip(head, widths))]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     c = rep["crossover"]

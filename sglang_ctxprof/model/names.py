@@ -167,6 +167,7 @@ ROUTE_TRACE_POLICY = ROUTE + "/trace_policy"
 ROUTE_DIAGNOSIS = ROUTE + "/diagnosis"  # ?format=json|text, ?ctx=N (what-if), the verdict
 ROUTE_UI = ROUTE + "/ui"  # the live page; its files under ROUTE_UI + "/{name}"
 ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export, ?last=N or ?rid=
+ROUTE_PLAIN = ROUTE + "/plain"  # POST (admin) a plain server's profile: the diagnosis's ledger reference
 ROUTE_CAPTURE = ROUTE + "/capture"  # POST ?steps=N | ?rid=RID (admin); GET /{id}[?format=timeline]
 FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
 MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers

@@ -12,7 +12,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile/requests?slowest=N`` and ``GET /ctx_profile/requests/{rid}``;
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
 * ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
-* ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``).
+* ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``),
+  its ledger against the plain reference of ``POST|GET|DELETE /ctx_profile/plain`` (``views.http_plain``);
 * ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views/trace_events``);
 * ``GET  /ctx_profile/ui`` and its files - the live page (``views/ui``), a read route like the others;
 * ``POST /ctx_profile/capture?steps=N|rid=RID`` (admin) - a deep capture (``collect.capture``);
@@ -126,6 +127,7 @@ async def get_profile(request: Request):
 
 async def get_diagnosis(request: Request):
     """The verdict (``views.diagnosis``) of the merged profile; ``?format=text``, ``?ctx=N`` (what-if)."""
+    from . import http_plain
     from .diagnosis import diagnose, evidence_from_profile
 
     qp = dict(request.query_params)
@@ -146,7 +148,10 @@ async def get_diagnosis(request: Request):
     profile = served_profile(await _ask(names.CMD_SNAPSHOT))
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
-    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx)
+    ref = http_plain.reference()
+    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx, plain=ref and ref.evidence)
+    if not d["ledger"].get("available") and ref is None:
+        d["ledger"]["reason"] = http_plain.reason(profile)
     if fmt == "json":
         return {"schema_version": names.SCHEMA_VERSION, **d}
     from fastapi.responses import PlainTextResponse
@@ -313,6 +318,11 @@ def install_routes(app: Any, client: Any, admin: Any) -> None:
     app.add_api_route(names.ROUTE_REQUESTS + "/{rid}", _guarded(get_request), methods=["GET"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
     app.add_api_route(names.ROUTE_DIAGNOSIS, _guarded(get_diagnosis), methods=["GET"])
+    from .http_plain import delete_plain, get_plain, post_plain
+
+    app.add_api_route(names.ROUTE_PLAIN, _guarded(get_plain), methods=["GET"])
+    app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(post_plain)), methods=["POST"])
+    app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(delete_plain)), methods=["DELETE"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
     app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(get_trace_json), methods=["GET"])
     from . import http_capture

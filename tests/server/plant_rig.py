@@ -28,15 +28,22 @@ def _plugin():
     return ctxprof_plant
 
 
-def start_planted(name: str, args: list[str], folder: Path, env: dict[str, str] | None = None):
-    """Start ``args`` with the plant plugin loaded and nothing planted; the server gets
-    ``plant_file`` and ``dir`` (``folder``) attributes."""
+def planted_env(folder: Path, env: dict[str, str] | None = None) -> tuple[dict[str, str], Path]:
+    """The server environment that loads the plant plugin from ``folder`` with nothing planted,
+    and the ``plant.json`` it reads."""
     mod = _plugin()
     write_dist_info(str(folder), mod.__name__)
     plant_file = folder / "plant.json"
     plant_file.write_text("{}")
     path = ":".join(x for x in (str(PLANT), str(folder), os.environ.get("PYTHONPATH", "")) if x)
-    srv = start_server(name, args, env={**(env or {}), "PYTHONPATH": path, mod.ENV: str(plant_file)})
+    return {**(env or {}), "PYTHONPATH": path, mod.ENV: str(plant_file)}, plant_file
+
+
+def start_planted(name: str, args: list[str], folder: Path, env: dict[str, str] | None = None):
+    """Start ``args`` with the plant plugin loaded and nothing planted; the server gets
+    ``plant_file`` and ``dir`` (``folder``) attributes."""
+    full, plant_file = planted_env(folder, env)
+    srv = start_server(name, args, env=full)
     srv.plant_file, srv.dir = plant_file, folder
     return srv
 

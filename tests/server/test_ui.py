@@ -342,6 +342,8 @@ def test_page_draws_every_chart_and_the_bucket_table(server, page):
     assert st == 200, diag
     assert not page.execute_script("return document.getElementById('diagnosis').hidden")
     assert page.execute_script("return document.getElementById('diag-headline').textContent") == diag["headline"]
+    assert page.execute_script("return document.getElementById('ledger-verdict').textContent") == \
+        "speculation ledger unavailable: " + diag["ledger"]["reason"]
 
 
 def test_no_prompt_or_output_text_on_the_page(server, traffic, page):
@@ -464,8 +466,20 @@ def _contract_server():
                                                "own_steps_total_ms": 8.0, "others_prefill_ms": 4.0,
                                                "other_decode_ms": 5.0, "batch_sharing_ms": 3.0, "host_gaps_ms": 1.5,
                                                "unaccounted_ms": 1.5})
+    from sglang_ctxprof.aggregate.ledger import ledger
+
+    def pt(ctx, spec):  # the ledger's input shape: a speculative and a plain step at one context
+        if spec:
+            ph = {"draft": 3.0, "verify": 9.0 + ctx / 1e3, "verify_attn": 1.0 + ctx / 1e3, "verify_moe": 5.0,
+                  "draft_extend": 1.0, "overhead": 0.7}
+            return {"ctx": ctx, "label": str(ctx), "al": 3.0, "phases": {**ph, "step": 13.7 + ctx / 1e3}}
+        ph = {"decode": 6.5 + 0.2 * ctx / 1e3, "decode_attn": 0.5 + 0.2 * ctx / 1e3, "decode_moe": 4.0, "overhead": 0.5}
+        return {"ctx": ctx, "label": str(ctx), "al": 1.0, "phases": {**ph, "step": 7.0 + 0.2 * ctx / 1e3}}
+
+    led = dict(ledger([pt(c, True) for c in (1000, 16000, 64000)], [pt(c, False) for c in (1000, 16000, 64000)]),
+               plain_source="plain reference: contract")
     diag = {"headline": "verify attention grows 1.0 ms per 1k tokens of context", "flags": [
-        {"kind": "eager", "message": "no CUDA graph on this CPU run"}]}
+        {"kind": "eager", "message": "no CUDA graph on this CPU run"}], "ledger": led}
     routes = {"": prof, "/status": status, "/requests?slowest=20": {"schema_version": 1, "requests": agg.requests.slowest(20)},
               "/requests/r0": req, "/diagnosis": diag}
 
@@ -487,6 +501,7 @@ def _contract_server():
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.diag = diag
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, prof
 
@@ -505,6 +520,18 @@ def test_optional_parts_show_when_present(browser):
         assert browser.execute_script("return document.getElementById('diag-headline').textContent") == \
             "verify attention grows 1.0 ms per 1k tokens of context"
         assert "no CUDA graph" in browser.execute_script("return document.getElementById('diag-flags').textContent")
+        # the ledger: one row per context, the route's own numbers; the slower-than-plain one marked
+        led = browser.execute_script("return window.ctxprof.state.ledger")
+        want = srv.diag["ledger"]
+        assert led["available"] and [r[0] for r in led["rows"]] == [r["label"] for r in want["rows"]]
+        assert [r[4] for r in led["rows"]] == [f"{r['speedup']:.2f}×" for r in want["rows"]]
+        assert led["verdict"] == want["verdict"] == browser.execute_script(
+            "return document.getElementById('ledger-verdict').textContent")
+        cells = browser.execute_script("return [...document.querySelectorAll('#ledger tbody tr')].map("
+                                       "r => [...r.cells].map(c => c.textContent))")
+        assert cells == led["rows"] and led["notes"][-1].startswith("crossover (speedup < 1): ~")
+        slower = browser.execute_script("return [...document.querySelectorAll('#ledger td.slower')].length")
+        assert slower == sum(r["speedup"] < 1 for r in want["rows"]) >= 1
         assert "12.5 µs/step (0.40% of step)" in browser.execute_script("return document.querySelector('#status tbody').textContent")
         assert "eager" in browser.execute_script("return document.querySelector('#buckets tbody').textContent")
         browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()

@@ -11,7 +11,7 @@
   const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"];
   const $ = (id) => document.getElementById(id);
   const charts = {};          // name -> uPlot instance (window.ctxprof.charts, read by the tests)
-  const state = { profile: null, status: null, slow: [], rid: null, refreshes: 0, lastError: null };
+  const state = { profile: null, status: null, slow: [], rid: null, refreshes: 0, lastError: null, ledger: null };
   window.ctxprof = { charts, state, refresh: () => refresh() };
 
   const f = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(d);
@@ -166,6 +166,43 @@
     box.hidden = false;
     $("diag-headline").textContent = d.body.headline;
     $("diag-flags").innerHTML = (d.body.flags || []).map((fl) => `<li><span class="flag-kind">${esc(fl.kind)}</span>${esc(fl.message)}</li>`).join("");
+    ledger(d.body.ledger);
+  }
+
+  // The speculation ledger against the plain-decode reference: every number is the route's own
+  // (diagnosis.ledger), formatted, never recomputed.  state.ledger holds what is drawn.
+  const LEDGER_HEAD = ["ctx", "AL", "spec ms", "plain ms", "speedup", "saved ms", "draft ms", "draft ext ms",
+    "verify extra ms", "overhead extra ms", "net ms / token", "verify attn ×", "MoE ×"];
+  function ledgerRows(led) {
+    return (led.rows || []).map((r) => [r.label, f(r.al, 2), f(r.step_ms, 2), f(r.plain_step_ms, 2) + (r.plain_from === "measured" ? "" : ` (${r.plain_from})`),
+      f(r.speedup, 2) + "×", f(r.saved_ms, 2), f(r.spent_ms.draft, 2), f(r.spent_ms.draft_extend, 2), f(r.spent_ms.verify_extra, 2),
+      f(r.spent_ms.overhead_extra, 2), f(r.net_per_token_ms, 2), f(r.verify_inflation, 2), f(r.moe_inflation, 2)]);
+  }
+  function ledger(led) {
+    const box = $("ledger-box");
+    if (!led) { box.hidden = true; state.ledger = null; return; }
+    box.hidden = false;
+    if (!led.available) {
+      state.ledger = { available: false, reason: led.reason || "", rows: [] };
+      $("ledger-source").textContent = "";
+      $("ledger-verdict").textContent = "speculation ledger unavailable: " + (led.reason || "no plain-decode reference");
+      $("ledger-verdict").className = "unavailable";
+      $("ledger").hidden = true; $("ledger-notes").textContent = "";
+      return;
+    }
+    const rows = ledgerRows(led);
+    const c = led.crossover || {};
+    const cross = "crossover (speedup < 1): " + (c.ctx !== null && c.ctx !== undefined ? `~${f(c.ctx, 0)} tokens, ${c.how} (${c.note})` : `none (${c.note || "-"})`);
+    const notes = [(led.attention || {}).verdict, (led.moe || {}).verdict, cross].filter(Boolean);
+    state.ledger = { available: true, head: LEDGER_HEAD, rows, verdict: led.verdict, notes, source: led.plain_source || "" };
+    $("ledger-source").textContent = `(per speculative step, against plain decode at the same context: ${led.plain_source || "plain arm"})`;
+    $("ledger-verdict").textContent = led.verdict;
+    $("ledger-verdict").className = "";
+    $("ledger").hidden = false;
+    $("ledger").tHead.innerHTML = "<tr>" + LEDGER_HEAD.map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
+    $("ledger").tBodies[0].innerHTML = rows.map((cells, i) => `<tr data-bucket="${esc(led.rows[i].label)}">` +
+      cells.map((x, j) => `<td${j === 4 && led.rows[i].speedup < 1 ? ' class="slower"' : ""}>${esc(x)}</td>`).join("") + "</tr>").join("");
+    $("ledger-notes").innerHTML = notes.map((n) => esc(n)).join("<br>");
   }
 
   // ---- one request ----------------------------------------------------------------------------------

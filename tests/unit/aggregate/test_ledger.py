@@ -113,3 +113,17 @@ def test_diagnose_with_a_plain_profile_offline(tmp_path, capsys):
     assert main(["diagnose", str(a)]) == 0
     out = capsys.readouterr().out
     assert "speculation ledger: unavailable (no plain-decode baseline: costs per draft position are assumed)" in out
+
+
+def test_a_plain_point_of_the_same_bucket_is_measured_not_extrapolated():
+    """Live profiles: the two arms' buckets share labels but not their exact mean contexts (a spec
+    step commits several tokens); the plain step of the same bucket is the measurement."""
+    spec = [dict(spec_pt(c), label=f"b{i}", ctx=c + 7) for i, c in enumerate((100, 3000))]
+    plain = [dict(plain_pt(c), label=f"b{i}") for i, c in enumerate((100, 3000))]
+    led = ledger(spec, plain)
+    for r, p in zip(led["rows"], plain):
+        assert r["plain_from"] == "measured"
+        assert r["plain_step_ms"] == p["phases"]["step"] and r["decode_attn_ms"] == p["phases"]["decode_attn"]
+    # without a shared label the same numbers are interpolated / extrapolated, and say so
+    led = ledger([dict(s, label="x" + s["label"]) for s in spec], plain)
+    assert [r["plain_from"] for r in led["rows"]] == ["interpolated", "extrapolated"]

@@ -68,3 +68,16 @@ def test_arms_report_from_saved_directories(tmp_path):
 def test_report_prints_the_arms_table(tmp_path, capsys):
     test_arms_report_from_saved_directories(tmp_path)
     assert "speculation ledger" in capsys.readouterr().out
+
+
+def test_mean_and_95_ci_of_the_per_repeat_speedups():
+    from sglang_ctxprof.cli.sweep_arms import mean_ci95
+
+    out = mean_ci95([2.0, 2.2, 2.4, 2.6], "speedup")
+    # mean 2.3, sd 0.2582, t(3) = 3.182: half-width 3.182 * 0.2582 / 2
+    assert out["speedup_mean"] == pytest.approx(2.3)
+    assert out["speedup_ci95"] == pytest.approx(3.182 * 0.258199 / 2, rel=1e-4)
+    assert mean_ci95([2.0], "x") == {"x_mean": 2.0, "x_ci95": None}
+    assert mean_ci95([], "x") == {"x_mean": None, "x_ci95": None}
+    wide = mean_ci95([1.0 + 0.1 * (i % 2) for i in range(40)], "x")["x_ci95"]  # beyond the table: t at 10 df
+    assert wide == pytest.approx(2.228 * 0.050637 / 40 ** 0.5, rel=1e-3)

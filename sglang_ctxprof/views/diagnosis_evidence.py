@@ -1,0 +1,124 @@
+"""The evidence a diagnosis rests on, in one typed shape whatever its source.
+
+:func:`evidence_from_profile` (a ``/ctx_profile`` :class:`~.profile.Profile`) or
+:func:`evidence_from_sweep` (a saved sweep's per-context rows) gives an :class:`Evidence`: one
+:class:`Point` per context (acceptance length, step time, leaf phases), the per-phase context fits
+(ms per 1k tokens of context; the robust Theil-Sen fit where the profile has one), execution modes,
+acceptance by position, host time, the loss counters and the buckets with outlier steps.
+
+Every per-bucket number of a profile is its **robust** mean: the mean over the bucket's steps
+without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A few
+warm-up steps therefore cannot flip the verdict.  :func:`ledger_points` hands the points to
+``aggregate.ledger``.  Pure: imports nothing of SGLang, torch or OTel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from ..model.names import LEAF_PHASES, Phase
+from ..model.stats import theil_sen
+from . import capture_refs
+
+_STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
+_DEC = Phase.DECODE.value
+HOST_GAP = "host_gap"  # a point's typical host time between steps (ms), beside its phases
+
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    ctx: float  # mean context per request
+    ctx_sum: float  # mean summed context per step (the fits' x, in tokens)
+    steps: int
+    al: float  # accepted tokens per request-step (bonus included)
+    step_ms: float
+    phases: Mapping[str, float]
+    noise: Mapping[str, float] = field(default_factory=dict)
+    batch: float = 1.0
+
+    @property
+    def tok_s(self) -> float:
+        return 1e3 * self.al / self.step_ms if self.step_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: str
+    points: tuple[Point, ...]
+    fits: Mapping[str, tuple[float, float, float, int, str]]  # slope, intercept, r2, n, method
+    timing: Optional[str] = None
+    hw: Optional[Mapping[str, Any]] = None
+    exec_modes: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    acceptance: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    host: Mapping[str, Any] = field(default_factory=dict)
+    dropped: int = 0
+    evicted: int = 0
+    draft_budget: Optional[int] = None
+    # Buckets with steps set apart as outliers: (label, ``aggregate.outliers.robust`` dict).
+    outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    captures: tuple[Mapping[str, Any], ...] = ()  # recent deep captures (views.capture_refs)
+
+
+def leaves(phases: Mapping[str, float]) -> dict[str, float]:
+    out = {p: float(phases[p]) for p in LEAF_PHASES if p in phases}
+    if _V in phases and _VA not in phases:
+        out[_V] = float(phases[_V])
+    return out
+
+
+def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
+    pts = []
+    for b in profile.buckets:
+        step = b.robust_ms(_STEP)
+        if not b.steps or not step:
+            continue
+        ph = {p: b.robust_ms(p) or 0.0 for p in b.phases}
+        noise = {p: 2 * max(0.0, v.p90_ms - v.p50_ms) / math.sqrt(max(1, v.count)) for p, v in b.phases.items()}
+        pts.append(Point(b.label, b.mean_ctx, b.ctx_sum / b.steps, b.steps, b.accepted_per_step, step, ph,
+                         noise, b.mean_batch_size))
+    gap = ((profile.host or {}).get("between_steps") or {})
+    if gap.get("count"):  # the typical host time between steps (median: idle gaps between requests)
+        pts = [Point(p.label, p.ctx, p.ctx_sum, p.steps, p.al, p.step_ms, {**p.phases, HOST_GAP: gap["p50_ms"]},
+                     p.noise, p.batch) for p in pts]
+    fits = {p: f.best() for p, f in profile.fits.items()}
+    budgets = [b.draft_tokens_per_step for b in profile.buckets if b.draft_tokens]
+    return Evidence(source, tuple(pts), fits, profile.timing, profile.hw,
+                    tuple((b.label, b.exec_mode) for b in profile.buckets if b.exec_mode),
+                    tuple((a["label"], a["acceptance_by_position"]) for a in profile.acceptance_by_ctx),
+                    dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
+                    round(max(budgets)) - 1 if budgets else None,
+                    tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")),
+                    capture_refs.recent(profile))
+
+
+def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:
+    """A saved sweep: one point per context (medians over repeats; noise = half the range)."""
+    pts = []
+    for r in rows:
+        ph = {p: st["median"] for p, st in (r.get("phases_ms") or {}).items()}
+        al = (r.get("server_accept_per_step") or r.get("accept_per_step") or {}).get("median")
+        if ph.get(_STEP) and not al and _DEC in ph:
+            al = 1.0  # a plain-decode arm: one token per step
+        if not ph.get(_STEP) or not al:
+            continue
+        noise = {p: st.get("spread", 0.0) for p, st in r["phases_ms"].items()}
+        pts.append(Point(str(r["ctx"]), float(r["ctx"]), float(r["ctx"]), int(r.get("repeats", 1)), float(al),
+                         float(ph[_STEP]), ph, noise))
+    fits = {}
+    for p in LEAF_PHASES + (_STEP, _V):
+        xy = [(pt.ctx_sum / 1e3, pt.phases[p]) for pt in pts if p in pt.phases]
+        ts = theil_sen(xy) if len(xy) >= 2 else None
+        if ts is not None:
+            fits[p] = (ts["slope"], ts["intercept"], ts["r2"], int(ts["n"]), "theil-sen over contexts")
+    return Evidence(source, tuple(pts), fits, meta.get("timing"), meta.get("hw"))
+
+
+
+def ledger_points(ev: Evidence) -> list[dict[str, Any]]:
+    """The evidence's points in the shape of ``aggregate.ledger``."""
+    return [{"ctx": p.ctx, "label": p.label, "al": p.al, "phases": {**p.phases, _STEP: p.step_ms}}
+            for p in ev.points]
+

@@ -1,0 +1,174 @@
+"""``views.http_plain``: the live server's plain reference and the ledger it puts into
+``/ctx_profile/diagnosis``, on the real routes (FastAPI TestClient) over a real Aggregator's state.
+
+The schedulers' control channel is replaced by a fake answering ``snapshot`` with the state of an
+Aggregator fed StepRecords, the same payload shape the real ranks send (``state`` + ``status``).
+The real-server proof is tests/server/test_spec_vs_plain.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.guard import Guard
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views import http, http_guard, http_plain
+from sglang_ctxprof.views.diagnosis import diagnose, evidence_from_profile
+from sglang_ctxprof.views.profile import build_profile
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+CTXS = (100, 1500, 3000)
+
+
+def _agg(spec: bool) -> Aggregator:
+    agg = Aggregator()
+    for i in range(30):
+        ctx = CTXS[i % 3] + i
+        if spec:
+            attn = 1.0 + 0.8 * ctx / 1e3
+            ph = {"draft": 2.0, "verify": attn + 6.0, "verify_attn": attn, "verify_moe": 4.0, "verify_rest": 2.0,
+                  "draft_extend": 1.0, "overhead": 0.5}
+            step, acc, alg, dt = 2.0 + attn + 6.0 + 1.0 + 0.5, 3, "EAGLE", 3
+        else:
+            attn = 0.6 + 0.4 * ctx / 1e3
+            ph = {"decode": attn + 5.0, "decode_attn": attn, "decode_moe": 3.5, "decode_rest": 1.5, "overhead": 0.4}
+            step, acc, alg, dt = attn + 5.4, 1, names.ALGORITHM_NONE, 0
+        agg.observe(StepRecord(step_id=i, kind="decode", algorithm=alg, rank=RankId(), rids=(f"r{i % 3}",),
+                               ctx_lens=(ctx,), accepted=(acc,), committed=(acc,), finished=(False,),
+                               draft_tokens=dt, step_ms=step, phases_ms=ph, t_start_ns=i * 20_000_000))
+    return agg
+
+
+class FakeChannel:
+    """The control client's one method the read routes use: every rank's answer to a command."""
+
+    def __init__(self, agg: Aggregator):
+        self.agg = agg
+
+    async def ask(self, cmd: str, **args):
+        assert cmd == names.CMD_SNAPSHOT, cmd
+        return [{"state": self.agg.snapshot().to_dict(), "status": {"enabled": True, "dropped": 0}}]
+
+
+@pytest.fixture()
+def client(monkeypatch):
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    monkeypatch.setattr(http_plain, "_REF", None)
+    app = fastapi.FastAPI()
+    http.install_routes(app, FakeChannel(_agg(spec=True)), admin=lambda f: f)
+    return TestClient(app)
+
+
+def _plain_body() -> dict:
+    return build_profile(_agg(spec=False).snapshot()).to_dict(envelope=False)
+
+
+def test_without_a_reference_the_ledger_says_why_and_holds_no_number(client):
+    d = client.get(names.ROUTE_DIAGNOSIS).json()
+    assert d["ledger"] == {"available": False, "reason": http_plain.reason(
+        build_profile(_agg(spec=True).snapshot()))}
+    assert d["ledger"]["reason"].startswith("no plain-decode reference registered") and "/ctx_profile/plain" in \
+        d["ledger"]["reason"]
+    assert client.get(names.ROUTE_PLAIN).json() == {"schema_version": names.SCHEMA_VERSION, "registered": False}
+
+
+def test_a_registered_plain_profile_puts_the_ledger_in_the_diagnosis(client):
+    body = _plain_body()
+    r = client.post(names.ROUTE_PLAIN + "?source=plain-a", content=json.dumps(body))
+    assert r.status_code == 200, r.text
+    reg = r.json()
+    assert reg["registered"] and reg["source"] == "plain-a" and reg["steps"] == 30
+    assert reg["buckets"] == [b["label"] for b in body["buckets"] if b["steps"]]
+    d = client.get(names.ROUTE_DIAGNOSIS).json()
+    led = d["ledger"]
+    # the JSON shape the page and scripts read
+    assert set(led) == {"available", "rows", "attention", "moe", "crossover", "verdict", "measured", "plain_source"}
+    assert led["available"] and led["plain_source"] == "plain reference: plain-a"
+    row_keys = {"ctx", "label", "al", "step_ms", "plain_step_ms", "plain_from", "speedup", "saved_ms", "spent_ms",
+                "net_ms", "net_per_token_ms", "verify_attn_ms", "decode_attn_ms", "verify_inflation",
+                "verify_moe_ms", "decode_moe_ms", "moe_inflation"}
+    assert all(set(r) == row_keys for r in led["rows"])
+    assert all(set(r["spent_ms"]) == {"draft", "draft_extend", "verify_extra", "overhead_extra"} for r in led["rows"])
+    assert set(led["crossover"]) >= {"ctx", "how", "note"}
+    # the same numbers as diagnosing both profiles offline (diagnose --plain)
+    spec_prof = build_profile(_agg(spec=True).snapshot())
+    from sglang_ctxprof.views.profile import Profile
+
+    off = diagnose(evidence_from_profile(spec_prof, source="server"),
+                   plain=evidence_from_profile(Profile.from_dict(body), source="plain reference: plain-a"))["ledger"]
+    assert [r["label"] for r in led["rows"]] == [r["label"] for r in off["rows"]] == ["64-127", "1024-2047",
+                                                                                        "2048-4095"]
+    for a, b in zip(led["rows"], off["rows"]):
+        assert a["speedup"] == pytest.approx(b["speedup"], rel=1e-12)
+        assert a["plain_from"] == "measured"  # the plain arm's own bucket, not an interpolation
+        assert a["speedup"] == pytest.approx(a["al"] * a["plain_step_ms"] / a["step_ms"])
+        assert a["saved_ms"] - sum(a["spent_ms"].values()) == pytest.approx(a["net_ms"])
+    assert led["attention"]["scales_worse"] and "the verify attention path scales worse" in led["verdict"]
+    assert led["verdict"] in d["headline"]
+    assert all("plain step at this context" in x["measured"] for x in d["whatif"]["draft_budget"])
+    text = client.get(names.ROUTE_DIAGNOSIS + "?format=text").text
+    assert "speculation ledger (per spec step" in text and "plain reference: plain-a" in text
+
+
+@pytest.mark.parametrize("body,why", [
+    (b"not json", "body must be a /ctx_profile JSON body"),
+    (b"[1, 2]", "with \"buckets\""),
+    (b'{"buckets": [{"label": 3}]}', "not a ctx profile body"),
+    (b'{"buckets": []}', "holds no decode step"),
+])
+def test_bad_registrations_get_a_400_and_lose_nothing(client, body, why):
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body())).status_code == 200
+    r = client.post(names.ROUTE_PLAIN, content=body)
+    assert r.status_code == 400 and why in r.json()["error"], r.text
+    assert client.get(names.ROUTE_PLAIN).json()["registered"]  # the earlier reference is kept
+    assert client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]["available"]
+
+
+def test_a_speculative_profile_is_not_a_plain_reference_and_delete_forgets(client):
+    spec = build_profile(_agg(spec=True).snapshot()).to_dict(envelope=False)
+    r = client.post(names.ROUTE_PLAIN, content=json.dumps(spec))
+    assert r.status_code == 400 and "speculative steps (EAGLE)" in r.json()["error"]
+    assert client.post(names.ROUTE_PLAIN + "?sauce=x", content=b"{}").status_code == 400
+    assert client.post(names.ROUTE_PLAIN + "?source=" + "x" * 201, content=b"{}").status_code == 400
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body())).status_code == 200
+    assert client.delete(names.ROUTE_PLAIN).json() == {"ok": True, "removed": True}
+    assert client.delete(names.ROUTE_PLAIN).json() == {"ok": True, "removed": False}
+    assert client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]["available"] is False
+
+
+def test_a_plain_server_says_it_has_no_ledger_of_its_own(monkeypatch):
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_plain, "_REF", None)
+    app = fastapi.FastAPI()
+    http.install_routes(app, FakeChannel(_agg(spec=False)), admin=lambda f: f)
+    led = TestClient(app).get(names.ROUTE_DIAGNOSIS).json()["ledger"]
+    assert led["available"] is False and led["reason"].startswith("this server decodes without speculation")
+
+
+def test_the_page_draws_the_ledger_from_these_fields_only(client):
+    """Every field the page's ledger renderer reads is in the route's JSON, and it recomputes none."""
+    import re
+
+    from sglang_ctxprof.views import ui
+
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body())).status_code == 200
+    led = client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]
+    js = ui.read("app.js").decode()
+    part = js[js.index("function ledgerRows("):js.index("// ---- one request")]
+    row_fields = set(re.findall(r"\br\.(\w+)", part)) | set(re.findall(r"led\.rows\[i\]\.(\w+)", part))
+    spent = set(re.findall(r"r\.spent_ms\.(\w+)", part))
+    top = set(re.findall(r"\bled\.(\w+)", part)) - {"rows"} | {"rows"}
+    assert row_fields and row_fields <= set(led["rows"][0]), row_fields - set(led["rows"][0])
+    assert spent == set(led["rows"][0]["spent_ms"])  # every spent term is drawn
+    assert top <= set(led) | {"reason"}, top - set(led)
+    assert not re.search(r"\*|al\s*\*|/\s*r\.", part.replace("×", ""))  # no arithmetic on the numbers
+    html = ui.read("index.html").decode()
+    for el in ("ledger-box", "ledger-source", "ledger-verdict", "ledger", "ledger-notes"):
+        assert f'id="{el}"' in html, el
