@@ -25,6 +25,13 @@ def _label(ctx: int) -> str:
     return f"{lo}-{2 * lo}"
 
 
+
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for the A/B stage's 16 concurrent clients: the default of 5 resets
+    connections when a loaded machine is slow to accept them (as uvicorn would not)."""
+
+    request_queue_size = 128
+
 class _State:
     def __init__(self, graphs: bool) -> None:
         self.graphs = graphs
@@ -146,7 +153,7 @@ class DryServer:
                                             "flags": []})
                 return self._send(404, {"error": p})
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd = _Server(("127.0.0.1", 0), H)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.startup_s = time.time() - t0
