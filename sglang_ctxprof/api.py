@@ -12,15 +12,19 @@ double-count).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, ContextManager, Iterator
 
 from .collect import hooks
 from .model.names import DECLARABLE_PHASES, RANGE_PREFIX
 
+if TYPE_CHECKING:
+    from .collect.profiler import Profiler
+    from .collect.step import StepBuilder
+
 _NULL = contextlib.nullcontext()
 
 
-def phase(name: str) -> Any:
+def phase(name: str) -> ContextManager[None]:
     if name not in DECLARABLE_PHASES:
         raise ValueError(f"unknown phase {name!r}; declare one of {sorted(DECLARABLE_PHASES)}")
     p = hooks.profiler()
@@ -33,7 +37,7 @@ def phase(name: str) -> Any:
 
 
 @contextlib.contextmanager
-def _timed(p: Any, b: Any, name: str) -> Iterator[None]:
+def _timed(p: Profiler, b: StepBuilder, name: str) -> Iterator[None]:
     t0 = hooks.enter(p, b, hooks.PHASE, name)
     cap = hooks._CAPTURE  # a deep capture runs: the block is a profiler range too
     rf = hooks._record_function(f"{RANGE_PREFIX}{name} {cap.label}") if cap is not None else _NULL

@@ -24,13 +24,19 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, ContextManager, Optional
 
 from ..model.names import KIND_DECODE, RANGE_PREFIX, Phase
 from ..control.protocol import is_control_rid
 from . import adapter
 
-SESSION: Optional[Any] = None  # the CtxProfSession of this process (set only by it)
+if TYPE_CHECKING:  # types only: session and profiler import this module at run time
+    from .capture import Capture
+    from .profiler import Profiler
+    from .session import CtxProfSession
+    from .step import StepBuilder
+
+SESSION: Optional[CtxProfSession] = None  # the CtxProfSession of this process (set only by it)
 
 _VERIFY = Phase.VERIFY.value
 _DRAFT = Phase.DRAFT.value
@@ -58,17 +64,17 @@ def resolve_compiling() -> None:
     IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
 
 
-def profiler() -> Any:
+def profiler() -> Optional[Profiler]:
     """The profiler behind the handle, or None when no session is instrumented."""
     s = SESSION
     return s.profiler if s is not None else None
 
 
-def _fail(p: Any, exc: BaseException) -> None:
+def _fail(p: Profiler, exc: BaseException) -> None:
     p.guard.fail("hooks", exc)
 
 
-def enter(p: Any, b: Any, kind: int, name: str) -> Optional[Any]:
+def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[object]:
     """Open a timed region of step ``b``: its start mark, or None if our code failed (guarded)."""
     try:
         t0 = p.clock.mark()
@@ -82,7 +88,7 @@ def enter(p: Any, b: Any, kind: int, name: str) -> Optional[Any]:
         return None
 
 
-def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
+def leave(p: Profiler, b: StepBuilder, kind: int, name: str, t0: object) -> None:
     """Close the region opened by :func:`enter` (guarded)."""
     try:
         t1 = p.clock.mark()
@@ -98,7 +104,7 @@ def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
         _fail(p, exc)
 
 
-def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     if b.cost_ns >= 0:
         return _around_timed(p, b, kind, name, original, args, kwargs)
     t0 = enter(p, b, kind, name)
@@ -110,7 +116,7 @@ def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
         leave(p, b, kind, name, t0)
 
 
-def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around_timed(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     """:func:`_around` on a timed step: also adds the time of our marks to ``b.cost_ns``."""
     t = _now()
     t0 = enter(p, b, kind, name)
@@ -126,18 +132,18 @@ def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
 
 
 _around_plain = _around
-_CAPTURE: Optional[Any] = None  # collect.capture.Capture while a capture runs
-_record_function: Any = None
+_CAPTURE: Optional[Capture] = None  # while a deep capture runs
+_record_function: Optional[Callable[[str], ContextManager[object]]] = None  # torch.profiler.record_function then
 
 
-def _around_labelled(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around_labelled(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     """:func:`_around` inside a ``torch.profiler.record_function`` range named after the phase, the
     step and its context: every op the profiler records in it sits under our phase."""
     with _record_function(f"{RANGE_PREFIX}{name or 'step'} {_CAPTURE.label}"):
         return _around_plain(p, b, kind, name, original, args, kwargs)
 
 
-def label_phases(capture: Optional[Any]) -> None:
+def label_phases(capture: Optional[Capture]) -> None:
     """Open every timed region as a profiler range while ``capture`` runs; ``None`` puts the plain
     path back (the hooks look ``_around`` up at each call, so off costs nothing)."""
     global _around, _CAPTURE, _record_function

@@ -16,20 +16,27 @@ Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``s
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..model.names import (CMD_CAPTURE, CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS,
                            CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, TRIGGER_MANUAL,
                            TRIGGER_RID)
 from .protocol import decode
 
+if TYPE_CHECKING:  # types only: the handler imports no collect/ module at run time
+    from ..collect.profiler import Profiler
+    from ..collect.session import CtxProfSession
+
+# JSON bodies (control requests and answers) are plain dicts
+Json = dict[str, Any]
+
 logger = logging.getLogger(__name__)
 
 
-def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
+def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
     """Answer one control request.  A failure of ours marks the ``control`` component degraded
     (one warning with traceback, via the guard) and is answered as ``{"error", "degraded"}``."""
-    p = getattr(session, "profiler", None)
+    p = session.profiler
     try:
         req = decode(rid)
         if req.get("cmd") == CMD_FAULT:
@@ -39,7 +46,7 @@ def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
                                   "degraded": p.guard.status()}}
         if p is None:
             return {CONTROL_KEY: {"error": "ctx profiler is not installed in this scheduler"}}
-        return {CONTROL_KEY: _handle(req, scheduler, session)}  # a failure is answered below
+        return {CONTROL_KEY: _handle(req, scheduler, session, p)}  # a failure is answered below
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
         if p is None:
             logger.warning("sglang-ctxprof: control request failed: %r", exc)
@@ -48,7 +55,7 @@ def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
         return {CONTROL_KEY: {"error": f"{type(exc).__name__}: {exc}", "degraded": p.guard.status()}}
 
 
-def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _fault(p: Optional[Profiler], req: Json) -> Json:
     """Test-only fault switch (needs ``SGLANG_CTXPROF_FAULT=runtime`` at start)."""
     if p is None:
         return {"error": "ctx profiler is not installed in this scheduler"}
@@ -59,11 +66,10 @@ def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"status": p.status()}
 
 
-def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]:
-    p = session.profiler
+def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) -> Json:
     cmd = req["cmd"]
-    cap = getattr(p, "capture", None)
-    if cap is not None and cap.armed:
+    cap = p.capture
+    if cap.armed:
         cap.idle(scheduler)
     if cmd == CMD_SNAPSHOT:
         p.bind(scheduler)
@@ -77,8 +83,7 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
-        if cap is not None:
-            cap.halt(scheduler)
+        cap.halt(scheduler)
         session.disable()
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:
@@ -93,7 +98,7 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
     raise ValueError(f"unknown command {cmd!r}")
 
 
-def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _trace_policy(p: Profiler, req: Json) -> Json:
     """Read (no ``set``) or change the tail-sampling policy; bad values answer an error."""
     sinks = p.sinks
     if sinks is None:
@@ -106,7 +111,7 @@ def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"trace_policy": sinks.policy.to_dict(), "exporters": sinks.status()}
 
 
-def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _capture(p: Profiler, req: Json) -> Json:
     """``id``: that capture and the step records it covers; else request one (``steps``, ``rid``,
     and ``now``, the HTTP process's clock, so every rank judges the cooling-off alike)."""
     cap = p.capture
@@ -125,12 +130,11 @@ def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _requests(p: Profiler, req: Json) -> Json:
     if "rid" in req:
         r = p.recorder.with_aggregator(lambda a: a.request_with_waterfall(str(req["rid"])))
-        cap = getattr(p, "capture", None)
-        if r and cap is not None:
-            r = {**r, "captures": cap.for_rid(str(req["rid"]))}
+        if r:
+            r = {**r, "captures": p.capture.for_rid(str(req["rid"]))}
         return {"requests": [r] if r else []}
     n = int(req.get("slowest", 10))
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))
