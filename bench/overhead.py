@@ -108,12 +108,12 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from sglang_ctxprof.model.config import CtxProfConfig
     from sglang_ctxprof.collect.session import CtxProfSession
 
-    def _exporters(profiler):  # the OTel/log/metric sinks the plugin installs (if present)
+    def _exporters(config):  # the OTel/log/metric sinks the plugin installs (if present)
         try:
             from sglang_ctxprof.views import exporters
         except ImportError:
             return None
-        return exporters.install(profiler)
+        return exporters.install(config)
 
     mode = SimpleNamespace(is_decode=lambda: True)
 

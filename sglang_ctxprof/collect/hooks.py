@@ -243,7 +243,7 @@ def verify(original, *args, **kwargs):
     if not adapter.is_verify_call(args, kwargs):
         p = profiler()
         b = p.current() if p is not None else None
-        if b is None or p.spec or b.open or b.kind != KIND_DECODE:
+        if b is None or p.serving.spec or b.open or b.kind != KIND_DECODE:
             return original(*args, **kwargs)
         return _around(p, b, PHASE, _DECODE, original, args, kwargs)
     p = profiler()

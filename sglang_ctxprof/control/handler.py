@@ -72,7 +72,7 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
     if cap.armed:
         cap.idle(scheduler)
     if cmd == CMD_SNAPSHOT:
-        p.bind(scheduler)
+        p.identify(scheduler)  # facts for the status; starts nothing
         return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
     if cmd == CMD_STATUS:
         return {"status": p.status()}
@@ -100,15 +100,15 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
 
 def _trace_policy(p: Profiler, req: Json) -> Json:
     """Read (no ``set``) or change the tail-sampling policy; bad values answer an error."""
-    sinks = p.sinks
-    if sinks is None:
+    exp = p.exporters
+    if exp is None:
         return {"error": "tracing sinks are not installed in this scheduler"}
     if req.get("set"):
         try:
-            sinks.set_policy(req["set"])
+            exp.set_policy(req["set"])
         except (ValueError, TypeError) as exc:
             return {"error": str(exc), "bad_request": True}
-    return {"trace_policy": sinks.policy.to_dict(), "exporters": sinks.status()}
+    return {"trace_policy": exp.policy_dict(), "exporters": exp.status()}
 
 
 def _capture(p: Profiler, req: Json) -> Json:
@@ -121,7 +121,7 @@ def _capture(p: Profiler, req: Json) -> Json:
             return {"capture": None}
         ids = set(info.step_ids)
         steps = p.recorder.with_aggregator(lambda a: [r.to_dict() for r in a.recent if r.step_id in ids])
-        return {"capture": info.to_dict(), "steps": steps, "rank": p.rank.to_dict() if p.rank else None}
+        return {"capture": info.to_dict(), "steps": steps, "rank": p.serving.rank.to_dict() if p.serving.rank else None}
     try:
         out = cap.request(TRIGGER_RID if req.get("rid") else TRIGGER_MANUAL, req.get("steps"), req.get("rid"),
                           now_s=req.get("now"))

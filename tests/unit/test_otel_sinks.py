@@ -12,7 +12,9 @@ from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.testing.session import fed
-from sglang_ctxprof.views.exporters import Sinks
+from dataclasses import replace
+
+from sglang_ctxprof.views.exporters import Exporters
 from sglang_ctxprof.views.policy import TracePolicy
 from sglang_ctxprof.views.otel import OtelView
 
@@ -29,8 +31,8 @@ def _sinks(policy, primary=True):
     exp = InMemorySpanExporter()
     prov = TracerProvider()
     prov.add_span_processor(SimpleSpanProcessor(exp))
-    s = fed(lambda agg: Sinks(Bucketing.parse("pow2"), policy, history=agg.request, env={},
-                              otel=OtelView(prov), primary=lambda: primary))
+    s = fed(lambda facts: Exporters(Bucketing.parse("pow2"), policy, facts=replace(facts, primary=primary),
+                                    env={}, otel=OtelView(prov)))
     return s, exp
 
 
@@ -42,9 +44,9 @@ def _exported(exp):
 def test_tail_based_slow_policy_exports_only_slow_requests_with_all_steps():
     s, exp = _sinks(TracePolicy(mode="slow", slow_tok_s=100, slow_step_ms=0))
     for rec in _steps("fast", 5, 1.0):  # 2 tokens / 1 ms = 2000 tok/s
-        s.on_record(rec)
+        s.requests.observe(rec)
     for rec in _steps("slow", 7, 50.0, start=100):  # 40 tok/s
-        s.on_record(rec)
+        s.requests.observe(rec)
         assert _exported(exp) == [] or rec.finished[0]  # nothing before the request finishes
     assert _exported(exp) == ["slow"]
     steps = [sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]
@@ -56,20 +58,20 @@ def test_tail_based_slow_policy_exports_only_slow_requests_with_all_steps():
 def test_runtime_policy_switch_and_off():
     s, exp = _sinks(TracePolicy(mode="off"))
     for rec in _steps("a", 3, 50.0):
-        s.on_record(rec)
+        s.requests.observe(rec)
     assert _exported(exp) == [] and s.status()["requests_finished"] == 0  # off and no logs: no tracking
     s.set_policy({"mode": "all"})
     for rec in _steps("b", 3, 1.0, start=10):
-        s.on_record(rec)
+        s.requests.observe(rec)
     assert _exported(exp) == ["b"] and s.status()["policy"]["mode"] == "all"
 
 
 def test_only_the_primary_rank_emits_and_metrics_need_enable_metrics():
     s, exp = _sinks(TracePolicy(mode="all"), primary=False)
     for rec in _steps("a", 3, 1.0):
-        s.on_record(rec)
-        s.on_metrics(rec)
-    assert _exported(exp) == [] and s.metrics is None and s.status()["metrics"] is None
+        s.requests.observe(rec)
+        s.metrics.observe(rec)
+    assert _exported(exp) == [] and s.metrics.view is None and s.status()["metrics"] is None
 
 
 def test_config_names_the_bad_variable():
