@@ -1,7 +1,7 @@
 """Public API for custom speculative workers: ``with sglang_ctxprof.phase("draft"): ...``.
 
-When profiling is off, disabled after a failure of ours, or no step is being recorded,
-``phase()`` returns a shared no-op context manager (no allocation, no clock read).  Inside a
+When no step is being recorded (the hooks' one rule, ``collect.hooks.recording``: profiling off,
+timing toggled off, or disabled after a failure of ours), ``phase()`` returns a shared no-op context manager (no allocation, no clock read).  Inside a
 recorded step it times the block as the named phase through the same guarded mark pair the hooks
 use (``collect.hooks.enter``/``leave``): a failure of our clock disables the ``hooks`` component and
 never raises into the caller's worker.  The generic hooks give way to it (the outermost
@@ -28,10 +28,8 @@ def phase(name: str) -> ContextManager[None]:
     if name not in DECLARABLE_PHASES:
         raise ValueError(f"unknown phase {name!r}; declare one of {sorted(DECLARABLE_PHASES)}")
     p = hooks.profiler()
-    if p is None or not p.active or not p.guard.ok("hooks"):
-        return _NULL
-    b = p.current()
-    if b is None or b.in_phase(name):
+    b = hooks.recording(p)  # the hooks' recording rule: only inside a step run_batch opened
+    if p is None or b is None or b.in_phase(name):
         return _NULL
     return _timed(p, b, name)
 

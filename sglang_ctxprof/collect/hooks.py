@@ -8,7 +8,15 @@ after SGLang's own ``copy_done.synchronize()``.
 
 ``SESSION`` is the one handle: the process's
 :class:`~sglang_ctxprof.collect.session.CtxProfSession`, set and cleared only by its
-``instrument()``/``uninstrument()``; ``None`` means off.  Every timed region (the step span, the
+``instrument()``/``uninstrument()``; ``None`` means off.
+
+**The recording rule** (:func:`recording`, the one check every timing hook and ``phase()`` make):
+a hook records only into the current step's :class:`~sglang_ctxprof.collect.step.StepBuilder`,
+which exists from ``run_batch``'s ``begin_step`` to its ``end_step`` on the scheduler thread, and
+``run_batch`` opens one only while timing is on and the ``hooks`` component is healthy; a failure
+of our hook code drops it (:func:`_fail`).  No builder:
+the hook calls SGLang's original and nothing else.  What a hook checks after that is *where* its
+region goes (which phase, outermost wins, decode only...), not whether to record.  Every timed region (the step span, the
 phases, the attention/MoE regions, and ``sglang_ctxprof.phase()`` blocks) goes through one guarded
 mark -> call -> mark pair: :func:`enter` and :func:`leave`.
 
@@ -70,8 +78,15 @@ def profiler() -> Optional[Profiler]:
     return s.profiler if s is not None else None
 
 
+def recording(p: Optional[Profiler]) -> Optional[StepBuilder]:
+    """The step being recorded on this thread, or None: pass through (the rule in the docstring)."""
+    return p.current() if p is not None else None
+
+
 def _fail(p: Profiler, exc: BaseException) -> None:
+    """Disable the ``hooks`` component and stop recording the current step at once (the rule)."""
     p.guard.fail("hooks", exc)
+    p.tls.step = None
 
 
 def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[object]:
@@ -190,7 +205,7 @@ def run_batch(original, self, batch, *args, **kwargs):
 def step_span(original, *args, **kwargs):
     """Instance wrapper of the (speculative) worker's forward_batch_generation: the step span."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.span is not None:
         return original(*args, **kwargs)
     return _around(p, b, SPAN, "", original, args, kwargs)
@@ -222,7 +237,7 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
 def _timed(name: str, original, args, kwargs):
     """Time ``original`` as phase ``name`` of the current step (outermost occurrence wins)."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
@@ -242,12 +257,12 @@ def verify(original, *args, **kwargs):
     decoding the same seam is the target's one decode forward: phase ``decode``."""
     if not adapter.is_verify_call(args, kwargs):
         p = profiler()
-        b = p.current() if p is not None else None
+        b = recording(p)
         if b is None or p.serving.spec or b.open or b.kind != KIND_DECODE:
             return original(*args, **kwargs)
         return _around(p, b, PHASE, _DECODE, original, args, kwargs)
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.open:
         return original(*args, **kwargs)
     return _around(p, b, PHASE, _VERIFY, original, args, kwargs)
@@ -256,7 +271,7 @@ def verify(original, *args, **kwargs):
 def _timed_decode(name: str, original, args, kwargs):
     """Like :func:`_timed`, for seams that the prefill path runs too: decode steps only."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.kind != KIND_DECODE or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
@@ -275,7 +290,7 @@ def block_forward(original, self, *args, **kwargs):
     the block (the draft runner's, or any inside the draft phase), and time a draft-runner pass
     that no phase encloses (DFLASH calls it inline) as draft.  Otherwise a pass-through."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or not b.block:
         return original(self, *args, **kwargs)
     draft_runner = adapter.is_draft_runner(self)
@@ -304,7 +319,7 @@ def _sub(name: str, original, args, kwargs):
     g = p.graph
     if g is not None and g.capturing():
         return g.region(name, original, args, kwargs)
-    b = p.current()
+    b = recording(p)
     if (b is None or b.sub_depth or not (b.in_phase(_VERIFY) or b.in_phase(_DECODE))
             or (g is not None and g.foreign_capture())):
         return original(*args, **kwargs)
