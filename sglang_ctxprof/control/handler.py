@@ -5,7 +5,9 @@ A request arrives on SGLang's own control channel (``GetInternalStateReq`` with 
 :class:`~sglang_ctxprof.collect.session.CtxProfSession`.  The handler imports neither: it reads the
 session's ``profiler`` and calls its ``enable()``/``disable()``.  A failure here never raises into
 SGLang: the tokenizer manager waits for exactly one reply per rank, so we always answer, with
-``{"error": ...}`` if need be.
+``{"error": ...}`` if need be.  A request that is itself wrong (unknown command, bad argument,
+undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing; a failure of our
+own code disables the ``control`` component.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
 ``requests`` (``slowest`` N or one ``rid``), ``recent`` (the last N step records), ``trace_policy``,
@@ -30,6 +32,17 @@ if TYPE_CHECKING:  # types only: the handler imports no collect/ module at run t
 # JSON bodies (control requests and answers) are plain dicts
 Json = dict[str, Any]
 
+
+class BadRequest(ValueError):
+    """The request itself is wrong (unknown command, bad argument): answered, nothing disabled."""
+
+
+def _int(req: Json, key: str, default: int) -> int:
+    try:
+        return int(req.get(key, default))
+    except (TypeError, ValueError):
+        raise BadRequest(f"{key} must be an integer, got {req.get(key)!r}") from None
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,7 +51,10 @@ def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
     (one warning with traceback, via the guard) and is answered as ``{"error", "degraded"}``."""
     p = session.profiler
     try:
-        req = decode(rid)
+        try:
+            req = decode(rid)
+        except ValueError as exc:  # bad JSON too (JSONDecodeError is a ValueError)
+            raise BadRequest(f"undecodable control request: {exc}") from None
         if req.get("cmd") == CMD_FAULT:
             return {CONTROL_KEY: _fault(p, req)}
         if p is not None and not p.guard.ok("control"):
@@ -47,6 +63,8 @@ def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
         if p is None:
             return {CONTROL_KEY: {"error": "ctx profiler is not installed in this scheduler"}}
         return {CONTROL_KEY: _handle(req, scheduler, session, p)}  # a failure is answered below
+    except BadRequest as exc:
+        return {CONTROL_KEY: {"error": str(exc), "bad_request": True}}
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
         if p is None:
             logger.warning("sglang-ctxprof: control request failed: %r", exc)
@@ -93,9 +111,9 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
     if cmd == CMD_CAPTURE:
         return _capture(p, req)
     if cmd == CMD_RECENT:
-        n = int(req.get("last", 0))
+        n = _int(req, "last", 0)
         return {"status": p.status(), "steps": p.recorder.with_aggregator(lambda a: a.recent_steps(n))}
-    raise ValueError(f"unknown command {cmd!r}")
+    raise BadRequest(f"unknown command {cmd!r}")
 
 
 def _trace_policy(p: Profiler, req: Json) -> Json:
@@ -136,6 +154,6 @@ def _requests(p: Profiler, req: Json) -> Json:
         if r:
             r = {**r, "captures": p.capture.for_rid(str(req["rid"]))}
         return {"requests": [r] if r else []}
-    n = int(req.get("slowest", 10))
+    n = _int(req, "slowest", 10)
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))
     return {"requests": rows}
