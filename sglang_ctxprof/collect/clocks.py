@@ -26,16 +26,19 @@ from ..model.config import GraphSettings
 from ..model.names import TIMING_CPU, TIMING_CUDA_EVENTS
 
 
+Token = Any  # a clock's opaque mark: an int on the CPU clock, a torch.cuda.Event on CUDA
+
+
 class Clock(Protocol):
-    """What the profiler marks intervals with.  A token is opaque: an int on the CPU, an event on CUDA."""
+    """What the profiler marks intervals with."""
 
     mode: str
 
-    def mark(self) -> Any: ...
+    def mark(self) -> Token: ...
 
-    def elapsed_ms(self, a: Any, b: Any) -> Optional[float]: ...
+    def elapsed_ms(self, a: Token, b: Token) -> Optional[float]: ...
 
-    def release(self, token: Any) -> None: ...
+    def release(self, token: Token) -> None: ...
 
 
 class CpuClock:

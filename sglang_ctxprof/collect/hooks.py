@@ -40,6 +40,7 @@ from . import adapter
 
 if TYPE_CHECKING:  # types only: session and profiler import this module at run time
     from .capture import Capture
+    from .clocks import Token
     from .profiler import Profiler
     from .session import CtxProfSession
     from .step import StepBuilder
@@ -89,7 +90,7 @@ def _fail(p: Profiler, exc: BaseException) -> None:
     p.tls.step = None
 
 
-def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[object]:
+def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[Token]:
     """Open a timed region of step ``b``: its start mark, or None if our code failed (guarded)."""
     try:
         t0 = p.clock.mark()
@@ -103,7 +104,7 @@ def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[object]
         return None
 
 
-def leave(p: Profiler, b: StepBuilder, kind: int, name: str, t0: object) -> None:
+def leave(p: Profiler, b: StepBuilder, kind: int, name: str, t0: Token) -> None:
     """Close the region opened by :func:`enter` (guarded)."""
     try:
         t1 = p.clock.mark()

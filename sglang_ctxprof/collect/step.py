@@ -23,7 +23,7 @@ Phase arithmetic (all in ms):
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..model.names import FORWARD_SPLIT, TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
 
@@ -32,7 +32,7 @@ _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_RE
 _DEC = Phase.DECODE.value
 
 if TYPE_CHECKING:
-    from .clocks import Clock
+    from .clocks import Clock, Token
     from .graph_clock import GraphRead
 
 
@@ -52,8 +52,8 @@ class StepBuilder:
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
         self.t_start_ns = t_start_ns
-        self.span: Optional[tuple[Any, Any]] = None
-        self.marks: list[tuple[str, Any, Any]] = []
+        self.span: Optional[tuple[Token, Token]] = None
+        self.marks: list[tuple[str, Token, Token]] = []
         self.open: list[str] = []  # stack of named phases currently open
         self.pre: Optional[tuple] = None  # adapter.reqs_before(...) of the batch
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
