@@ -105,8 +105,10 @@ class RequestSink:
         for i, rid in enumerate(rec.rids):
             if rec.finished[i]:
                 req = self.facts.history(rid)
-                key = (rid, req.get("use", 0)) if req is not None else None
-                if key is not None and key not in self._decided:  # a reused rid is a new request
+                if req is None:
+                    continue
+                key = (rid, req.get("use", 0))
+                if key not in self._decided:  # a reused rid is a new request
                     self._decided[key] = None
                     if len(self._decided) > MAX_DECIDED:
                         self._decided.popitem(last=False)
