@@ -89,12 +89,12 @@ def micro(n_calls: int = 20000, n_steps: int = 2000) -> dict[str, float]:
     from sglang_ctxprof.collect.session import CtxProfSession
     from sglang_ctxprof.testing.fake_scheduler import PATH, FakeScheduler
 
-    def _exporters(profiler):  # the OTel/log/metric sinks the plugin installs (if present)
+    def _exporters(config):  # the OTel/log/metric sinks the plugin installs (if present)
         try:
             from sglang_ctxprof.views import exporters
         except ImportError:
             return None
-        return exporters.install(profiler)
+        return exporters.install(config)
 
     mode = SimpleNamespace(is_decode=lambda: True)
 

@@ -19,10 +19,14 @@ import logging
 import multiprocessing
 import os
 import sys
+from typing import TYPE_CHECKING, Optional
 
 from .collect import adapter, hooks
 from .model import names
 from .model.config import CtxProfConfig, env_enabled
+
+if TYPE_CHECKING:
+    from .views.exporters import Exporters
 
 logger = logging.getLogger(__name__)
 
@@ -145,14 +149,9 @@ def install_scheduler() -> None:
                                                     for k in bad) or "none")
 
 
-def _exporters(profiler):
-    """The session's exporter factory: OTel spans, structlog events and live Prometheus metrics."""
+def _exporters(config: CtxProfConfig) -> Optional[Exporters]:
+    """The session's exporter factory: OTel spans, structlog events and live Prometheus metrics
+    (what they learn from the scheduler reaches them when the profiler binds: ``BindFacts``)."""
     from .views.exporters import install
 
-    def metrics_enabled() -> bool:
-        return adapter.metrics_enabled(getattr(profiler.scheduler, "server_args", None))
-
-    def model_name() -> str:
-        return adapter.served_model_name(getattr(profiler.scheduler, "server_args", None))
-
-    return install(profiler, metrics_enabled=metrics_enabled, model_name=model_name)
+    return install(config)

@@ -42,6 +42,7 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
+from ..aggregate.aggregator import Aggregator
 from ..model import names
 from ..model.config import CaptureSettings
 from ..model.records import StepRecord
@@ -154,7 +155,7 @@ class Capture:
             self.armed = True
             return {"accepted": True, "capture": info.to_dict()}
 
-    def observe(self, rec: StepRecord, agg: Any) -> None:
+    def observe(self, rec: StepRecord, agg: Aggregator) -> None:
         """The automatic triggers, on the drain thread right after the aggregator ``agg`` took
         ``rec`` (under the recorder's lock)."""
         if not self.auto:
@@ -357,3 +358,19 @@ class Capture:
             "bytes_kept": self.bytes_kept,
             "captures": [x.to_dict() for x in self.history],
         }
+
+
+class CaptureSink:
+    """The automatic triggers as a record sink (``capture``): each record, after the aggregator."""
+
+    name = "capture"
+
+    def __init__(self, capture: Capture, aggregator: Aggregator) -> None:
+        self.capture = capture
+        self.aggregator = aggregator
+
+    def observe(self, rec: StepRecord) -> None:
+        self.capture.observe(rec, self.aggregator)
+
+    def stop(self) -> None:
+        return None

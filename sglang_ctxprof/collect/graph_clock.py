@@ -50,6 +50,7 @@ import weakref
 from typing import Any, Callable, Hashable, Optional
 
 from ..model.names import Phase
+from .step import SplitState, StepBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -279,35 +280,33 @@ class GraphTimer:
             self.release_backend(bid)
 
     # ---- replay and read (this rank's bookkeeping; never changes what replays) ---------------------
-    def on_replay(self, key: Hashable, builder: Any, timed: bool) -> None:
+    def on_replay(self, key: Hashable, builder: Optional[StepBuilder], timed: bool) -> None:
         """After the rule chose: attach the timed copy's events to a sampled verify step, or mark
         the step's split unknown (it ran in a graph we do not read)."""
         if not timed:
             self.plain_replays += 1
             if builder is not None and builder.in_phase(_VERIFY):
-                builder.split = False
+                builder.split_unavailable()
             return
         self.timed_replays += 1
         gen = self._gen[key] = self._gen.get(key, 0) + 1  # also without a reader: older reads are stale
         if builder is None or not builder.in_phase(_VERIFY):
             return
         regions = self._sets.get(key)
-        if not (regions and self.reading and builder.split is not False):
-            builder.split = False
+        if not (regions and self.reading):
+            builder.split_unavailable()
             return
-        reads = builder.split if isinstance(builder.split, list) else []
-        reads.append(GraphRead(key, gen, regions))
-        builder.split = reads
+        builder.split_pending(GraphRead(key, gen, regions))
 
-    def read(self, builder: Any) -> None:
-        """Turn a step's pending graph reads into ``{phase: ms}`` or ``False``; never waits or raises."""
+    def read(self, builder: StepBuilder) -> None:
+        """Turn a step's pending graph reads into ``{phase: ms}`` or unavailable; never waits or raises."""
         self._release_gone()
-        reads = builder.split
-        if not isinstance(reads, list):
-            if reads is False:
+        if builder.split is not SplitState.PENDING:
+            if builder.split is SplitState.UNAVAILABLE:
                 self.unavailable_steps += 1
             return
-        builder.split = False
+        reads = builder.split_reads
+        builder.split_unavailable()  # unless every read below succeeds
         sums: dict[str, float] = {}
         try:
             for r in reads:
@@ -323,8 +322,7 @@ class GraphTimer:
             self.read_errors += 1
             return
         self.sampled_reads += 1
-        builder.split = sums
-        builder.graph_split = True
+        builder.split_read(sums)
 
     def describe(self) -> dict[str, Any]:
         if self.in_use:

@@ -98,7 +98,7 @@ def graph_replay(original, self, shape_key, *args, **kwargs):
         p.guard.fail("hooks", exc)
         return original(self, shape_key, *args, **kwargs)
     try:
-        g.on_replay(key, p.current(), timed)
+        g.on_replay(key, hooks.recording(p), timed)
     except Exception as exc:  # noqa: BLE001 - only this rank's read is at stake
         p.guard.fail("hooks", exc)
     return original(self, timed_key if timed else shape_key, *args, **kwargs)

@@ -8,7 +8,15 @@ after SGLang's own ``copy_done.synchronize()``.
 
 ``SESSION`` is the one handle: the process's
 :class:`~sglang_ctxprof.collect.session.CtxProfSession`, set and cleared only by its
-``instrument()``/``uninstrument()``; ``None`` means off.  Every timed region (the step span, the
+``instrument()``/``uninstrument()``; ``None`` means off.
+
+**The recording rule** (:func:`recording`, the one check every timing hook and ``phase()`` make):
+a hook records only into the current step's :class:`~sglang_ctxprof.collect.step.StepBuilder`,
+which exists from ``run_batch``'s ``begin_step`` to its ``end_step`` on the scheduler thread, and
+``run_batch`` opens one only while timing is on and the ``hooks`` component is healthy; a failure
+of our hook code drops it (:func:`_fail`).  No builder:
+the hook calls SGLang's original and nothing else.  What a hook checks after that is *where* its
+region goes (which phase, outermost wins, decode only...), not whether to record.  Every timed region (the step span, the
 phases, the attention/MoE regions, and ``sglang_ctxprof.phase()`` blocks) goes through one guarded
 mark -> call -> mark pair: :func:`enter` and :func:`leave`.
 
@@ -24,13 +32,20 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, ContextManager, Optional
 
 from ..model.names import KIND_DECODE, RANGE_PREFIX, Phase
 from ..control.protocol import is_control_rid
 from . import adapter
 
-SESSION: Optional[Any] = None  # the CtxProfSession of this process (set only by it)
+if TYPE_CHECKING:  # types only: session and profiler import this module at run time
+    from .capture import Capture
+    from .clocks import Token
+    from .profiler import Profiler
+    from .session import CtxProfSession
+    from .step import StepBuilder
+
+SESSION: Optional[CtxProfSession] = None  # the CtxProfSession of this process (set only by it)
 
 _VERIFY = Phase.VERIFY.value
 _DRAFT = Phase.DRAFT.value
@@ -58,17 +73,24 @@ def resolve_compiling() -> None:
     IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None) or _never
 
 
-def profiler() -> Any:
+def profiler() -> Optional[Profiler]:
     """The profiler behind the handle, or None when no session is instrumented."""
     s = SESSION
     return s.profiler if s is not None else None
 
 
-def _fail(p: Any, exc: BaseException) -> None:
+def recording(p: Optional[Profiler]) -> Optional[StepBuilder]:
+    """The step being recorded on this thread, or None: pass through (the rule in the docstring)."""
+    return p.current() if p is not None else None
+
+
+def _fail(p: Profiler, exc: BaseException) -> None:
+    """Disable the ``hooks`` component and stop recording the current step at once (the rule)."""
     p.guard.fail("hooks", exc)
+    p.tls.step = None
 
 
-def enter(p: Any, b: Any, kind: int, name: str) -> Optional[Any]:
+def enter(p: Profiler, b: StepBuilder, kind: int, name: str) -> Optional[Token]:
     """Open a timed region of step ``b``: its start mark, or None if our code failed (guarded)."""
     try:
         t0 = p.clock.mark()
@@ -82,7 +104,7 @@ def enter(p: Any, b: Any, kind: int, name: str) -> Optional[Any]:
         return None
 
 
-def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
+def leave(p: Profiler, b: StepBuilder, kind: int, name: str, t0: Token) -> None:
     """Close the region opened by :func:`enter` (guarded)."""
     try:
         t1 = p.clock.mark()
@@ -98,7 +120,7 @@ def leave(p: Any, b: Any, kind: int, name: str, t0: Any) -> None:
         _fail(p, exc)
 
 
-def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     if b.cost_ns >= 0:
         return _around_timed(p, b, kind, name, original, args, kwargs)
     t0 = enter(p, b, kind, name)
@@ -110,7 +132,7 @@ def _around(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
         leave(p, b, kind, name, t0)
 
 
-def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around_timed(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     """:func:`_around` on a timed step: also adds the time of our marks to ``b.cost_ns``."""
     t = _now()
     t0 = enter(p, b, kind, name)
@@ -126,18 +148,18 @@ def _around_timed(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
 
 
 _around_plain = _around
-_CAPTURE: Optional[Any] = None  # collect.capture.Capture while a capture runs
-_record_function: Any = None
+_CAPTURE: Optional[Capture] = None  # while a deep capture runs
+_record_function: Optional[Callable[[str], ContextManager[object]]] = None  # torch.profiler.record_function then
 
 
-def _around_labelled(p: Any, b: Any, kind: int, name: str, original, args, kwargs):
+def _around_labelled(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     """:func:`_around` inside a ``torch.profiler.record_function`` range named after the phase, the
     step and its context: every op the profiler records in it sits under our phase."""
     with _record_function(f"{RANGE_PREFIX}{name or 'step'} {_CAPTURE.label}"):
         return _around_plain(p, b, kind, name, original, args, kwargs)
 
 
-def label_phases(capture: Optional[Any]) -> None:
+def label_phases(capture: Optional[Capture]) -> None:
     """Open every timed region as a profiler range while ``capture`` runs; ``None`` puts the plain
     path back (the hooks look ``_around`` up at each call, so off costs nothing)."""
     global _around, _CAPTURE, _record_function
@@ -184,7 +206,7 @@ def run_batch(original, self, batch, *args, **kwargs):
 def step_span(original, *args, **kwargs):
     """Instance wrapper of the (speculative) worker's forward_batch_generation: the step span."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.span is not None:
         return original(*args, **kwargs)
     return _around(p, b, SPAN, "", original, args, kwargs)
@@ -216,7 +238,7 @@ def process_batch_result(original, self, batch, result, *args, **kwargs):
 def _timed(name: str, original, args, kwargs):
     """Time ``original`` as phase ``name`` of the current step (outermost occurrence wins)."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
@@ -236,12 +258,12 @@ def verify(original, *args, **kwargs):
     decoding the same seam is the target's one decode forward: phase ``decode``."""
     if not adapter.is_verify_call(args, kwargs):
         p = profiler()
-        b = p.current() if p is not None else None
-        if b is None or p.spec or b.open or b.kind != KIND_DECODE:
+        b = recording(p)
+        if b is None or p.serving.spec or b.open or b.kind != KIND_DECODE:
             return original(*args, **kwargs)
         return _around(p, b, PHASE, _DECODE, original, args, kwargs)
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.open:
         return original(*args, **kwargs)
     return _around(p, b, PHASE, _VERIFY, original, args, kwargs)
@@ -250,7 +272,7 @@ def verify(original, *args, **kwargs):
 def _timed_decode(name: str, original, args, kwargs):
     """Like :func:`_timed`, for seams that the prefill path runs too: decode steps only."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or b.kind != KIND_DECODE or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
@@ -269,7 +291,7 @@ def block_forward(original, self, *args, **kwargs):
     the block (the draft runner's, or any inside the draft phase), and time a draft-runner pass
     that no phase encloses (DFLASH calls it inline) as draft.  Otherwise a pass-through."""
     p = profiler()
-    b = p.current() if p is not None else None
+    b = recording(p)
     if b is None or not b.block:
         return original(self, *args, **kwargs)
     draft_runner = adapter.is_draft_runner(self)
@@ -298,7 +320,7 @@ def _sub(name: str, original, args, kwargs):
     g = p.graph
     if g is not None and g.capturing():
         return g.region(name, original, args, kwargs)
-    b = p.current()
+    b = recording(p)
     if (b is None or b.sub_depth or not (b.in_phase(_VERIFY) or b.in_phase(_DECODE))
             or (g is not None and g.foreign_capture())):
         return original(*args, **kwargs)

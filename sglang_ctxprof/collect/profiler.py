@@ -30,6 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import adapter
@@ -37,67 +38,89 @@ from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
 from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU,
                            TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
-from .capture import Capture
+from ..model.sinks import BindFacts, ExporterSet
+from .capture import Capture, CaptureSink
 from .cost import Cost
 from .host import HostFacts, IdCache
 from .recorder import Recorder
 from ..model.guard import Guard
 from .step import StepBuilder, release, resolve, timing_label
-from .clocks import CpuClock, Parked, make_clock, make_graph_timer
+from ..model.records import RankId
+from .clocks import Clock, CpuClock, Parked, make_clock, make_graph_timer
+from .graph_clock import GraphTimer
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING = 64
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What the bound scheduler serves, read once (:meth:`Profiler.identify`)."""
+
+    algorithm: str = "NONE"
+    rank: Optional[RankId] = None
+    spec: bool = False  # a speculative algorithm
+    full_phases: bool = False  # every seam of the algorithm is known: the remainder is ``overhead``
+    block_drafter: bool = False  # names.BLOCK_ALGORITHMS
+
+    @classmethod
+    def of(cls, algorithm: str, rank: Optional[RankId]) -> "Serving":
+        return cls(algorithm, rank, algorithm != "NONE", algorithm in FULL_PHASE_ALGORITHMS,
+                   algorithm in BLOCK_ALGORITHMS)
+
+
 class Profiler:
-    def __init__(self, config: CtxProfConfig) -> None:
+    """``clock``: the interval clock of every mark (default: chosen by the device at bind, the
+    monotonic CPU clock until then); a test passes a fake one instead of patching ``time``."""
+
+    def __init__(self, config: CtxProfConfig, clock: Optional[Clock] = None) -> None:
         self.config = config
         self.guard = Guard(config.fault)
         self.aggregator = Aggregator(config.bucketing(), request_capacity=config.request_ring)
         self.cost = Cost()
         self.ids = IdCache()  # request ids of the last batch (drain thread)
         self.recorder = Recorder(self.aggregator, self.guard, maxsize=config.queue_size, cost=self.cost)
-        self.clock: Any = CpuClock()
+        self._clock_given = clock is not None
+        self.clock: Clock = clock if clock is not None else CpuClock()
         self.tls = threading.local()
         self.pending: "OrderedDict[int, StepBuilder]" = OrderedDict()
         self.pending_evicted = 0
         self.unresolved = 0
         self.active = True
-        self.algorithm = "NONE"
-        self.spec = False
-        self.full_phases = False
-        self.block_drafter = False
-        self.rank = None
-        self.scheduler = None
+        self.serving = Serving()
+        self.scheduler: Any = None  # the SGLang scheduler identified (identify)
+        self._bound: Any = None  # ... and bound (bind)
         self.step_source: Any = None  # the scheduler whose forward_ct the graph replay rule reads
         self.capture_runner: Any = None  # the CUDA-graph runner whose capture() is running
         self.wrapped_worker: Any = None  # the worker whose forward_batch_generation we wrapped
         self.hook_report: dict[str, Any] = {}
-        self.sinks: Any = None  # views.exporters.Sinks, built by the session's exporter factory
-        self.graph: Any = None  # graph_clock.GraphTimer on CUDA
+        self.exporters: Optional[ExporterSet] = None  # views.exporters.Exporters (attach_exporters)
+        self.graph: Optional[GraphTimer] = None  # on CUDA
         self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
         self.capture = Capture(config.capture, self.guard, policy=lambda: getattr(self.sinks, "policy", None))
         if self.capture.auto:  # the automatic triggers read each record after the aggregator
-            self.recorder.sinks.append(("capture", lambda rec: self.capture.observe(rec, self.aggregator)))
+            self.recorder.sinks.append(CaptureSink(self.capture, self.aggregator))
 
-    # ---- binding to the scheduler (first call) -----------------------------------------------------
-    def bind(self, scheduler: Any) -> None:
+    def attach_exporters(self, exporters: Optional[ExporterSet]) -> None:
+        """Feed ``exporters``' sinks every record after the aggregator (and the capture triggers)."""
+        self.exporters = exporters
+        if exporters is not None:
+            self.recorder.sinks.extend(exporters.sinks)
+
+    # ---- binding to the scheduler (first step) ----------------------------------------------------
+    def identify(self, scheduler: Any) -> None:
+        """Read what ``scheduler`` serves (algorithm, rank, device clock, roofline facts), once.
+        Starts nothing: the read-only snapshot command calls only this."""
         if self.scheduler is scheduler:
             return
         self.scheduler = scheduler
-        sa = getattr(scheduler, "server_args", None)
-        self.algorithm = adapter.algorithm_name(sa)
-        self.spec = self.algorithm != "NONE"
-        self.full_phases = self.algorithm in FULL_PHASE_ALGORITHMS
-        self.block_drafter = self.algorithm in BLOCK_ALGORITHMS
-        self.rank = adapter.rank_of(scheduler)
-        self.clock = make_clock(adapter.device_of(scheduler))
-        self.capture.bind(scheduler)
-        if self.graph is None:
-            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
+        self.serving = Serving.of(adapter.algorithm_name(getattr(scheduler, "server_args", None)),
+                                  adapter.rank_of(scheduler))
+        if not self._clock_given:
+            self.clock = make_clock(adapter.device_of(scheduler))
         try:
             from ..model.roofline import hw_meta
 
@@ -105,9 +128,38 @@ class Profiler:
                            self.config.roofline.hbm_gbps)
         except Exception as exc:  # noqa: BLE001 - the roofline is then reported unavailable
             self.hw = {"device": None, "hbm_gbps": None, "source": f"facts unavailable: {exc!r}"}
+
+    def bind(self, scheduler: Any) -> None:
+        """The first step of ``scheduler``: :meth:`identify` it, then start what recording needs
+        (the capture's device, the graph timer, the exporters' facts, the recorder's drain thread)."""
+        if self._bound is scheduler:
+            return
+        self.identify(scheduler)
+        self._bound = scheduler
+        self.capture.bind(scheduler)
+        if self.graph is None:
+            self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
+        if self.exporters is not None:
+            self.guard.run("exporter", self.exporters.bind, self.bind_facts(scheduler))
         self.recorder.start()
 
-    def ensure_graph(self) -> Any:
+    def bind_facts(self, scheduler: Any) -> BindFacts:
+        """What the exporter sinks learn from this process (``model.sinks.BindFacts``)."""
+        sa = getattr(scheduler, "server_args", None)
+        rank = self.serving.rank
+        return BindFacts(primary=rank is None or rank.tp == 0, model_name=adapter.served_model_name(sa),
+                         metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
+                         dropped=self.recorder.dropped_count, degraded=self.guard.status)
+
+    def export_history(self, rid: str) -> Optional[dict[str, Any]]:
+        """A finished request as the exporters read it: the aggregator's history (rows built only if
+        read) and the deep captures that covered its steps."""
+        req = self.aggregator.request(rid, lazy=True)
+        if req is not None and self.capture.history:
+            req["captures"] = self.capture.for_rid(rid)
+        return req
+
+    def ensure_graph(self) -> GraphTimer:
         """The graph timer; built on the first CUDA-graph capture (model init runs before bind)."""
         if self.graph is None:
             self.graph = make_graph_timer("cuda", self.config.graph)
@@ -127,7 +179,7 @@ class Profiler:
         b = StepBuilder(kind, time.time_ns())
         if self.cost.sample():
             b.cost_ns = 0  # a timed step: the hooks add their own time to it
-        b.block = self.block_drafter and kind == KIND_DECODE
+        b.block = self.serving.block_drafter and kind == KIND_DECODE
         self.tls.step = b
         return b
 
@@ -152,7 +204,8 @@ class Profiler:
         b = self.pending.get(adapter.step_id(batch))
         if b is not None:
             decode = b.kind == KIND_DECODE
-            b.pre = adapter.reqs_before(batch.reqs, self.spec and decode, decode and not self.spec)
+            spec = self.serving.spec
+            b.pre = adapter.reqs_before(batch.reqs, spec and decode, decode and not spec)
         return b
 
     def after_result(self, b: StepBuilder, batch: Any, result: Any) -> None:
@@ -187,13 +240,13 @@ class Profiler:
         b, host = item
         host.t_start_ns = b.t_start_ns
         if type(self.clock) is CpuClock:  # plain integers: resolved on the drain thread (host.record)
-            host.builder, host.full_phases = b, self.full_phases
+            host.builder, host.full_phases = b, self.serving.full_phases
             host.timing = TIMING_CPU
             if b.cost_ns >= 0:
                 self.cost.add_step((b.span[1] - b.span[0]) / 1e6, None)
             self.recorder.submit(host)
             return True
-        res = resolve(b, self.clock, self.full_phases)
+        res = resolve(b, self.clock, self.serving.full_phases)
         if res is None:
             return False
         release(b, self.clock)
@@ -215,7 +268,8 @@ class Profiler:
             return None
         reqs, outs, lens_pre, vct_pre, done_pre = pre
         decode = b.kind == KIND_DECODE
-        spec = decode and self.spec
+        sv = self.serving
+        spec = decode and sv.spec
         emitted, vct_post, fin = adapter.reqs_after(reqs, outs, spec)
         tps: tuple[str, ...] = ()
         sa = getattr(self.scheduler, "server_args", None)
@@ -227,7 +281,7 @@ class Profiler:
             tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
             if not any(tps):
                 tps = ()
-        host = HostFacts(self.ids, b.step_id, b.kind, self.algorithm, self.rank, spec, reqs,
+        host = HostFacts(self.ids, b.step_id, b.kind, sv.algorithm, sv.rank, spec, reqs,
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
         host.t_end_ns = b.t_end_ns
         host.done_pre = done_pre
@@ -247,8 +301,8 @@ class Profiler:
         return {
             "enabled": self.active,
             "pid": os.getpid(),
-            "rank": self.rank.to_dict() if self.rank else None,
-            "algorithm": self.algorithm,
+            "rank": self.serving.rank.to_dict() if self.serving.rank else None,
+            "algorithm": self.serving.algorithm,
             "timing": self.timing_mode(),
             "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
             "parked": len(self.parked),
@@ -260,7 +314,7 @@ class Profiler:
             "degraded": self.guard.status(),
             "hooks": self.hook_report,
             "coverage": self._coverage(),
-            "exporters": self.sinks.status() if self.sinks is not None else None,
+            "exporters": self.exporters.status() if self.exporters is not None else None,
             "cost": self.cost.to_dict(),
             "capture": self.capture.status(),
         }

@@ -19,13 +19,18 @@ handle (``hooks.SESSION``), which ``sglang_ctxprof.phase()`` reads too.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..control.handler import handle
 from ..model.config import CtxProfConfig
+from ..model.sinks import ExporterSet
 from . import graph_hooks, hooks
+from .clocks import Clock
 from .instrumentor import CtxProfInstrumentor
 from .profiler import Profiler
+
+if TYPE_CHECKING:
+    from .adapter import Target
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +38,14 @@ GROUP_CONTROL = "control"
 GROUP_TIMING = "timing"
 HOOKS = {**hooks.HOOKS, **graph_hooks.HOOKS}  # every hook kind a target may name
 
-ExporterFactory = Callable[[Profiler], Optional[Any]]
+ExporterFactory = Callable[[CtxProfConfig], Optional[ExporterSet]]  # e.g. views.exporters.install
 
 
 class CtxProfSession:
-    def __init__(self, config: Optional[CtxProfConfig] = None, *, targets: Optional[Iterable[Any]] = None,
+    def __init__(self, config: Optional[CtxProfConfig] = None, *, targets: Optional[Iterable[Target]] = None,
                  signatures: Optional[dict[str, tuple[str, ...]]] = None,
-                 exporters: Optional[ExporterFactory] = None) -> None:
+                 exporters: Optional[ExporterFactory] = None, clock: Optional[Clock] = None) -> None:
+        """``clock``: the profiler's interval clock (default: chosen by the device); tests pass a fake."""
         from . import adapter
 
         self.config = config if config is not None else CtxProfConfig.from_env()
@@ -47,6 +53,7 @@ class CtxProfSession:
         # the adapter's signature checks belong to the adapter's targets; given targets bring their own
         self.signatures = signatures if signatures is not None else ({} if targets is not None else adapter.SIGNATURES)
         self._exporters = exporters
+        self._clock = clock
         self.profiler: Optional[Profiler] = None
         self.instrumentor: Optional[CtxProfInstrumentor] = None
 
@@ -58,11 +65,11 @@ class CtxProfSession:
         if hooks.SESSION is not None:
             logger.warning("sglang-ctxprof: another session holds this process's hooks; not instrumenting")
             return {}
-        p = Profiler(self.config)
+        p = Profiler(self.config, clock=self._clock)
         p.active = False
         self.profiler, self.instrumentor = p, CtxProfInstrumentor()
         if self._exporters is not None:
-            p.sinks = self._exporters(p)
+            p.attach_exporters(self._exporters(self.config))
         hooks.resolve_compiling()
         hooks.SESSION = self
         self.instrumentor.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_CONTROL])
@@ -97,9 +104,7 @@ class CtxProfSession:
         self.instrumentor.uninstrument()
         if hooks.SESSION is self:
             hooks.SESSION = None
-        p.recorder.stop()
-        if p.sinks is not None:
-            p.sinks.stop()
+        p.recorder.close()  # drains, then stops every sink (log thread, OTel provider)
         self.profiler = self.instrumentor = None
 
     def wrap_worker(self, worker: Any) -> None:

@@ -13,15 +13,17 @@ Phase arithmetic (all in ms):
   inside it become ``decode_attn`` / ``decode_moe`` (``decode_rest`` the remainder).  Under a CUDA
   graph (``graph_ran``) those blocks run inside the replay and leave no marks: the split is then left
   out, never reported as zero;
-* under CUDA graphs the split comes from :mod:`graph_clock` (``b.split``) on sampled steps and
-  is left out (not zero) on the others;
+* under CUDA graphs the split comes from :mod:`graph_clock` on sampled steps and is left out (not
+  zero) on the others: ``b.split`` (a :class:`SplitState`) says which, written only through the
+  builder's ``split_*`` methods;
 * the remainder ``step - (draft + verify + draft_extend)`` is ``overhead`` for algorithms whose
   seams we know, else ``unattributed``.  So the leaf phases add up to the step span exactly.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from enum import Enum
+from typing import TYPE_CHECKING, Optional
 
 from ..model.names import FORWARD_SPLIT, TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
 
@@ -29,24 +31,36 @@ _D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
 _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
 _DEC = Phase.DECODE.value
 
+if TYPE_CHECKING:
+    from .clocks import Clock, Token
+    from .graph_clock import GraphRead
+
+
+class SplitState(Enum):
+    """Where a step's verify attention/MoE split comes from."""
+
+    BLOCKS = "blocks"  # the block marks (eager verify): no graph read involved
+    PENDING = "pending"  # a timed graph copy ran: its events wait to be read (``split_reads``)
+    READ = "read"  # read from the timed copy's events (``split_ms``)
+    UNAVAILABLE = "unavailable"  # verify ran in a graph we do not read: left out, never guessed
+
 
 class StepBuilder:
-    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "eager",
-                 "graph_split", "graph_ran", "cost_ns", "step_id", "block", "denoise", "t_end_ns")
+    __slots__ = ("kind", "t_start_ns", "span", "marks", "open", "pre", "sub_depth", "split", "split_reads",
+                 "split_ms", "eager", "graph_ran", "cost_ns", "step_id", "block", "denoise", "t_end_ns")
 
     def __init__(self, kind: str, t_start_ns: int) -> None:
         self.kind = kind
         self.t_start_ns = t_start_ns
-        self.span: Optional[tuple[Any, Any]] = None
-        self.marks: list[tuple[str, Any, Any]] = []
+        self.span: Optional[tuple[Token, Token]] = None
+        self.marks: list[tuple[str, Token, Token]] = []
         self.open: list[str] = []  # stack of named phases currently open
         self.pre: Optional[tuple] = None  # adapter.reqs_before(...) of the batch
         self.sub_depth = 0  # >0 while inside an attention/MoE region (outermost wins)
-        # verify attention/MoE split from CUDA-graph events (graph_clock): None = use the block
-        # marks, list = pending graph reads, dict = resolved {phase: ms}, False = unavailable.
-        self.split: Any = None
+        self.split = SplitState.BLOCKS  # see SplitState; written by the split_* methods only
+        self.split_reads: list[GraphRead] = []
+        self.split_ms: dict[str, float] = {}
         self.eager: Optional[bool] = None  # eager fallback decided for this step (graph_clock.force_eager)
-        self.graph_split = False  # the split was read from a timed graph copy's events
         self.graph_ran: Optional[bool] = None  # SGLang's can_run_cuda_graph of the step (None: unknown)
         self.cost_ns = -1  # our own scheduler-thread ns on a timed step (cost.py); -1: not timed
         self.step_id = 0  # the batch's forward_iter, set when run_batch returns
@@ -57,8 +71,26 @@ class StepBuilder:
     def in_phase(self, name: str) -> bool:
         return name in self.open
 
+    # ---- the verify split (graph_clock is the one caller) ----------------------------------------
+    def split_unavailable(self) -> None:
+        """Verify ran (also) in a graph whose events are not read: the split is left out."""
+        self.split = SplitState.UNAVAILABLE
+        self.split_reads = []
 
-def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[float, dict[str, float]]]:
+    def split_pending(self, read: GraphRead) -> None:
+        """A timed graph copy ran for this step: read its events after the step (unless already
+        unavailable: one unread graph spoils the step's split)."""
+        if self.split is not SplitState.UNAVAILABLE:
+            self.split = SplitState.PENDING
+            self.split_reads.append(read)
+
+    def split_read(self, ms: dict[str, float]) -> None:
+        self.split = SplitState.READ
+        self.split_ms = ms
+        self.split_reads = []
+
+
+def resolve(b: StepBuilder, clock: Clock, full_phases: bool) -> Optional[tuple[float, dict[str, float]]]:
     """Return ``(step_ms, phases_ms)`` or None if the device has not finished yet."""
     if b.span is None:
         return None
@@ -82,10 +114,10 @@ def resolve(b: StepBuilder, clock: Any, full_phases: bool) -> Optional[tuple[flo
         phases[da] = sums.get(_VA, 0.0)
         phases[dm] = sums.get(_VM, 0.0)
         phases[dr] = max(0.0, phases[_DEC] - phases[da] - phases[dm])
-    if _V in phases and b.split is not None and not isinstance(b.split, dict):
+    if _V in phases and b.split in (SplitState.PENDING, SplitState.UNAVAILABLE):
         pass  # split unavailable (verify ran in a CUDA graph on an unsampled step): never guess
     elif _V in phases:
-        pre = b.split or {}
+        pre = b.split_ms
         attn = sums.get(_VA, 0.0) + pre.get(_VA, 0.0)
         moe = sums.get(_VM, 0.0) + pre.get(_VM, 0.0)
         phases[_VA] = attn
@@ -110,14 +142,14 @@ def timing_label(b: StepBuilder, clock_mode: str) -> str:
     (eager: every phase and block from plain CUDA events)."""
     if clock_mode == TIMING_CPU:
         return TIMING_CPU
-    if b.graph_split:
+    if b.split is SplitState.READ:
         return TIMING_CUDA_GRAPH_EVENTS
-    if b.graph_ran or b.split is False:
+    if b.graph_ran or b.split is SplitState.UNAVAILABLE:
         return TIMING_CUDA_GRAPH
     return clock_mode
 
 
-def release(b: StepBuilder, clock: Any) -> None:
+def release(b: StepBuilder, clock: Clock) -> None:
     if b.span is not None:
         clock.release(b.span[0])
         clock.release(b.span[1])

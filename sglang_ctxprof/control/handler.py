@@ -5,7 +5,9 @@ A request arrives on SGLang's own control channel (``GetInternalStateReq`` with 
 :class:`~sglang_ctxprof.collect.session.CtxProfSession`.  The handler imports neither: it reads the
 session's ``profiler`` and calls its ``enable()``/``disable()``.  A failure here never raises into
 SGLang: the tokenizer manager waits for exactly one reply per rank, so we always answer, with
-``{"error": ...}`` if need be.
+``{"error": ...}`` if need be.  A request that is itself wrong (unknown command, bad argument,
+undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing; a failure of our
+own code disables the ``control`` component.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
 ``requests`` (``slowest`` N or one ``rid``), ``recent`` (the last N step records), ``trace_policy``,
@@ -16,22 +18,43 @@ Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``s
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..model.names import (CMD_CAPTURE, CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS,
                            CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, TRIGGER_MANUAL,
                            TRIGGER_RID)
 from .protocol import decode
 
+if TYPE_CHECKING:  # types only: the handler imports no collect/ module at run time
+    from ..collect.profiler import Profiler
+    from ..collect.session import CtxProfSession
+
+# JSON bodies (control requests and answers) are plain dicts
+Json = dict[str, Any]
+
+
+class BadRequest(ValueError):
+    """The request itself is wrong (unknown command, bad argument): answered, nothing disabled."""
+
+
+def _int(req: Json, key: str, default: int) -> int:
+    try:
+        return int(req.get(key, default))
+    except (TypeError, ValueError):
+        raise BadRequest(f"{key} must be an integer, got {req.get(key)!r}") from None
+
 logger = logging.getLogger(__name__)
 
 
-def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
+def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
     """Answer one control request.  A failure of ours marks the ``control`` component degraded
     (one warning with traceback, via the guard) and is answered as ``{"error", "degraded"}``."""
-    p = getattr(session, "profiler", None)
+    p = session.profiler
     try:
-        req = decode(rid)
+        try:
+            req = decode(rid)
+        except ValueError as exc:  # bad JSON too (JSONDecodeError is a ValueError)
+            raise BadRequest(f"undecodable control request: {exc}") from None
         if req.get("cmd") == CMD_FAULT:
             return {CONTROL_KEY: _fault(p, req)}
         if p is not None and not p.guard.ok("control"):
@@ -39,7 +62,9 @@ def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
                                   "degraded": p.guard.status()}}
         if p is None:
             return {CONTROL_KEY: {"error": "ctx profiler is not installed in this scheduler"}}
-        return {CONTROL_KEY: _handle(req, scheduler, session)}  # a failure is answered below
+        return {CONTROL_KEY: _handle(req, scheduler, session, p)}  # a failure is answered below
+    except BadRequest as exc:
+        return {CONTROL_KEY: {"error": str(exc), "bad_request": True}}
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang
         if p is None:
             logger.warning("sglang-ctxprof: control request failed: %r", exc)
@@ -48,7 +73,7 @@ def handle(rid: str, scheduler: Any, session: Any) -> dict[str, Any]:
         return {CONTROL_KEY: {"error": f"{type(exc).__name__}: {exc}", "degraded": p.guard.status()}}
 
 
-def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _fault(p: Optional[Profiler], req: Json) -> Json:
     """Test-only fault switch (needs ``SGLANG_CTXPROF_FAULT=runtime`` at start)."""
     if p is None:
         return {"error": "ctx profiler is not installed in this scheduler"}
@@ -59,14 +84,13 @@ def _fault(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return {"status": p.status()}
 
 
-def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]:
-    p = session.profiler
+def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) -> Json:
     cmd = req["cmd"]
-    cap = getattr(p, "capture", None)
-    if cap is not None and cap.armed:
+    cap = p.capture
+    if cap.armed:
         cap.idle(scheduler)
     if cmd == CMD_SNAPSHOT:
-        p.bind(scheduler)
+        p.identify(scheduler)  # facts for the status; starts nothing
         return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
     if cmd == CMD_STATUS:
         return {"status": p.status()}
@@ -77,8 +101,7 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
-        if cap is not None:
-            cap.halt(scheduler)
+        cap.halt(scheduler)
         session.disable()
         return {"status": p.status()}
     if cmd == CMD_REQUESTS:
@@ -88,25 +111,25 @@ def _handle(req: dict[str, Any], scheduler: Any, session: Any) -> dict[str, Any]
     if cmd == CMD_CAPTURE:
         return _capture(p, req)
     if cmd == CMD_RECENT:
-        n = int(req.get("last", 0))
+        n = _int(req, "last", 0)
         return {"status": p.status(), "steps": p.recorder.with_aggregator(lambda a: a.recent_steps(n))}
-    raise ValueError(f"unknown command {cmd!r}")
+    raise BadRequest(f"unknown command {cmd!r}")
 
 
-def _trace_policy(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _trace_policy(p: Profiler, req: Json) -> Json:
     """Read (no ``set``) or change the tail-sampling policy; bad values answer an error."""
-    sinks = p.sinks
-    if sinks is None:
+    exp = p.exporters
+    if exp is None:
         return {"error": "tracing sinks are not installed in this scheduler"}
     if req.get("set"):
         try:
-            sinks.set_policy(req["set"])
+            exp.set_policy(req["set"])
         except (ValueError, TypeError) as exc:
             return {"error": str(exc), "bad_request": True}
-    return {"trace_policy": sinks.policy.to_dict(), "exporters": sinks.status()}
+    return {"trace_policy": exp.policy_dict(), "exporters": exp.status()}
 
 
-def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _capture(p: Profiler, req: Json) -> Json:
     """``id``: that capture and the step records it covers; else request one (``steps``, ``rid``,
     and ``now``, the HTTP process's clock, so every rank judges the cooling-off alike)."""
     cap = p.capture
@@ -116,7 +139,7 @@ def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
             return {"capture": None}
         ids = set(info.step_ids)
         steps = p.recorder.with_aggregator(lambda a: [r.to_dict() for r in a.recent if r.step_id in ids])
-        return {"capture": info.to_dict(), "steps": steps, "rank": p.rank.to_dict() if p.rank else None}
+        return {"capture": info.to_dict(), "steps": steps, "rank": p.serving.rank.to_dict() if p.serving.rank else None}
     try:
         out = cap.request(TRIGGER_RID if req.get("rid") else TRIGGER_MANUAL, req.get("steps"), req.get("rid"),
                           now_s=req.get("now"))
@@ -125,13 +148,12 @@ def _capture(p: Any, req: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _requests(p: Any, req: dict[str, Any]) -> dict[str, Any]:
+def _requests(p: Profiler, req: Json) -> Json:
     if "rid" in req:
         r = p.recorder.with_aggregator(lambda a: a.request_with_waterfall(str(req["rid"])))
-        cap = getattr(p, "capture", None)
-        if r and cap is not None:
-            r = {**r, "captures": cap.for_rid(str(req["rid"]))}
+        if r:
+            r = {**r, "captures": p.capture.for_rid(str(req["rid"]))}
         return {"requests": [r] if r else []}
-    n = int(req.get("slowest", 10))
+    n = _int(req, "slowest", 10)
     rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=True))
     return {"requests": rows}

@@ -9,11 +9,14 @@ thread or handle outlives the block.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from ..aggregate.aggregator import Aggregator
+from ..collect.profiler import Profiler
 from ..collect.session import CtxProfSession
 from ..model.config import CtxProfConfig
+from ..model.records import StepRecord
+from ..model.sinks import BindFacts
 
 
 @contextlib.contextmanager
@@ -28,29 +31,42 @@ def instrumented(targets: Iterable[Any], config: Optional[CtxProfConfig] = None,
 
 
 class Capture:
-    """A sink that keeps every record the profiler's recorder drains (what tests read instead of a
-    production ring): ``Capture(profiler).records()`` flushes, then returns them in order."""
+    """A record sink that keeps every record the profiler's recorder drains (what tests read instead
+    of a production ring): ``Capture(profiler).records()`` flushes, then returns them in order."""
 
-    def __init__(self, profiler: Any) -> None:
+    name = "capture"
+
+    def __init__(self, profiler: Profiler) -> None:
         self._profiler = profiler
-        self._got: list[Any] = []
-        profiler.recorder.sinks.append(("capture", self._got.append))
+        self._got: list[StepRecord] = []
+        profiler.recorder.sinks.append(self)
 
-    def records(self) -> list[Any]:
+    def observe(self, rec: StepRecord) -> None:
+        self._got.append(rec)
+
+    def stop(self) -> None:
+        return None
+
+    def records(self) -> list[StepRecord]:
         self._profiler.recorder.flush()
         return list(self._got)
 
 
-def fed(make: Callable[[Aggregator], Any]) -> Any:
-    """Exporter sinks built by ``make(aggregator)`` whose ``on_record`` first feeds that aggregator,
-    as the recorder's drain thread does (the sinks read finished requests from its history)."""
+T = TypeVar("T")
+
+
+def fed(make: Callable[[BindFacts], T]) -> T:
+    """Exporters built by ``make(facts)`` over a fresh aggregator's request history, whose request
+    sink (``.requests``) first feeds that aggregator, as the recorder's drain thread does (the sink
+    reads finished requests from its history)."""
     agg = Aggregator()
-    sinks = make(agg)
-    sink = sinks.on_record
+    exporters = make(BindFacts(history=agg.request))
+    sink = getattr(exporters, "requests")
+    observe = sink.observe
 
-    def on_record(rec: Any) -> None:
+    def feed_then_observe(rec: StepRecord) -> None:
         agg.observe(rec)
-        sink(rec)
+        observe(rec)
 
-    sinks.on_record = on_record
-    return sinks
+    sink.observe = feed_then_observe
+    return exporters

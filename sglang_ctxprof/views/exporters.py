@@ -1,20 +1,26 @@
-"""Builds the tracing sinks from the configuration and registers them on the Profiler's Recorder.
+"""The exporters of one scheduler: three record sinks in a plain list, built from the configuration.
 
-Three sinks run on the recorder's drain thread (never on the scheduler's hot path), each under its
-own fault-guard component:
+Each is a :class:`~sglang_ctxprof.model.sinks.RecordSink` that the recorder feeds on its drain
+thread (never on the scheduler's hot path), after the aggregator, each under its own fault-guard
+component (its ``name``):
 
-* ``exporter``: when a record says a request finished, reads that request, with its step rows,
-  from the aggregator's one request history (the recorder feeds the aggregator before any sink),
-  takes the tail-based decision (``views/policy``) -> OTel spans (``views/otel``) and the
-  ``slow_request`` log event (``views/logs``).  A request that was in flight across a
-  ``/ctx_profile/reset`` is exported with the steps recorded since the reset;
-* ``logs``: ``slow_step`` events and the window counters of ``ctx_profile_summary``;
-* ``metrics``: the live Prometheus histogram and counters (``views/metrics``), only when SGLang runs
-  with ``--enable-metrics``.
+* :class:`RequestSink` (``exporter``): when a record says a request finished, reads that request,
+  with its step rows, from the aggregator's one request history, takes the tail-based decision
+  (``views/policy``) -> OTel spans (``views/otel``) and the ``slow_request`` log event
+  (``views/logs``).  A request that was in flight across a ``/ctx_profile/reset`` is exported with
+  the steps recorded since the reset.  It owns the tail-sampling policy, which can be changed at
+  run time (``set_policy``, reached through the control channel); the OTel provider is then built
+  on first need;
+* :class:`StepLogSink` (``logs``): ``slow_step`` events and the window counters of
+  ``ctx_profile_summary``;
+* :class:`MetricsSink` (``metrics``): the live Prometheus histogram and counters
+  (``views/metrics``), only when SGLang runs with ``--enable-metrics``.
 
-Only the tp-rank-0 scheduler of each DP group emits (other TP ranks see the same steps).
-The policy can be changed at run time (``set_policy``, reached through the control channel); the
-OTel provider is then built on first need.  ``status()`` feeds ``/ctx_profile`` (drop counts).
+What they need from the process (the rank, the served model, ``--enable-metrics``, the request
+history, the drop count, the guard's status) reaches them in one
+:class:`~sglang_ctxprof.model.sinks.BindFacts`, handed over by :meth:`Exporters.bind` when the
+profiler binds to its scheduler.  Only the primary (tp-rank-0) scheduler of each DP group emits
+(other TP ranks see the same steps).  ``Exporters.status()`` feeds ``/ctx_profile`` (drop counts).
 """
 
 from __future__ import annotations
@@ -22,49 +28,51 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..model import names
+from ..model.buckets import Bucketing
+from ..model.config import DEFAULT_OTEL_QUEUE, CtxProfConfig
 from ..model.records import StepRecord
-from ..model.config import DEFAULT_OTEL_QUEUE
+from ..model.sinks import BindFacts, RecordSink
 from .policy import TracePolicy
 
+if TYPE_CHECKING:
+    from .logs import LogView
+    from .metrics import MetricsView
+    from .otel import OtelView
+
 logger = logging.getLogger(__name__)
-
-
-History = Callable[[str], Optional[Mapping[str, Any]]]
 
 # Finished request ids remembered so that a request is decided once even if a later record repeats
 # its finish (bounded; the oldest ids are forgotten first).
 MAX_DECIDED = 4096
 
 
-class Sinks:
-    def __init__(self, bucketing: Any, policy: TracePolicy, *, history: History,
-                 env: Optional[Mapping[str, str]] = None, logs: Any = None, otel: Any = None,
-                 otel_queue: int = DEFAULT_OTEL_QUEUE, primary: Callable[[], bool] = lambda: True,
-                 metrics_enabled: Callable[[], bool] = lambda: False,
-                 metrics_args: Callable[[], Mapping[str, Any]] = dict) -> None:
-        """``history(rid)`` returns a request's summary with its step rows (the aggregator's);
-        ``metrics_args()`` the live metrics' ``model``, ``dropped`` and ``degraded`` (asked on first need)."""
+class RequestSink:
+    """``exporter``: finished requests -> tail decision -> OTel spans and ``slow_request`` events."""
+
+    name = "exporter"
+
+    def __init__(self, bucketing: Bucketing, policy: TracePolicy, facts: BindFacts, *,
+                 env: Optional[Mapping[str, str]] = None, logs: Optional[LogView] = None,
+                 otel: Optional[OtelView] = None, otel_queue: int = DEFAULT_OTEL_QUEUE) -> None:
         self.bucketing = bucketing
         self.policy = policy
+        self.facts = facts
         self.env = dict(os.environ if env is None else env)  # the standard OTEL_* exporter variables
         self.otel_queue = otel_queue
         self.logs = logs
         self.otel = otel
         self.otel_error: Optional[str] = None
-        self.history = history
         self._decided: "OrderedDict[tuple[str, int], None]" = OrderedDict()
-        self.primary = primary
-        self._metrics_enabled = metrics_enabled
-        self._metrics_args = metrics_args
-        self.metrics: Any = None
-        self._metrics_checked = False
         self.finished = 0
         self.traced = 0
         if policy.mode != "off" and otel is None:
             self._ensure_otel()
+
+    def current_policy(self) -> TracePolicy:
+        return self.policy
 
     # ---- OTel provider (lazy: also when the policy is switched on at run time) ---------------------
     def _ensure_otel(self) -> None:
@@ -88,30 +96,27 @@ class Sinks:
             self._ensure_otel()
         return pol
 
-    def entries(self) -> list[tuple[str, Callable[[StepRecord], None]]]:
-        return [("exporter", self.on_record), ("logs", self.on_step_log), ("metrics", self.on_metrics)]
-
-    # ---- sinks -----------------------------------------------------------------------------------------
     def _tracking(self) -> bool:
         return self.logs is not None or (self.otel is not None and self.policy.mode != "off")
 
-    def on_record(self, rec: StepRecord) -> None:
-        if True not in rec.finished or not self._tracking() or not self.primary():
+    def observe(self, rec: StepRecord) -> None:
+        if True not in rec.finished or not self._tracking() or not self.facts.primary:
             return
         for i, rid in enumerate(rec.rids):
             if rec.finished[i]:
-                req = self.history(rid)
-                key = (rid, req.get("use", 0)) if req is not None else None
-                if key is not None and key not in self._decided:  # a reused rid is a new request
+                req = self.facts.history(rid)
+                if req is None:
+                    continue
+                key = (rid, req.get("use", 0))
+                if key not in self._decided:  # a reused rid is a new request
                     self._decided[key] = None
                     if len(self._decided) > MAX_DECIDED:
                         self._decided.popitem(last=False)
                     self.finish(req)
 
     def finish(self, req: Mapping[str, Any]) -> None:
-        pol = self.policy
         self.finished += 1
-        export, reason = pol.should_export(req)
+        export, reason = self.policy.should_export(req)
         traced = False
         if export and self.otel is not None:
             self.otel.export_request(req, reason)
@@ -120,95 +125,128 @@ class Sinks:
         if self.logs is not None:
             self.logs.on_request(req, reason, traced)
 
-    def on_step_log(self, rec: StepRecord) -> None:
-        if self.logs is not None and self.primary():
-            self.logs.on_step(rec)
-
-    def on_metrics(self, rec: StepRecord) -> None:
-        if not self._metrics_checked:
-            self._metrics_checked = True
-            if self._metrics_enabled() and self.primary():
-                from .metrics import maybe_create
-
-                self.metrics = maybe_create(self.bucketing, True, **dict(self._metrics_args()))
-        if self.metrics is not None:
-            self.metrics.observe(rec)
-
-    # ---- reporting ---------------------------------------------------------------------------------------
     def dropped(self) -> int:
         return int(self.otel.stats.dropped) if self.otel is not None else 0
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy.to_dict(),
-            "requests_finished": self.finished,
-            "requests_traced": self.traced,
-            "otel": self.otel.stats.to_dict() if self.otel is not None else None,
-            "otel_error": self.otel_error,
-            "spans_dropped": self.dropped(),
-            "logs": self.logs.status() if self.logs is not None else None,
-            "metrics": {"observed": self.metrics.observed} if self.metrics is not None else None,
-        }
-
     def stop(self) -> None:
-        if self.logs is not None:
-            self.logs.stop()
         if self.otel is not None:
             self.otel.shutdown()
 
 
-def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
-          metrics_enabled: Callable[[], bool] = lambda: False,
-          model_name: Callable[[], str] = lambda: "") -> Sinks:
-    """Sinks for one scheduler's Profiler, configured by ``profiler.config`` (its ``trace``,
-    ``logs`` and ``export`` parts); ``env`` holds only the standard ``OTEL_*`` exporter variables.
+class StepLogSink:
+    """``logs``: ``slow_step`` events and the summary window of the structlog view."""
 
-    ``metrics_enabled`` says whether SGLang runs with ``--enable-metrics`` (asked on first need,
-    since the server arguments are known only once the profiler is bound); ``model_name`` the served
-    model, the live metrics' ``model_name`` label."""
-    cfg = profiler.config
-    policy = TracePolicy.from_settings(cfg.trace)
-    logs = None
-    sinks_ref: list[Sinks] = []
-    if cfg.logs.fmt != "off":
-        from .logs import LogView
+    name = "logs"
 
+    def __init__(self, logs: Optional[LogView], facts: BindFacts) -> None:
+        self.logs = logs
+        self.facts = facts
+
+    def observe(self, rec: StepRecord) -> None:
+        if self.logs is not None and self.facts.primary:
+            self.logs.on_step(rec)
+
+    def stop(self) -> None:
+        if self.logs is not None:
+            self.logs.stop()
+
+
+class MetricsSink:
+    """``metrics``: the live Prometheus series, built on the first record when SGLang exports metrics."""
+
+    name = "metrics"
+
+    def __init__(self, bucketing: Bucketing, facts: BindFacts) -> None:
+        self.bucketing = bucketing
+        self.facts = facts
+        self.view: Optional[MetricsView] = None
+        self._checked = False
+
+    def observe(self, rec: StepRecord) -> None:
+        if not self._checked:
+            self._checked = True
+            f = self.facts
+            if f.metrics_enabled and f.primary:
+                from .metrics import maybe_create
+
+                self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
+                                         degraded=f.degraded)
+        if self.view is not None:
+            self.view.observe(rec)
+
+    def stop(self) -> None:
+        return None
+
+
+class Exporters:
+    """The three sinks of one scheduler in a plain list (:attr:`sinks`), the facts they share, and
+    the reporting the control channel reads (``trace_policy``, ``status``)."""
+
+    def __init__(self, bucketing: Bucketing, policy: TracePolicy, *, facts: BindFacts = BindFacts(),
+                 env: Optional[Mapping[str, str]] = None, logs: Optional[LogView] = None,
+                 otel: Optional[OtelView] = None, otel_queue: int = DEFAULT_OTEL_QUEUE) -> None:
+        self.facts = facts
+        self.requests = RequestSink(bucketing, policy, facts, env=env, logs=logs, otel=otel,
+                                    otel_queue=otel_queue)
+        self.steps = StepLogSink(logs, facts)
+        self.metrics = MetricsSink(bucketing, facts)
+        self.sinks: list[RecordSink] = [self.requests, self.steps, self.metrics]
+
+    def bind(self, facts: BindFacts) -> None:
+        """The facts known once the profiler is bound to its scheduler (rank, model, metrics...)."""
+        self.facts = self.requests.facts = self.steps.facts = self.metrics.facts = facts
+
+    def attach_logs(self, logs: LogView) -> None:
+        """The structlog view, built after the request sink whose policy it reads."""
+        self.requests.logs = self.steps.logs = logs
+
+    @property
+    def policy(self) -> TracePolicy:
+        return self.requests.policy
+
+    def set_policy(self, changes: Mapping[str, Any]) -> None:
+        self.requests.set_policy(changes)
+
+    def policy_dict(self) -> dict[str, Any]:
+        return self.requests.policy.to_dict()
+
+    def status(self) -> dict[str, Any]:
+        r, logs, m = self.requests, self.steps.logs, self.metrics.view
+        return {
+            "policy": r.policy.to_dict(),
+            "requests_finished": r.finished,
+            "requests_traced": r.traced,
+            "otel": r.otel.stats.to_dict() if r.otel is not None else None,
+            "otel_error": r.otel_error,
+            "spans_dropped": r.dropped(),
+            "logs": logs.status() if logs is not None else None,
+            "metrics": {"observed": m.observed} if m is not None else None,
+        }
+
+
+def build(config: CtxProfConfig, env: Optional[Mapping[str, str]] = None) -> Exporters:
+    """The exporters configured by ``config`` (its ``trace``, ``logs`` and ``export`` parts); ``env``
+    holds only the standard ``OTEL_*`` exporter variables.  Starts the log view's summary thread."""
+    exp = Exporters(config.bucketing(), TracePolicy.from_settings(config.trace), env=env,
+                    otel_queue=config.export.otel_queue)
+    if config.logs.fmt != "off":
         try:
-            logs = LogView(cfg.logs, lambda: sinks_ref[0].policy)
+            from .logs import LogView
+
+            logs = LogView(config.logs, exp.requests.current_policy)
         except ImportError:
             logger.warning("sglang-ctxprof: structlog is not installed; %s is ignored", names.ENV_LOG)
-
-    def primary() -> bool:
-        r = getattr(profiler, "rank", None)
-        return r is None or r.tp == 0
-
-    def history(rid: str) -> Optional[Mapping[str, Any]]:
-        req = profiler.recorder.aggregator.request(rid, lazy=True)  # rows read only to export
-        if req is not None and profiler.capture.history:  # the deep captures that covered its steps
-            req["captures"] = profiler.capture.for_rid(rid)
-        return req
-
-    def metrics_args() -> dict[str, Any]:
-        return {"model": model_name(), "dropped": lambda: profiler.recorder.dropped,
-                "degraded": profiler.guard.status}
-
-    s = Sinks(cfg.bucketing(), policy, history=history, env=env, logs=logs, primary=primary,
-              metrics_enabled=metrics_enabled, metrics_args=metrics_args, otel_queue=cfg.export.otel_queue)
-    sinks_ref.append(s)
-    if logs is not None:
-        logs.start()
-    return s
+        else:
+            exp.attach_logs(logs)
+            logs.start()
+    return exp
 
 
-def install(profiler: Any, env: Optional[Mapping[str, str]] = None,
-            metrics_enabled: Callable[[], bool] = lambda: False,
-            model_name: Callable[[], str] = lambda: "") -> Optional[Sinks]:
-    """Build the sinks and register them on ``profiler.recorder``; never raises into SGLang.
-    Returns them (the session keeps them as ``profiler.sinks``), or None."""
+def install(config: CtxProfConfig, env: Optional[Mapping[str, str]] = None) -> Optional[Exporters]:
+    """:func:`build`, for the session's exporter factory: never raises into SGLang (a bad tracing
+    setting leaves the profiler running without exporters)."""
     try:
-        s = build(profiler, env, metrics_enabled, model_name)
+        return build(config, env)
     except Exception as exc:  # noqa: BLE001 - a bad tracing setting must not stop the profiler
         logger.warning("sglang-ctxprof: tracing sinks not installed: %s", exc)
         return None
-    profiler.recorder.sinks.extend(s.entries())
-    return s

@@ -1,7 +1,9 @@
 """The house: which room may import which, no import circle, and pure rooms that import nothing heavy.
 
 Checked by AST over every import of the package, lazy ones inside functions included, without
-importing anything.  The rooms and their allowed directions:
+importing anything.  Imports under ``if TYPE_CHECKING:`` never run: they name a type for the reader
+and the editor (a hook's ``Profiler``, the control handler's ``CtxProfSession``) and are left out of
+the graph; everything that runs is in it.  The rooms and their allowed directions:
 
 * ``model/`` (pure) imports only ``model/``;
 * ``aggregate/`` (pure) imports ``model/``;
@@ -50,11 +52,28 @@ def _package_of(name: str, path: Path) -> list[str]:
     return parts if path.name == "__init__.py" else parts[:-1]
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def imports(name: str, modules: dict[str, Path] = MODULES) -> tuple[set[str], set[str]]:
     """(package modules imported, external top-level packages imported) by module ``name``."""
     path = modules[name]
     inside, outside = set(), set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] == "sglang_ctxprof":
@@ -189,3 +208,11 @@ def test_modules_are_small_and_documented():
             continue
         assert ast.get_docstring(ast.parse(src)), f"{path} has no module docstring"
         assert len(src.splitlines()) <= 420, f"{path} has {len(src.splitlines())} lines"
+
+
+def test_type_only_imports_are_left_out_and_run_time_ones_kept():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a import A\nelse:\n"
+                     "    from b import B\nfrom c import C\ndef f():\n    from d import D\n")
+    assert {n.module for n in _runtime_nodes(tree) if isinstance(n, ast.ImportFrom)} == {"typing", "b", "c", "d"}
+    # the hooks name the session's type; the session imports the hooks: one direction runs
+    assert "collect.session" not in GRAPH["collect.hooks"] and "collect.hooks" in GRAPH["collect.session"]

@@ -9,14 +9,13 @@ decided.  The clock is exact: every fake model pass advances it by ``T``.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 import block_fakes as bf
 import fakes
 from sglang_ctxprof.collect import block_adapter
+from sglang_ctxprof.collect.clocks import CpuClock
 from sglang_ctxprof.collect.adapter import Target
 from sglang_ctxprof.model.names import LEAF_PHASES
 from sglang_ctxprof.model.records import StepRecord, validate
@@ -61,15 +60,15 @@ def _worker(alg: str):
 
 @pytest.fixture
 def clock(monkeypatch):
-    now = [10**12]  # exact: a fake pass of T seconds advances the CPU timer by exactly T
-    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+    now = [10**12]  # exact: a fake pass of T seconds advances the profiler's clock by exactly T
     monkeypatch.setattr(bf.time, "sleep", lambda s: now.__setitem__(0, now[0] + round(s * 1e9)))
+    return CpuClock(lambda: now[0])
 
 
-def _run(alg: str, steps: int = 2):
+def _run(alg: str, steps: int = 2, clock: CpuClock | None = None):
     bf.LOG.clear()
     worker = _worker(alg)
-    with instrumented(TARGETS) as session:
+    with instrumented(TARGETS, clock=clock) as session:
         rep = session.instrumentor.report
         assert {p for p, why in rep.items() if why != "ok"} == {f"{M}.DFlashWorkerV2.{_SELECTOR}"}, rep
         cap = Capture(session.profiler)
@@ -109,7 +108,7 @@ EXPECTED = {
 
 @pytest.mark.parametrize("alg", ["DFLASH", "DSPARK", "UNO"])
 def test_full_phases_tile_the_step(alg, clock):
-    _, reqs, records = _run(alg)
+    _, reqs, records = _run(alg, clock=clock)
     decode = [r for r in records if r.kind == "decode"]
     assert len(decode) == 2
     for rec in decode:
@@ -128,7 +127,7 @@ def test_full_phases_tile_the_step(alg, clock):
 
 
 def test_block_hooks_leave_prefill_alone(clock):
-    _, _, records = _run("DFLASH", steps=0)
+    _, _, records = _run("DFLASH", steps=0, clock=clock)
     (pre,) = records
     assert pre.kind == "prefill" and "draft_extend" not in pre.phases_ms and pre.block_size == 0
 

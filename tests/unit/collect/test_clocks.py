@@ -1,6 +1,6 @@
 """The timing abstraction: CPU path exact against an injected monotonic clock, CUDA path on fake events.
 
-* CPU: a fake model "sleeps" by advancing a fake ``perf_counter_ns``; every phase of the record
+* CPU: a fake model "sleeps" by advancing the fake time of the profiler's injected ``CpuClock``; every phase of the record
   equals the injected durations exactly (no tolerance), and the leaves add up to the step.
 * CUDA (``CudaEventClock`` on ``fake_cuda``): no read before the device reached the end event
   (``elapsed_ms`` is None, never an exception or a guess), pooled events, no synchronize.
@@ -84,9 +84,8 @@ TARGETS = [Target(f"{M}.{p}", h) for p, h in (
     ("Worker.draft_extend", "draft_extend"), ("Attn.forward", "attn"), ("MoE.forward", "moe"))]
 
 
-def test_cpu_clock_is_exact_against_injected_monotonic_clock(monkeypatch):
-    monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
-    session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
+def test_cpu_clock_is_exact_against_injected_monotonic_clock():
+    session = CtxProfSession(CtxProfConfig(), targets=TARGETS, clock=CpuClock(lambda: NOW[0]))
     assert set(session.instrument().values()) == {"ok"}
     p = session.profiler
     cap = Capture(p)
@@ -170,8 +169,7 @@ def test_parked_fifo_retry_and_overflow():
 
 
 def test_block_hooks_step_aside_while_torch_compiles(monkeypatch):
-    monkeypatch.setattr(time, "perf_counter_ns", lambda: NOW[0])
-    session = CtxProfSession(CtxProfConfig(), targets=TARGETS)
+    session = CtxProfSession(CtxProfConfig(), targets=TARGETS, clock=CpuClock(lambda: NOW[0]))
     session.instrument()
     p = session.profiler
     cap = Capture(p)

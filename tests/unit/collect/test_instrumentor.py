@@ -1,9 +1,8 @@
-"""Instrumentor and hook life cycle against fake SGLang-shaped classes (sleeps on a patched clock)."""
+"""Instrumentor and hook life cycle against fake SGLang-shaped classes (sleeps on an injected clock)."""
 
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from sglang_ctxprof.views.profile import summarize
 from sglang_ctxprof import api
 from sglang_ctxprof.collect import hooks
 from sglang_ctxprof.collect.adapter import Target
+from sglang_ctxprof.collect.clocks import CpuClock
 from sglang_ctxprof.collect.instrumentor import CtxProfInstrumentor, is_wrapper
 from sglang_ctxprof.testing.session import instrumented
 
@@ -72,12 +72,12 @@ def test_missing_and_incompatible_targets_are_reported_not_fatal(caplog):
     inst.uninstrument()
 
 
-def test_step_record_phases_add_up_and_timing_is_exact(prof, monkeypatch):
-    now = [10**12]  # the fakes "sleep" by advancing the clock the CPU timer reads: exact, no tolerance
-    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+def test_step_record_phases_add_up_and_timing_is_exact(monkeypatch):
+    now = [10**12]  # the fakes "sleep" by advancing the profiler's clock: exact, no tolerance
     monkeypatch.setattr(fakes.time, "sleep", lambda s: now.__setitem__(0, now[0] + round(s * 1e9)))
-    run_steps(3, sleep=0.01)
-    body = summarize(prof.state()["state"])
+    with instrumented(TARGETS, clock=CpuClock(lambda: now[0])) as session:
+        run_steps(3, sleep=0.01)
+        body = summarize(session.profiler.state()["state"])
     (b,) = body["buckets"]
     ph = b["phases"]
     assert b["steps"] == 3 and b["accepted_per_step"] == 3 and b["accepted"] == 9

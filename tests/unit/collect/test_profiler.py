@@ -170,9 +170,9 @@ class Harness:
         b = self.p.before_result(batch)
         sglang_process(batch, result, self.spec)
         self.p.after_result(b, batch, result)
-        old = old_host(b.kind, self.p.algorithm, pre, batch.reqs, result, done)
+        old = old_host(b.kind, self.p.serving.algorithm, pre, batch.reqs, result, done)
         if old is not None:
-            self.expected.append(dict(old, step_id=batch.forward_iter, rank=self.p.rank, timing="cpu"))
+            self.expected.append(dict(old, step_id=batch.forward_iter, rank=self.p.serving.rank, timing="cpu"))
 
     def check(self):
         got = self.cap.records()
@@ -243,7 +243,7 @@ def test_requests_without_finished_reason_fall_back_to_finished():
         h.sched.process_batch_result(batch, fakes.Result([3, 3]))
         h.p.after_result(bld, batch, fakes.Result([3, 3]))
         old = old_host(KIND_DECODE, "EAGLE", pre, batch.reqs, fakes.Result([3, 3]))
-        h.expected.append(dict(old, step_id=batch.forward_iter, rank=h.p.rank, timing="cpu"))
+        h.expected.append(dict(old, step_id=batch.forward_iter, rank=h.p.serving.rank, timing="cpu"))
     h.check()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ctxprof.collect.step import StepBuilder, release, resolve, timing_label
+from sglang_ctxprof.collect.step import SplitState, StepBuilder, release, resolve, timing_label
 from sglang_ctxprof.model.names import (TIMING_CPU, TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH,
                                         TIMING_CUDA_GRAPH_EVENTS)
 
@@ -77,10 +77,14 @@ def test_no_span_means_no_step():
     assert resolve(b, Clock(), True) is None
 
 
-@pytest.mark.parametrize("split", [[("verify_attn", None, None)], False])
-def test_unavailable_split_is_left_out_not_zero(split):
+@pytest.mark.parametrize("state", ["pending", "unavailable"])
+def test_unavailable_split_is_left_out_not_zero(state):
     b = spec_step()
-    b.split = split  # pending graph reads, or unavailable (unsampled CUDA-graph step)
+    if state == "pending":  # a timed copy's events not read yet
+        b.split_pending(object())
+    else:  # verify ran in a CUDA graph whose events are not read (unsampled step)
+        b.split_unavailable()
+    assert b.split is SplitState(state)
     _, ph = resolve(b, Clock(), True)
     assert not {"verify_attn", "verify_moe", "verify_rest"} & set(ph)
     assert ph["verify"] == 10.0 and ph["overhead"] == 3.0
@@ -88,14 +92,14 @@ def test_unavailable_split_is_left_out_not_zero(split):
 
 def test_graph_split_adds_to_the_block_marks():
     b = spec_step()
-    b.split = {"verify_attn": 1.5, "verify_moe": 0.5}  # read from a timed graph copy's events
+    b.split_read({"verify_attn": 1.5, "verify_moe": 0.5})  # read from a timed graph copy's events
     _, ph = resolve(b, Clock(), True)
     assert (ph["verify_attn"], ph["verify_moe"], ph["verify_rest"]) == (4.5, 2.5, 3.0)
 
 
 def test_verify_rest_never_goes_negative():
     b = spec_step()
-    b.split = {"verify_attn": 9.0}
+    b.split_read({"verify_attn": 9.0})
     _, ph = resolve(b, Clock(), True)
     assert ph["verify_attn"] == 12.0 and ph["verify_rest"] == 0.0
 
@@ -124,12 +128,15 @@ def test_timing_label_says_what_ran():
     b = StepBuilder("decode", 0)
     assert timing_label(b, TIMING_CPU) == TIMING_CPU
     assert timing_label(b, TIMING_CUDA_EVENTS) == TIMING_CUDA_EVENTS  # eager
-    b.split = False
+    b.split_unavailable()
     assert timing_label(b, TIMING_CUDA_EVENTS) == TIMING_CUDA_GRAPH
-    b.split, b.graph_ran = None, True
+    b, b2 = StepBuilder("decode", 0), b
+    b.graph_ran = True
     assert timing_label(b, TIMING_CUDA_EVENTS) == TIMING_CUDA_GRAPH
-    b.graph_split = True
+    b.split_read({"verify_attn": 1.0})
     assert timing_label(b, TIMING_CUDA_EVENTS) == TIMING_CUDA_GRAPH_EVENTS
+    b2.split_pending(object())  # a pending read cannot undo "unavailable": one unread graph spoils it
+    assert b2.split is SplitState.UNAVAILABLE
     assert timing_label(b, TIMING_CPU) == TIMING_CPU  # the CPU clock has no graph to speak of
 
 

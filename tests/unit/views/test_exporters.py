@@ -1,20 +1,27 @@
 """views/exporters: tail-based export of finished requests read from the aggregator's one request
-history, run-time policy, rank and metrics gating."""
+history, run-time policy, rank and metrics gating; the three sinks sit in the recorder's plain list
+after the aggregator, and what they learn from the process arrives in one BindFacts when the profiler
+binds (not before)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import fakes
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.model.config import CtxProfConfig, LogSettings
 from sglang_ctxprof.model.records import RankId, StepRecord
-from sglang_ctxprof.model.config import CtxProfConfig
-from sglang_ctxprof.testing.session import fed
-from sglang_ctxprof.views.exporters import Sinks
-from sglang_ctxprof.views.policy import TracePolicy
+from sglang_ctxprof.model.sinks import BindFacts
+from sglang_ctxprof.testing.session import fed, instrumented
+from sglang_ctxprof.views import exporters
+from sglang_ctxprof.views.exporters import Exporters, MetricsSink, RequestSink, StepLogSink
 from sglang_ctxprof.views.otel import OtelView
+from sglang_ctxprof.views.policy import TracePolicy
 
 
 def _steps(rid, n, ms, start=0):
@@ -29,8 +36,8 @@ def _sinks(policy, primary=True):
     exp = InMemorySpanExporter()
     prov = TracerProvider()
     prov.add_span_processor(SimpleSpanProcessor(exp))
-    s = fed(lambda agg: Sinks(Bucketing.parse("pow2"), policy, history=agg.request, env={},
-                              otel=OtelView(prov), primary=lambda: primary))
+    s = fed(lambda facts: Exporters(Bucketing.parse("pow2"), policy, facts=replace(facts, primary=primary),
+                                    env={}, otel=OtelView(prov)))
     return s, exp
 
 
@@ -42,9 +49,9 @@ def _exported(exp):
 def test_tail_based_slow_policy_exports_only_slow_requests_with_all_steps():
     s, exp = _sinks(TracePolicy(mode="slow", slow_tok_s=100, slow_step_ms=0))
     for rec in _steps("fast", 5, 1.0):  # 2 tokens / 1 ms = 2000 tok/s
-        s.on_record(rec)
+        s.requests.observe(rec)
     for rec in _steps("slow", 7, 50.0, start=100):  # 40 tok/s
-        s.on_record(rec)
+        s.requests.observe(rec)
         assert _exported(exp) == [] or rec.finished[0]  # nothing before the request finishes
     assert _exported(exp) == ["slow"]
     steps = [sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]
@@ -56,20 +63,20 @@ def test_tail_based_slow_policy_exports_only_slow_requests_with_all_steps():
 def test_runtime_policy_switch_and_off():
     s, exp = _sinks(TracePolicy(mode="off"))
     for rec in _steps("a", 3, 50.0):
-        s.on_record(rec)
+        s.requests.observe(rec)
     assert _exported(exp) == [] and s.status()["requests_finished"] == 0  # off and no logs: no tracking
     s.set_policy({"mode": "all"})
     for rec in _steps("b", 3, 1.0, start=10):
-        s.on_record(rec)
+        s.requests.observe(rec)
     assert _exported(exp) == ["b"] and s.status()["policy"]["mode"] == "all"
 
 
 def test_only_the_primary_rank_emits_and_metrics_need_enable_metrics():
     s, exp = _sinks(TracePolicy(mode="all"), primary=False)
     for rec in _steps("a", 3, 1.0):
-        s.on_record(rec)
-        s.on_metrics(rec)
-    assert _exported(exp) == [] and s.metrics is None and s.status()["metrics"] is None
+        s.requests.observe(rec)
+        s.metrics.observe(rec)
+    assert _exported(exp) == [] and s.metrics.view is None and s.status()["metrics"] is None
 
 
 def test_config_names_the_bad_variable():
@@ -81,3 +88,30 @@ def test_config_names_the_bad_variable():
         with pytest.raises(ValueError, match=name):
             CtxProfConfig.from_env(env)
     CtxProfConfig.from_env({})
+
+
+def _rec(i, fin=False):
+    return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(100,),
+                      accepted=(2,), committed=(2,), finished=(fin,), draft_tokens=4, step_ms=1.0,
+                      phases_ms={"draft": 0.5, "verify": 0.5}, t_start_ns=10**18 + i)
+
+
+def test_sinks_are_registered_in_order_and_get_their_facts_at_bind():
+    cfg = CtxProfConfig(logs=LogSettings(fmt="json"))
+    with instrumented([], cfg, exporters=exporters.install) as session:
+        p = session.profiler
+        exp = p.exporters
+        assert [type(s) for s in p.recorder.sinks[-3:]] == [RequestSink, StepLogSink, MetricsSink]
+        assert [s.name for s in exp.sinks] == ["exporter", "logs", "metrics"]
+        assert all(s.facts == BindFacts() for s in (exp.requests, exp.steps, exp.metrics))  # not bound yet
+        p.bind(fakes.Scheduler(fakes.Worker()))
+        facts = exp.facts
+        assert facts.primary and facts.metrics_enabled is False
+        assert exp.requests.facts is exp.steps.facts is exp.metrics.facts is facts
+        for i in range(3):
+            p.recorder.submit(_rec(i, fin=i == 2))
+        p.recorder.flush()
+        assert facts.history("a")["steps"] == 3  # the aggregator's own history, fed before the sinks
+        assert exp.status()["requests_finished"] == 1  # the request sink decided the finished request
+        assert facts.dropped() == 0 and facts.degraded() is None
+    assert exp.steps.logs._thread is None  # uninstrument stopped the log view's summary thread

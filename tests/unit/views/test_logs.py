@@ -10,7 +10,7 @@ from structlog.testing import LogCapture
 
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.testing.session import fed
-from sglang_ctxprof.views.exporters import Sinks
+from sglang_ctxprof.views.exporters import Exporters
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.views.policy import TracePolicy
 from sglang_ctxprof.model.config import CtxProfConfig, LogSettings
@@ -60,13 +60,13 @@ def test_slow_step_is_rate_limited_with_all_fields():
 
 def test_slow_request_through_sinks_and_summary():
     view, cap, clock = _view()
-    s = fed(lambda agg: Sinks(Bucketing.parse("pow2"), TracePolicy(mode="off", slow_tok_s=50, slow_step_ms=0),
-                              history=agg.request, logs=view))
+    s = fed(lambda facts: Exporters(Bucketing.parse("pow2"), TracePolicy(mode="off", slow_tok_s=50, slow_step_ms=0),
+                                    facts=facts, logs=view))
     for i in range(3):
-        s.on_record(_step(i, 100.0, rid="slow-1", fin=i == 2))  # 6 tokens in 0.3 s = 20 tok/s
-        s.on_step_log(_step(i, 100.0, rid="slow-1"))
+        s.requests.observe(_step(i, 100.0, rid="slow-1", fin=i == 2))  # 6 tokens in 0.3 s = 20 tok/s
+        s.steps.observe(_step(i, 100.0, rid="slow-1"))
     for i in range(3):
-        s.on_record(_step(10 + i, 1.0, rid="fast-1", fin=i == 2))
+        s.requests.observe(_step(10 + i, 1.0, rid="fast-1", fin=i == 2))
     ev = [e for e in cap.entries if e["event"] == "slow_request"]
     assert [e["rid"] for e in ev] == ["slow-1"]
     assert ev[0]["steps"] == 3 and ev[0]["committed"] == 6 and ev[0]["traced"] is False

@@ -1,0 +1,82 @@
+"""What the recorder hands each finished step to, and what the sinks learn when the profiler binds.
+
+The recorder (``collect.recorder.Recorder``) feeds every :class:`~sglang_ctxprof.model.records.StepRecord`
+first to the aggregator, then to each :class:`RecordSink` of its plain list, in order, each under
+the fault-guard component named by the sink's ``name``; on close it calls each sink's ``stop()``.
+The sinks of a server are:
+
+* ``views.exporters.RequestSink`` (``exporter``): a finished request -> tail decision -> OTel spans
+  and the ``slow_request`` event;
+* ``views.exporters.StepLogSink`` (``logs``): ``slow_step`` events and the summary window;
+* ``views.exporters.MetricsSink`` (``metrics``): the live Prometheus series;
+* ``collect.capture.CaptureSink`` (``capture``): the automatic deep-capture triggers.
+
+The exporter sinks are built with the session (:class:`ExporterSet`), before SGLang has said which
+rank this is; the profiler hands them :class:`BindFacts` once, when it binds to the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+from .records import StepRecord
+
+History = Callable[[str], Optional[Mapping[str, Any]]]  # rid -> request summary with its step rows
+
+
+class RecordSink(Protocol):
+    """One consumer of finished step records, run on the recorder's drain thread."""
+
+    name: str  # its fault-guard component: a failure disables this sink only
+
+    def observe(self, rec: StepRecord) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _no_history(rid: str) -> Optional[Mapping[str, Any]]:
+    return None
+
+
+def _zero() -> int:
+    return 0
+
+
+def _healthy() -> Optional[Mapping[str, Any]]:
+    return None
+
+
+@dataclass(frozen=True)
+class BindFacts:
+    """What the exporter sinks need from the process, known once the profiler is bound.
+
+    ``primary``: the tp-rank-0 scheduler of its DP group, the one that emits (other TP ranks see the
+    same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
+    with ``--enable-metrics``; ``history(rid)``: the aggregator's request history (the recorder
+    feeds the aggregator before any sink); ``dropped()``: records the recorder's queue dropped;
+    ``degraded()``: the fault guard's status (``{"components": {...}}`` or None).  The defaults are
+    a primary rank with no history and metrics off (before bind, and in tests)."""
+
+    primary: bool = True
+    model_name: str = ""
+    metrics_enabled: bool = False
+    history: History = _no_history
+    dropped: Callable[[], int] = _zero
+    degraded: Callable[[], Optional[Mapping[str, Any]]] = _healthy
+
+
+class ExporterSet(Protocol):
+    """The exporters of one scheduler (``views.exporters.Exporters``): their sinks, the bind-time
+    facts they share, and the tail-sampling policy the control channel reads and changes."""
+
+    @property
+    def sinks(self) -> Sequence[RecordSink]: ...
+
+    def bind(self, facts: BindFacts) -> None: ...
+
+    def set_policy(self, changes: Mapping[str, Any]) -> None: ...
+
+    def policy_dict(self) -> dict[str, Any]: ...
+
+    def status(self) -> dict[str, Any]: ...

@@ -1,0 +1,101 @@
+"""control/handler: every command answers exactly once; bad input is a bad request that loses
+nothing, a failure of ours degrades the ``control`` component, and the read-only snapshot starts
+nothing (``Profiler.identify``, not ``bind``)."""
+
+from __future__ import annotations
+
+import pytest
+
+import fakes
+from sglang_ctxprof.collect.session import CtxProfSession
+from sglang_ctxprof.control.handler import handle
+from sglang_ctxprof.control.protocol import encode
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.buckets import Bucketing
+from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.testing.session import instrumented
+from sglang_ctxprof.views.exporters import Exporters
+from sglang_ctxprof.views.policy import TracePolicy
+
+KEY = names.CONTROL_KEY
+
+
+@pytest.fixture
+def session():
+    with instrumented([]) as s:
+        yield s
+
+
+def ask(session, cmd, **args):
+    return handle(encode(cmd, **args), fakes.Scheduler(fakes.Worker()), session)[KEY]
+
+
+def _rec(i, rid="a"):
+    return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(100,),
+                      accepted=(2,), committed=(2,), finished=(False,), draft_tokens=4, step_ms=1.0,
+                      phases_ms={"draft": 0.5, "verify": 0.5}, t_start_ns=10**18 + i)
+
+
+def test_snapshot_reads_the_scheduler_but_starts_nothing(session):
+    p = session.profiler
+    body = ask(session, names.CMD_SNAPSHOT)
+    assert body["schema_version"] == names.SCHEMA_VERSION and body["status"]["algorithm"] == "EAGLE"
+    assert p.recorder._thread is None  # the drain thread starts with the first step, not a read
+    assert p.graph is None and p.exporters is None
+
+
+def test_snapshot_includes_every_submitted_record(session):
+    p = session.profiler
+    for i in range(3):
+        p.recorder.submit(_rec(i))  # queued, not drained: the snapshot flushes first
+    body = ask(session, names.CMD_SNAPSHOT)
+    assert body["status"]["submitted"] == 3
+    assert body["state"]["records"] == 3
+
+
+@pytest.mark.parametrize("rid", [encode("no_such_command"), encode(names.CMD_REQUESTS, slowest="many"),
+                                 encode(names.CMD_RECENT, last=[1]), names.CONTROL_RID_PREFIX + ":{not json",
+                                 names.CONTROL_RID_PREFIX + ':{"no": "cmd"}'])
+def test_bad_input_is_a_bad_request_and_the_channel_stays_up(session, rid):
+    body = handle(rid, fakes.Scheduler(fakes.Worker()), session)[KEY]
+    assert body.get("bad_request") is True and body["error"]
+    assert session.profiler.guard.status() is None  # nothing disabled by a client's mistake
+    assert "status" in ask(session, names.CMD_STATUS)
+
+
+def test_a_failure_of_ours_degrades_control_and_every_later_command_still_answers(session, monkeypatch):
+    p = session.profiler
+
+    def broken():
+        raise RuntimeError("status broke")
+
+    monkeypatch.setattr(p, "status", broken)
+    body = ask(session, names.CMD_STATUS)
+    assert "status broke" in body["error"] and "control" in body["degraded"]["components"]
+    later = ask(session, names.CMD_RESET)
+    assert "disabled after a failure" in later["error"]
+
+
+def test_without_a_profiler_it_answers_an_error():
+    body = handle(encode(names.CMD_STATUS), object(), CtxProfSession(CtxProfConfig(), targets=[]))[KEY]
+    assert "not installed" in body["error"]
+
+
+def test_trace_policy_reads_changes_and_refuses_bad_values(session):
+    p = session.profiler
+    assert "not installed" in ask(session, names.CMD_TRACE_POLICY)["error"]
+    p.attach_exporters(Exporters(Bucketing.parse("pow2"), TracePolicy(mode="off"), env={}))
+    body = ask(session, names.CMD_TRACE_POLICY, set={"slow_tok_s": 7})
+    assert body["trace_policy"]["slow_tok_s"] == 7 and body["exporters"]["policy"]["slow_tok_s"] == 7
+    bad = ask(session, names.CMD_TRACE_POLICY, set={"mode": "sometimes"})
+    assert bad["bad_request"] is True and p.exporters.policy_dict()["slow_tok_s"] == 7
+
+
+def test_toggle_and_recent(session):
+    p = session.profiler
+    assert ask(session, names.CMD_DISABLE)["status"]["enabled"] is False and not p.active
+    assert ask(session, names.CMD_ENABLE)["status"]["enabled"] is True and p.active
+    p.recorder.submit(_rec(1))
+    p.recorder.submit(_rec(2))
+    assert [r["step_id"] for r in ask(session, names.CMD_RECENT, last=1)["steps"]] == [2]
