@@ -4,6 +4,7 @@ diagnosis flag listing recent captures."""
 
 from __future__ import annotations
 
+import fakes
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -76,14 +77,16 @@ def test_a_request_no_capture_covered_has_no_capture_attributes():
 
 def test_the_exporters_history_carries_the_captures_of_the_request():
     p = Profiler(CtxProfConfig.from_env({names.ENV_LOG: "off"}))
-    sinks = build(p, env={})
+    exp = build(p.config, env={})
+    exp.bind(p.bind_facts(fakes.Scheduler(fakes.Worker())))  # the facts the profiler hands over at bind
+    history = exp.facts.history
     for r in (rec(0, names.KIND_PREFILL), rec(1), rec(2, fin=True)):
         p.aggregator.observe(r)
-    assert "captures" not in sinks.history("r1")  # no capture taken: nothing added, nothing read
+    assert "captures" not in history("r1")  # no capture taken: nothing added, nothing read
     p.capture.history.append(info("1-rid-9", names.TRIGGER_RID, [2], rid="r1"))
     p.capture.history.append(info("2-manual-9", names.TRIGGER_MANUAL, [7]))
     p.capture.history[-1].rids = ["other"]
-    assert [c["id"] for c in sinks.history("r1")["captures"]] == ["1-rid-9"]
+    assert [c["id"] for c in history("r1")["captures"]] == ["1-rid-9"]
 
 
 def test_the_diagnosis_flags_recent_captures_with_where_to_fetch_them():
