@@ -37,36 +37,29 @@ from . import acceptance as acc
 from .outliers import SlowSteps
 from .requests import RequestLog
 from .waterfall import waterfall
-from .snapshot import BucketState, Snapshot, merge
+from .snapshot import COUNTS, BucketState, Snapshot, merge
 
 
 class _Bucket:
-    """Mutable accumulator behind one :class:`~.snapshot.BucketState`."""
+    """Mutable accumulator behind one :class:`~.snapshot.BucketState`: one slot per count, plus the
+    phase histograms, the batch-1 baseline, the execution modes and the slowest steps."""
 
-    __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
-                 "phases", "cached_sum", "step_bs1", "exec", "slow")
+    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow")
 
     def __init__(self) -> None:
-        self.steps = 0
-        self.req_steps = 0
-        self.accepted = 0
-        self.committed = 0
-        self.draft_tokens = 0
-        self.ctx_sum = 0
-        self.attn_ctx_sum = 0
+        for k in COUNTS:
+            setattr(self, k, 0)
         self.phases: dict[str, DurationStats] = {}
-        self.cached_sum = 0
         self.step_bs1: DurationStats | None = None
         self.exec: dict[str, Any] = {}
         self.slow: SlowSteps | None = None  # decode: the slowest steps (outliers)
 
     def frozen(self) -> BucketState:
-        return BucketState(self.steps, self.req_steps, self.accepted, self.committed, self.draft_tokens,
-                           self.ctx_sum, self.attn_ctx_sum, self.cached_sum,
-                           {p: s.copy() for p, s in self.phases.items()},
-                           self.step_bs1.copy() if self.step_bs1 is not None else None,
-                           acc.merge_exec(self.exec, {}),
-                           self.slow.copy() if self.slow is not None else None)
+        return BucketState(**{k: getattr(self, k) for k in COUNTS},
+                           phases={p: s.copy() for p, s in self.phases.items()},
+                           step_bs1=self.step_bs1.copy() if self.step_bs1 is not None else None,
+                           exec=acc.merge_exec(self.exec, {}),
+                           slow=self.slow.copy() if self.slow is not None else None)
 
 
 # Recent steps kept for the per-request waterfall (step_id, kind, t_start_ns, t_end_ns, step_ms).
