@@ -25,6 +25,30 @@ def _same(v: Any) -> Any:
     return v
 
 
+# ---- the facts every view derives from a step the same way ----------------------------------------
+def ms_to_ns(ms: float) -> int:
+    """A measured duration in milliseconds as whole nanoseconds (to the nearest)."""
+    return int(round(float(ms) * 1e6))
+
+
+def step_end_ns(t_start_ns: int, step_ms: float) -> int:
+    """Where a step ends by its measured time: its host start plus ``step_ms``.  A request's end, a
+    step span's and a trace slice's end are this."""
+    return int(t_start_ns) + ms_to_ns(step_ms)
+
+
+def host_end_ns(t_start_ns: int, step_ms: float, t_end_ns: int = 0) -> int:
+    """Where the scheduler got the step back (``t_end_ns``, host clock when ``run_batch`` returned);
+    for a record without it, the measured end (``step_end_ns``).  Host gaps are measured from this."""
+    return int(t_end_ns or 0) or step_end_ns(t_start_ns, step_ms)
+
+
+def accepted_drafts(accepted: int, non_draft_tokens: int) -> int:
+    """Draft positions one request had accepted in a step: its accepted length less the tokens that
+    are not drafts (the bonus token; UNO's clean root as well)."""
+    return max(0, accepted - non_draft_tokens)
+
+
 @dataclass(frozen=True, slots=True)
 class RankId:
     tp: int = 0
@@ -78,7 +102,8 @@ class StepRecord:
     def accepted_drafts(self) -> tuple[int, ...]:
         """Per request: draft positions accepted this step, i.e. the accepted prefix of the draft
         (chain or block) after its anchor; position i (1-based) was accepted iff i <= this."""
-        return tuple(max(0, a - self.non_draft_tokens) for a in self.accepted)
+        nd = self.non_draft_tokens
+        return tuple(accepted_drafts(a, nd) for a in self.accepted)
 
     @property
     def draft_positions(self) -> int:
@@ -102,6 +127,16 @@ class StepRecord:
     @property
     def batch_size(self) -> int:
         return len(self.rids)
+
+    @property
+    def end_ns(self) -> int:
+        """The step's end by its measured time (``step_end_ns``)."""
+        return step_end_ns(self.t_start_ns, self.step_ms)
+
+    @property
+    def host_end_ns(self) -> int:
+        """Host clock when the scheduler got the step back, else ``end_ns`` (``host_end_ns``)."""
+        return host_end_ns(self.t_start_ns, self.step_ms, self.t_end_ns)
 
     @property
     def ctx_sum(self) -> int:
