@@ -133,7 +133,7 @@ class Aggregator:
                 pts.add(x, ms)
         else:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
-            b.cached_sum += sum(rec.cached_lens)
+            b.cached_sum += rec.cached_tokens
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         self.requests.observe(rec)
 

@@ -43,6 +43,11 @@ class BucketState:
     exec: Mapping[str, Any] = field(default_factory=dict)
     slow: Optional[SlowSteps] = None  # decode: the bucket's slowest steps (``outliers``)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens of a prefill bucket found in the prefix cache (``names.CACHED_TOKENS``)."""
+        return self.cached_sum
+
     def merged(self, other: "BucketState") -> "BucketState":
         phases: dict[str, DurationStats] = {}
         for src in (self.phases, other.phases):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..model.names import LEAF_PHASES, Phase
+from ..model.names import CACHED_TOKENS, LEAF_PHASES, Phase
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
@@ -75,7 +75,7 @@ def _req_info(meta: Mapping[str, Any], wall_s: float, max_new: int) -> dict[str,
         "t_s": wall_s,
         "prompt_tokens": meta.get("prompt_tokens"),
         "completion_tokens": meta.get("completion_tokens"),
-        "cached_tokens": meta.get("cached_tokens"),
+        CACHED_TOKENS: meta.get(CACHED_TOKENS),
         "spec_accept_length": meta.get("spec_accept_length"),
         "spec_verify_ct": meta.get("spec_verify_ct"),
         "e2e_latency": meta.get("e2e_latency"),
@@ -119,7 +119,7 @@ def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
         "prompt_tokens": b["prompt_tokens"], "short": a, "long": b,
         "t_a": t_a, "t_b": t_b, "decode_tok_s": tok_s,
         "accept_per_step": b["spec_accept_length"],
-        "cached_tokens": max(a["cached_tokens"] or 0, b["cached_tokens"] or 0),
+        CACHED_TOKENS: max(a[CACHED_TOKENS] or 0, b[CACHED_TOKENS] or 0),
         "breakdown": None, "note": None,
     }
     if tok_s is None:

@@ -129,6 +129,11 @@ class StepRecord:
         return len(self.rids)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens of a prefill batch found in the prefix cache (``names.CACHED_TOKENS``)."""
+        return sum(self.cached_lens)
+
+    @property
     def end_ns(self) -> int:
         """The step's end by its measured time (``step_end_ns``)."""
         return step_end_ns(self.t_start_ns, self.step_ms)

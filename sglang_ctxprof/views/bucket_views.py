@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
 
 from ..aggregate.snapshot import COUNTS, BucketState
-from ..model.names import Phase
+from ..model.names import CACHED_TOKENS, Phase
 
 
 def _div(a: float, b: float) -> float:
@@ -199,7 +199,7 @@ class PrefillView:
     @property
     def cached_tokens(self) -> int:
         """Of ``tokens``, those found in the prefix cache (the bucket is the prompt length)."""
-        return self.state.cached_sum
+        return self.state.cached_tokens
 
     @property
     def retractions(self) -> int:
@@ -225,5 +225,5 @@ class PrefillView:
 
 
 # A prefill bucket's public count names and the BucketState count each one is.
-_PREFILL_NAMES = {"batches": "steps", "requests": "req_steps", "tokens": "ctx_sum", "cached_tokens": "cached_sum",
+_PREFILL_NAMES = {"batches": "steps", "requests": "req_steps", "tokens": "ctx_sum", CACHED_TOKENS: "cached_sum",
                   "retractions": "committed"}

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..model import layout
-from ..model.names import KIND_DECODE, MAX_TRACE_STEPS
-from ..model.records import step_end_ns
+from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_STEPS
+from ..model.records import accepted_drafts, step_end_ns
 
 PID = 1
 PROCESS = "sglang-ctxprof"
@@ -56,6 +56,7 @@ def _step_args(rec: Mapping[str, Any]) -> dict[str, Any]:
             "ctx_mean": round(sum(ctx) / len(ctx), 1) if ctx else 0.0, "ctx_sum": sum(ctx),
             "ctx_min": min(ctx, default=0), "ctx_max": max(ctx, default=0),
             "draft_tokens": int(rec.get("draft_tokens", 0)), "accepted": sum(acc), "committed": sum(com),
+            "accepted_drafts": sum(accepted_drafts(a, int(rec.get("non_draft_tokens") or 1)) for a in acc),
             "step_ms": float(rec.get("step_ms", 0.0)), "algorithm": rec.get("algorithm", ""),
             "timing": rec.get("timing", ""), "rids": list(rec.get("rids") or ())}
 
@@ -66,6 +67,7 @@ def _record_events(rec: Mapping[str, Any], tid: int, t0: int) -> list[dict[str, 
     if rec.get("kind", KIND_DECODE) != KIND_DECODE:
         args = _step_args(rec)
         args["prompt_tokens"] = args.pop("ctx_sum")
+        args[CACHED_TOKENS] = sum(int(c) for c in rec.get("cached_lens") or ())
         return [_x("prefill", "prefill", tid, start, end, t0, args)]
     return [_x("decode step", "decode", tid, start, end, t0, _step_args(rec))] + \
         phase_events(rec.get("phases_ms") or {}, start, end, tid, t0)
