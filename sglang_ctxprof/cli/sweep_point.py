@@ -22,6 +22,7 @@ import time
 from typing import Any, Mapping
 
 from ..model.names import CACHED_TOKENS, LEAF_PHASES, Phase
+from ..model.records import step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
@@ -99,7 +100,7 @@ def _wall_tok_s(client, rid: str | None) -> float | None:
     rows = sorted((req or {}).get("step_rows") or [], key=lambda r: r["t_start_ns"])
     if len(rows) < 2:
         return None
-    span = (rows[-1]["t_start_ns"] - rows[0]["t_start_ns"]) / 1e9 + rows[-1]["step_ms"] / 1e3
+    span = (step_end_ns(rows[-1]["t_start_ns"], rows[-1]["step_ms"]) - rows[0]["t_start_ns"]) / 1e9
     return sum(r["committed"] for r in rows) / span if span > 0 else None
 
 
@@ -172,7 +173,7 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         marks_srv, n = [(rows[0]["t_start_ns"] / 1e9, 0)], 0
         for r in rows:
             n += r["committed"]
-            marks_srv.append((r["t_start_ns"] / 1e9 + r["step_ms"] / 1e3, n))
+            marks_srv.append((step_end_ns(r["t_start_ns"], r["step_ms"]) / 1e9, n))
         out["server_windows"] = _windows(marks_srv, ctx + 1, window)
         span = marks_srv[-1][0] - marks_srv[0][0]
         # beside the client's figure (what users see), never instead of it

@@ -3,7 +3,12 @@
 A :class:`StepRecord` is what the hooks produce for one scheduler step (a speculative decode step
 or a prefill/extend batch) once its timings and acceptance are known.  It serialises to builtins
 (``to_dict``/``from_dict``) so it can travel through SGLang's msgpack control channel, be written
-to disk and be read back by the CLI.
+to disk and be read back by the CLI.  Both are derived from the dataclass fields (``_SHAPE``): a
+new field travels once its type has a codec in ``_CODECS``.
+
+The facts every view derives from a step are computed here once: where it ends (``step_end_ns``;
+``host_end_ns`` for the scheduler's clock) and the drafts each request had accepted
+(``accepted_drafts``).
 
 Accounting rule (documented in the README): for a request, ``1 + sum(committed)`` equals SGLang's
 ``completion_tokens`` (the first token comes from prefill), the number of decode records equals

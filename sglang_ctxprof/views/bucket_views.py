@@ -45,6 +45,17 @@ _MEANS = {"mean_ctx": "ctx_sum", "accepted_per_step": "accepted", "committed_per
           "draft_tokens_per_step": "draft_tokens"}
 
 
+def _count(name: str, doc: str = "") -> property:
+    """A view's read-only window on one count of its wrapped ``state`` (an int)."""
+    return property(lambda self: getattr(self.state, name), doc=doc or f"``state.{name}``")
+
+
+def _per_req_step(name: str, doc: str = "") -> property:
+    """One count of the wrapped ``state`` over its request-steps (a float; ``_MEANS``)."""
+    return property(lambda self: _div(getattr(self.state, name), self.state.req_steps),
+                    doc=doc or f"``state.{name} / state.req_steps``")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class BucketView:
     """One decode context bucket of the public profile: its exact counts are the bucket's
@@ -63,54 +74,20 @@ class BucketView:
     # Robust means (outlier steps set apart) and the outliers themselves (``aggregate.outliers``).
     robust: Optional[Mapping[str, Any]] = None
 
-    @property
-    def steps(self) -> int:
-        return self.state.steps
-
-    @property
-    def req_steps(self) -> int:
-        return self.state.req_steps
-
-    @property
-    def accepted(self) -> int:
-        return self.state.accepted
-
-    @property
-    def committed(self) -> int:
-        return self.state.committed
-
-    @property
-    def draft_tokens(self) -> int:
-        return self.state.draft_tokens
-
-    @property
-    def ctx_sum(self) -> int:
-        return self.state.ctx_sum
-
-    def per_req_step(self, count: str) -> float:
-        """One exact count over the bucket's request-steps (``_MEANS``)."""
-        return _div(getattr(self.state, count), self.state.req_steps)
+    steps = _count("steps")
+    req_steps = _count("req_steps")
+    accepted = _count("accepted", "Accepted tokens (incl. the bonus token).")
+    committed = _count("committed")
+    draft_tokens = _count("draft_tokens")
+    ctx_sum = _count("ctx_sum")
+    mean_ctx = _per_req_step("ctx_sum")
+    accepted_per_step = _per_req_step("accepted", "Accepted tokens (incl. the bonus token) per request per step.")
+    committed_per_step = _per_req_step("committed")
+    draft_tokens_per_step = _per_req_step("draft_tokens")
 
     @property
     def mean_batch_size(self) -> float:
         return _div(self.req_steps, self.steps)
-
-    @property
-    def mean_ctx(self) -> float:
-        return self.per_req_step("ctx_sum")
-
-    @property
-    def accepted_per_step(self) -> float:
-        """Accepted tokens (incl. the bonus token) per request per step."""
-        return self.per_req_step("accepted")
-
-    @property
-    def committed_per_step(self) -> float:
-        return self.per_req_step("committed")
-
-    @property
-    def draft_tokens_per_step(self) -> float:
-        return self.per_req_step("draft_tokens")
 
     def mean_ms(self, phase: str) -> Optional[float]:
         p = self.phases.get(phase)
@@ -148,7 +125,7 @@ class BucketView:
             "label": self.label, "lo": self.lo, "hi": self.hi,
             "steps": self.steps,
             "mean_batch_size": self.mean_batch_size,
-        } | {mean: self.per_req_step(count) for mean, count in _MEANS.items()} | {
+        } | {mean: getattr(self, mean) for mean in _MEANS} | {
             "decode_tok_s": self.decode_tok_s,
             "batch_tok_s": self.batch_tok_s,
             "phases": {p: v.to_dict() for p, v in self.phases.items()},
@@ -184,27 +161,11 @@ class PrefillView:
     state: BucketState
     stats: PhaseView
 
-    @property
-    def batches(self) -> int:
-        return self.state.steps
-
-    @property
-    def requests(self) -> int:
-        return self.state.req_steps
-
-    @property
-    def tokens(self) -> int:
-        return self.state.ctx_sum
-
-    @property
-    def cached_tokens(self) -> int:
-        """Of ``tokens``, those found in the prefix cache (the bucket is the prompt length)."""
-        return self.state.cached_tokens
-
-    @property
-    def retractions(self) -> int:
-        """Re-prefills of requests SGLang retracted (KV pressure) at this context: one token each."""
-        return self.state.committed
+    batches = _count("steps")
+    requests = _count("req_steps")
+    tokens = _count("ctx_sum", "Prompt tokens.")
+    cached_tokens = _count("cached_sum", "Of ``tokens``, those found in the prefix cache (``names.CACHED_TOKENS``).")
+    retractions = _count("committed", "Re-prefills of requests SGLang retracted (KV pressure): one token each.")
 
     def __eq__(self, other: object) -> bool:
         """Views are equal when they state the same body (the wrapped state may hold more)."""
