@@ -30,7 +30,7 @@ from itertools import repeat
 from typing import Any, Mapping, MutableMapping, Sequence
 
 from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_MODES, EXEC_PIECEWISE, EXEC_REASON_DISABLED, EXEC_UNKNOWN
-from ..model.records import StepRecord
+from ..model.records import StepRecord, accepted_drafts
 
 MAX_REASONS = 8  # distinct reasons kept per bucket (the rest are counted under "other")
 
@@ -65,7 +65,7 @@ def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int,
     for (i1, a), n in pairs.items():
         if a <= 0:  # unknown (never read from the device)
             continue
-        correct = max(0, a - nd)
+        correct = accepted_drafts(a, nd)
         k = (max(0, i1 - 1), max(budget, correct), correct)
         out[k] = out.get(k, 0) + n
     return out

@@ -10,13 +10,13 @@
 * per phase also a bounded sample of the same points, for a robust (Theil-Sen) fit;
 * per bucket of each *request's own* context: acceptance by draft position (``acceptance``);
 * per decode bucket: the execution-mode fingerprint and the steps that ran at batch size 1;
-* host gaps between consecutive steps and host time inside a step outside the model call, and a
-  bounded timeline of recent steps, from which ``waterfall`` charges a request's wall time;
+* host gaps between consecutive steps and host time inside a step outside the model call;
 * prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode),
   and the re-prefills of retracted requests (a prefill bucket's ``committed``: one token each);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
   exporters read each finished request from it;
-* the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export.
+* one ring of recent steps (``recent``: typed rows, the last ``MAX_TRACE_STEPS`` with their records),
+  from which ``waterfall`` charges a request's wall time and the trace export reads.
 
 ``snapshot()`` returns a frozen :class:`~.snapshot.Snapshot` with exact counts; ``state()`` is its
 builtins form (str keys, msgpack-safe).  ``views/profile`` turns a snapshot, or several ranks'
@@ -26,51 +26,40 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, REPORTED_PHASES, TIMING_RANK, Phase
+from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .outliers import SlowSteps
+from .recent import RecentSteps
 from .requests import RequestLog
 from .waterfall import waterfall
-from .snapshot import BucketState, Snapshot, merge
+from .snapshot import COUNTS, BucketState, Snapshot, merge
 
 
 class _Bucket:
-    """Mutable accumulator behind one :class:`~.snapshot.BucketState`."""
+    """Mutable accumulator behind one :class:`~.snapshot.BucketState`: one slot per count, plus the
+    phase histograms, the batch-1 baseline, the execution modes and the slowest steps."""
 
-    __slots__ = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
-                 "phases", "cached_sum", "step_bs1", "exec", "slow")
+    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow")
 
     def __init__(self) -> None:
-        self.steps = 0
-        self.req_steps = 0
-        self.accepted = 0
-        self.committed = 0
-        self.draft_tokens = 0
-        self.ctx_sum = 0
-        self.attn_ctx_sum = 0
+        for k in COUNTS:
+            setattr(self, k, 0)
         self.phases: dict[str, DurationStats] = {}
-        self.cached_sum = 0
         self.step_bs1: DurationStats | None = None
         self.exec: dict[str, Any] = {}
         self.slow: SlowSteps | None = None  # decode: the slowest steps (outliers)
 
     def frozen(self) -> BucketState:
-        return BucketState(self.steps, self.req_steps, self.accepted, self.committed, self.draft_tokens,
-                           self.ctx_sum, self.attn_ctx_sum, self.cached_sum,
-                           {p: s.copy() for p, s in self.phases.items()},
-                           self.step_bs1.copy() if self.step_bs1 is not None else None,
-                           acc.merge_exec(self.exec, {}),
-                           self.slow.copy() if self.slow is not None else None)
-
-
-# Recent steps kept for the per-request waterfall (step_id, kind, t_start_ns, t_end_ns, step_ms).
-TIMELINE_STEPS = 65536
+        return BucketState(**{k: getattr(self, k) for k in COUNTS},
+                           phases={p: s.copy() for p, s in self.phases.items()},
+                           step_bs1=self.step_bs1.copy() if self.step_bs1 is not None else None,
+                           exec=acc.merge_exec(self.exec, {}),
+                           slow=self.slow.copy() if self.slow is not None else None)
 
 
 class Aggregator:
@@ -92,16 +81,15 @@ class Aggregator:
         self.points: dict[str, PointSample] = {}
         self.host_gaps = DurationStats()
         self.host_in_step = DurationStats()
-        self.timeline: deque = deque(maxlen=TIMELINE_STEPS)
+        self.ring = RecentSteps()  # the one history of recent steps (waterfall and trace export)
         self._last_end_ns = 0
-        self.recent: "deque[StepRecord]" = deque(maxlen=MAX_TRACE_STEPS)
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
         if not rec.rids:
             return
-        self.recent.append(rec)
+        self.ring.add(rec)
         cur = self.meta["timing"]
         if cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0):
             self.meta["timing"] = rec.timing  # steps differ (graph, eager, sampled): keep the best seen
@@ -145,20 +133,18 @@ class Aggregator:
                 pts.add(x, ms)
         else:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
-            b.cached_sum += sum(rec.cached_lens)
+            b.cached_sum += rec.cached_tokens
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         self.requests.observe(rec)
 
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""
-        end = rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6)
         if rec.t_start_ns:
             if self._last_end_ns and rec.t_start_ns >= self._last_end_ns:
                 self.host_gaps.add((rec.t_start_ns - self._last_end_ns) / 1e6)
             if rec.t_end_ns:
                 self.host_in_step.add(max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e6 - rec.step_ms))
-            self._last_end_ns = max(self._last_end_ns, end)
-            self.timeline.append((rec.step_id, rec.kind, rec.t_start_ns, end, rec.step_ms))
+            self._last_end_ns = max(self._last_end_ns, rec.host_end_ns)
 
     def _decode_extras(self, b: _Bucket, rec: StepRecord) -> None:
         """Execution mode, the batch-1 baseline, and acceptance by position keyed by own context."""
@@ -178,7 +164,7 @@ class Aggregator:
     def waterfall(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """Where one request's wall time went (``waterfall``), from its summary with step rows."""
         bs1 = {i: b.step_bs1.mean for i, b in self.decode.items() if b.step_bs1 is not None and b.step_bs1.count}
-        return waterfall(request.get("step_rows") or [], self.timeline, bs1, self.bucketing)
+        return waterfall(request.get("step_rows") or [], self.ring, bs1, self.bucketing)
 
     @staticmethod
     def _stat(b: _Bucket, name: str) -> DurationStats:
@@ -199,10 +185,14 @@ class Aggregator:
             r["waterfall"] = self.waterfall(r)
         return r
 
+    @property
+    def recent(self) -> list[StepRecord]:
+        """The last ``MAX_TRACE_STEPS`` records with requests, oldest first."""
+        return self.ring.records()
+
     def recent_steps(self, n: int) -> list[dict[str, Any]]:
         """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
-        n = max(0, min(int(n), len(self.recent)))
-        return [r.to_dict() for r in list(self.recent)[len(self.recent) - n:]]
+        return [r.to_dict() for r in self.ring.records(n)]
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot

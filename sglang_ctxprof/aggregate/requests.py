@@ -2,8 +2,8 @@
 
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
-most ``max_rows`` rows after every record, stored as compact tuples (the oldest requests' rows are
-dropped first).  A decode step costs each request one row append on the drain thread: a request's
+most ``max_rows`` rows after every record, stored as typed compact rows (:class:`StepRow`; the oldest
+requests' rows are dropped first).  A decode step costs each request one row append on the drain thread: a request's
 totals are its kept rows plus what was folded when rows were not kept or were dropped, summed in C
 when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
@@ -17,11 +17,12 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from operator import itemgetter
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..model.names import KIND_DECODE
-from ..model.records import StepRecord
+from ..model.records import StepRecord, step_end_ns
 
 
 # Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the
@@ -52,8 +53,8 @@ class RequestLog:
         get, move = reqs.get, reqs.move_to_end
         step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
         blk, den = rec.block_size, rec.denoise_steps
-        t_dev = t0 + int(step_ms * 1e6)  # the step's end by its device time (a request's t_end_ns)
-        te = rec.t_end_ns or t_dev  # the row's: host clock when run_batch returned
+        t_dev = rec.end_ns  # the step's end by its measured time (a request's t_end_ns)
+        te = rec.host_end_ns  # the row's: host clock when run_batch returned
         ph = _phases(rec)
         added = 0
         for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
@@ -66,7 +67,7 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:  # a request holds rows exactly while it is in _with_rows
                     with_rows[rid] = None
-                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph))  # the _ROW_KEYS + phases
+                rows.append(_new_row((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph)))
                 added += 1
             else:  # no row kept: fold the step into the totals now
                 r["steps_truncated"] += 1
@@ -116,7 +117,7 @@ class RequestLog:
                 r = self._reuse(rid, r, rec)
             else:
                 self._reqs.move_to_end(rid)
-            r["t_end_ns"] = rec.t_start_ns + int(rec.step_ms * 1e6)
+            r["t_end_ns"] = rec.end_ns
             r["rows_at_end"] = len(r["step_rows"])
             r["finished"] = r["finished"] or rec.finished[i]
             r["prefill_ms"] += rec.step_ms
@@ -218,8 +219,30 @@ class RequestLog:
         self.evicted = 0
 
 
-_ROW_KEYS = ("step_id", "t_start_ns", "ctx_len", "batch_size", "draft_tokens", "accepted", "committed",
-             "step_ms", "block_size", "denoise_steps", "t_end_ns")
+class StepRow(NamedTuple):
+    """One decode step of one request, as the ring keeps it (served as ``row_dict``)."""
+
+    step_id: int
+    t_start_ns: int
+    ctx_len: int  # this request's own context entering the step
+    batch_size: int
+    draft_tokens: int
+    accepted: int
+    committed: int
+    step_ms: float
+    block_size: int
+    denoise_steps: int
+    t_end_ns: int  # host clock when run_batch returned (records.host_end_ns)
+    phases: tuple[tuple[str, ...], tuple[float, ...]]  # (names, ms): interned names, one tuple of values
+
+    @property
+    def end_ns(self) -> int:
+        """The step's end by its measured time (records.step_end_ns)."""
+        return step_end_ns(self.t_start_ns, self.step_ms)
+
+
+# The drain thread builds one row per request per step: a C-level tuple construction, no Python call.
+_new_row = partial(tuple.__new__, StepRow)
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 
@@ -229,9 +252,9 @@ def _phases(rec: StepRecord) -> tuple[tuple[str, ...], tuple[float, ...]]:
     return keys, tuple(rec.phases_ms.values())
 
 
-def row_dict(row: tuple) -> dict[str, Any]:
-    d = dict(zip(_ROW_KEYS, row))
-    keys, vals = row[-1]
+def row_dict(row: StepRow) -> dict[str, Any]:
+    d = row._asdict()
+    keys, vals = d.pop("phases")
     d["phases_ms"] = dict(zip(keys, vals))
     return d
 
@@ -262,7 +285,7 @@ class LazyRows(Sequence):
         return map(row_dict, self._rows)
 
 
-_ACC, _COM, _MS = itemgetter(5), itemgetter(6), itemgetter(7)
+_ACC, _COM, _MS = (itemgetter(StepRow._fields.index(k)) for k in ("accepted", "committed", "step_ms"))
 _INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
 
 
@@ -279,9 +302,9 @@ def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
         "committed": sum(map(_COM, rows), r["committed"]),
         "decode_ms": sum(map(_MS, rows), r["decode_ms"]),  # sequential float sum, as step by step
         "max_step_ms": max(r["max_step_ms"], max(map(_MS, rows))),
-        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else rows[0][2],
-        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else last[2],
-        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else last[1] + int(last[7] * 1e6),
+        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else rows[0].ctx_len,
+        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else last.ctx_len,
+        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else last.end_ns,
     }
 
 

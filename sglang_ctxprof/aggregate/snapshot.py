@@ -14,7 +14,7 @@ and fit sums add).  Pure: imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping, Optional
 
 from ..model.buckets import Bucketing
@@ -22,10 +22,6 @@ from ..model.names import SCHEMA_VERSION, TIMING_RANK
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .outliers import SlowSteps
-
-COUNTS = ("steps", "req_steps", "accepted", "committed", "draft_tokens", "ctx_sum", "attn_ctx_sum",
-          "cached_sum")
-
 
 @dataclass(frozen=True, slots=True)
 class BucketState:
@@ -47,6 +43,11 @@ class BucketState:
     exec: Mapping[str, Any] = field(default_factory=dict)
     slow: Optional[SlowSteps] = None  # decode: the bucket's slowest steps (``outliers``)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens of a prefill bucket found in the prefix cache (``names.CACHED_TOKENS``)."""
+        return self.cached_sum
+
     def merged(self, other: "BucketState") -> "BucketState":
         phases: dict[str, DurationStats] = {}
         for src in (self.phases, other.phases):
@@ -65,7 +66,7 @@ class BucketState:
             if src is not None:
                 slow = slow or SlowSteps()
                 slow.merge(src)
-        return BucketState(*(getattr(self, k) + getattr(other, k) for k in COUNTS), phases=phases,
+        return BucketState(**{k: getattr(self, k) + getattr(other, k) for k in COUNTS}, phases=phases,
                            step_bs1=bs1, exec=acc.merge_exec(self.exec, other.exec), slow=slow)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,11 +83,16 @@ class BucketState:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BucketState":
         bs1 = d.get("step_bs1")
-        return cls(*(int(d.get(k, 0)) for k in COUNTS),
+        return cls(**{k: int(d.get(k, 0)) for k in COUNTS},
                    phases={str(p): DurationStats.from_state(s) for p, s in (d.get("phases") or {}).items()},
                    step_bs1=DurationStats.from_state(bs1) if bs1 else None,
                    exec=acc.merge_exec(d.get("exec") or {}, {}) if d.get("exec") else {},
                    slow=SlowSteps.from_state(d["slow"]) if d.get("slow") is not None else None)
+
+
+# The exact counts of a bucket: BucketState's integer fields, in declaration order.  They add when
+# ranks merge, cross the control channel as they are, and the aggregator's accumulator has one slot each.
+COUNTS: tuple[str, ...] = tuple(f.name for f in fields(BucketState) if f.type == "int")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ window every millisecond is one of:
 * ``unaccounted_ms``: the remainder (clock skew, steps that left the bounded timeline); it is
   reported, never folded into a part, so "adds up" is checked, not built in.
 
-Pure: takes the request's step rows, the aggregator's timeline of recent steps
-``(step_id, kind, t_start_ns, t_end_ns, step_ms)`` and the batch-1 baselines per bucket.
+Pure: takes the request's step rows, the aggregator's ring of recent steps (``recent.RecentStep``
+rows) and the batch-1 baselines per bucket.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 from ..model.names import KIND_PREFILL, LEAF_PHASES, Phase
+from ..model.records import host_end_ns
+from .recent import RecentStep
 
 
 def _row_end(r: Mapping[str, Any]) -> int:
-    return int(r.get("t_end_ns") or 0) or int(r["t_start_ns"]) + int(float(r["step_ms"]) * 1e6)
+    return host_end_ns(int(r["t_start_ns"]), float(r["step_ms"]), int(r.get("t_end_ns") or 0))
 
 
 def _leaves(ph: Mapping[str, float]) -> dict[str, float]:
@@ -39,7 +41,7 @@ def _leaves(ph: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[tuple], bs1_ms: Mapping[int, float],
+def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[RecentStep], bs1_ms: Mapping[int, float],
               bucketing: Any) -> Optional[dict[str, Any]]:
     """The waterfall of one request from its decode ``rows`` (dicts as served), or None without any."""
     rows = sorted((r for r in rows if r.get("t_start_ns")), key=lambda r: r["t_start_ns"])
@@ -67,17 +69,18 @@ def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[tuple], bs1_ms: 
         sharing += max(0.0, float(r["step_ms"]) - base)
     if shared and not measured:
         sharing = None
-    steps = sorted((s for s in timeline if s[2] >= t0 and s[3] <= t1 + 1), key=lambda s: s[2])
-    complete = bool(steps) and {s[0] for s in steps if s[1] != KIND_PREFILL} >= own_ids
-    prefill = sum(s[4] for s in steps if s[1] == KIND_PREFILL)
-    other_decode = sum(s[4] for s in steps if s[1] != KIND_PREFILL and s[0] not in own_ids)
+    steps = sorted((s for s in timeline if s.t_start_ns >= t0 and s.t_end_ns <= t1 + 1),
+                   key=lambda s: s.t_start_ns)
+    complete = bool(steps) and {s.step_id for s in steps if s.kind != KIND_PREFILL} >= own_ids
+    prefill = sum(s.step_ms for s in steps if s.kind == KIND_PREFILL)
+    other_decode = sum(s.step_ms for s in steps if s.kind != KIND_PREFILL and s.step_id not in own_ids)
     gaps = 0.0
     prev_end = t0
     for s in steps:
-        if s[2] > prev_end:
-            gaps += (s[2] - prev_end) / 1e6
-        gaps += max(0.0, (s[3] - s[2]) / 1e6 - s[4])
-        prev_end = max(prev_end, s[3])
+        if s.t_start_ns > prev_end:
+            gaps += (s.t_start_ns - prev_end) / 1e6
+        gaps += max(0.0, (s.t_end_ns - s.t_start_ns) / 1e6 - s.step_ms)
+        prev_end = max(prev_end, s.t_end_ns)
     parts = sum(own.values()) + prefill + other_decode + gaps
     return {
         "wall_ms": wall_ms,

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..model.names import LEAF_PHASES, Phase
+from ..model.names import CACHED_TOKENS, LEAF_PHASES, Phase
+from ..model.records import step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
@@ -75,7 +76,7 @@ def _req_info(meta: Mapping[str, Any], wall_s: float, max_new: int) -> dict[str,
         "t_s": wall_s,
         "prompt_tokens": meta.get("prompt_tokens"),
         "completion_tokens": meta.get("completion_tokens"),
-        "cached_tokens": meta.get("cached_tokens"),
+        CACHED_TOKENS: meta.get(CACHED_TOKENS),
         "spec_accept_length": meta.get("spec_accept_length"),
         "spec_verify_ct": meta.get("spec_verify_ct"),
         "e2e_latency": meta.get("e2e_latency"),
@@ -99,7 +100,7 @@ def _wall_tok_s(client, rid: str | None) -> float | None:
     rows = sorted((req or {}).get("step_rows") or [], key=lambda r: r["t_start_ns"])
     if len(rows) < 2:
         return None
-    span = (rows[-1]["t_start_ns"] - rows[0]["t_start_ns"]) / 1e9 + rows[-1]["step_ms"] / 1e3
+    span = (step_end_ns(rows[-1]["t_start_ns"], rows[-1]["step_ms"]) - rows[0]["t_start_ns"]) / 1e9
     return sum(r["committed"] for r in rows) / span if span > 0 else None
 
 
@@ -119,7 +120,7 @@ def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
         "prompt_tokens": b["prompt_tokens"], "short": a, "long": b,
         "t_a": t_a, "t_b": t_b, "decode_tok_s": tok_s,
         "accept_per_step": b["spec_accept_length"],
-        "cached_tokens": max(a["cached_tokens"] or 0, b["cached_tokens"] or 0),
+        CACHED_TOKENS: max(a[CACHED_TOKENS] or 0, b[CACHED_TOKENS] or 0),
         "breakdown": None, "note": None,
     }
     if tok_s is None:
@@ -172,7 +173,7 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         marks_srv, n = [(rows[0]["t_start_ns"] / 1e9, 0)], 0
         for r in rows:
             n += r["committed"]
-            marks_srv.append((r["t_start_ns"] / 1e9 + r["step_ms"] / 1e3, n))
+            marks_srv.append((step_end_ns(r["t_start_ns"], r["step_ms"]) / 1e9, n))
         out["server_windows"] = _windows(marks_srv, ctx + 1, window)
         span = marks_srv[-1][0] - marks_srv[0][0]
         # beside the client's figure (what users see), never instead of it

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..model.names import LEAF_PHASES
+from ..model.names import CACHED_TOKENS, LEAF_PHASES
 from .main import CliError, read_json_object
 
 SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
@@ -98,7 +98,7 @@ def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[s
             "accept_per_step": _stat(p.get("accept_per_step") for p in pts),
             "server_accept_per_step": _stat(b.get("accepted_per_step") for b in bds),
             "server_tok_s": _stat(b.get("server_tok_s") for b in bds),
-            "cached_tokens": max((p.get("cached_tokens") or 0 for p in pts), default=0),
+            CACHED_TOKENS: max((p.get(CACHED_TOKENS) or 0 for p in pts), default=0),
             "breakdown": bool(bds),
             "phases_ms": phases,
             "sustained": None if s is None else {
@@ -118,7 +118,7 @@ def _med(st: dict | None) -> float | None:
 
 def csv_rows(rows: list[dict]) -> tuple[list[str], list[list[Any]]]:
     header = ["ctx", "repeats", "prompt_tokens", "decode_tok_s_median", "decode_tok_s_min", "decode_tok_s_max",
-              "t_a_s", "t_b_s", "accept_per_step", "server_accept_per_step", "server_tok_s", "cached_tokens"]
+              "t_a_s", "t_b_s", "accept_per_step", "server_accept_per_step", "server_tok_s", CACHED_TOKENS]
     header += [f"ms_{p}" for p in TABLE_PHASES] + ["sustained_tok_s", "sustained_accept_per_step"]
     out = []
     for r in rows:
@@ -127,7 +127,7 @@ def csv_rows(rows: list[dict]) -> tuple[list[str], list[list[Any]]]:
         out.append([r["ctx"], r["repeats"], "/".join(str(x) for x in r["prompt_tokens"]),
                     d.get("median"), d.get("min"), d.get("max"), _med(r["t_a"]), _med(r["t_b"]),
                     _med(r["accept_per_step"]), _med(r["server_accept_per_step"]), _med(r["server_tok_s"]),
-                    r["cached_tokens"]]
+                    r[CACHED_TOKENS]]
                    + [_med(r["phases_ms"].get(p)) for p in TABLE_PHASES]
                    + [s.get("decode_tok_s"), s.get("accept_per_step")])
     return header, out
@@ -222,7 +222,7 @@ def write_table(d: str | os.PathLike, rows: list[dict], meta: dict) -> None:
 def footnotes(rows: list[dict], meta: dict) -> list[str]:
     out = [f"prompts: {meta.get('prompt_mode', '?')}, exact token length; prefix cache: "
            f"{meta.get('cache_policy', '?')}; max cached tokens reported by the server: "
-           f"{max((r['cached_tokens'] for r in rows), default=0)}",
+           f"{max((r[CACHED_TOKENS] for r in rows), default=0)}",
            f"two-point: short {meta.get('short', '?')} / long {meta.get('long', '?')} new tokens, greedy, "
            f"ignore_eos; tok/s = median over repeats, ± = half the min-max range; srv tok/s = the server's "
            f"committed tokens per step / mean step time over the same requests"]

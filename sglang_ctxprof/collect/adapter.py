@@ -20,6 +20,7 @@ from itertools import compress, repeat
 from operator import attrgetter, is_not, or_
 from typing import Any, Optional
 
+from ..model.names import CACHED_TOKENS
 from ..model.records import RankId
 from ..model.rids import short_rid
 from . import block_adapter as _block
@@ -282,7 +283,7 @@ def draft_depth(draft: int, server_args: Any) -> int:
 
 def req_cached_tokens(req: Any) -> int:
     """Prompt tokens SGLang found in its prefix cache for this request (0 when unknown)."""
-    v = getattr(req, "cached_tokens", 0)
+    v = getattr(req, CACHED_TOKENS, 0)
     return v if isinstance(v, int) else 0
 
 

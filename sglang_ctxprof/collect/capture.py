@@ -163,7 +163,7 @@ class Capture:
         if self.tail is not None:  # first: it also names the request
             self.tail.observe(rec, self.request)
         gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
-        self._prev_end_ns = max(self._prev_end_ns, rec.t_end_ns or rec.t_start_ns + int(rec.step_ms * 1e6))
+        self._prev_end_ns = max(self._prev_end_ns, rec.host_end_ns)
         if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:
             self.request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
                          trigger_step=rec.step_id)

@@ -22,6 +22,7 @@ re-prefill of a retracted request (it already had output): the one token that pr
 
 from __future__ import annotations
 
+from dataclasses import fields
 from itertools import compress, repeat
 from operator import add, eq, ne, sub
 from typing import Any, Optional
@@ -57,12 +58,15 @@ class IdCache:
         return self.ids
 
 
+# Record fields the drain thread computes from the requests; every other field of StepRecord is a
+# HostFacts attribute of the same name, carried over as it is.
+_PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished")
+_CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in _PER_REQUEST)
+
+
 class HostFacts:
-    __slots__ = ("ids", "step_id", "kind", "algorithm", "rank", "spec", "reqs", "lens_pre", "vct_pre",
-                 "emitted", "vct_post", "fin", "accepts", "draft_tokens", "trace_parents",
-                 "step_ms", "phases_ms", "t_start_ns", "timing", "builder", "full_phases",
-                 "non_draft_tokens", "block_size", "denoise_steps", "t_end_ns", "exec_mode", "exec_reason",
-                 "attn_backend", "draft_depth", "cached_lens", "done_pre")
+    __slots__ = ("ids", "spec", "reqs", "lens_pre", "vct_pre", "emitted", "vct_post", "fin", "accepts",
+                 "builder", "full_phases", "done_pre") + _CARRIED
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -137,12 +141,5 @@ class HostFacts:
             com = _reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
         if not rids:
             return None
-        return StepRecord(step_id=self.step_id, kind=self.kind, algorithm=self.algorithm, rank=self.rank,
-                          rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
-                          draft_tokens=self.draft_tokens, step_ms=self.step_ms, phases_ms=self.phases_ms,
-                          t_start_ns=self.t_start_ns, timing=self.timing, trace_parents=self.trace_parents,
-                          block_size=self.block_size, denoise_steps=self.denoise_steps,
-                          non_draft_tokens=self.non_draft_tokens, t_end_ns=self.t_end_ns,
-                          exec_mode=self.exec_mode, exec_reason=self.exec_reason,
-                          attn_backend=self.attn_backend, draft_depth=self.draft_depth,
-                          cached_lens=self.cached_lens)
+        return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
+                          **{name: getattr(self, name) for name in _CARRIED})

@@ -170,6 +170,9 @@ ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export
 ROUTE_PLAIN = ROUTE + "/plain"  # POST (admin) a plain server's profile: the diagnosis's ledger reference
 ROUTE_CAPTURE = ROUTE + "/capture"  # POST ?steps=N | ?rid=RID (admin); GET /{id}[?format=timeline]
 FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
+# Prompt tokens found in the prefix cache: SGLang's name (``Req.cached_tokens``, ``meta_info``) and
+# ours wherever we show it (a prefill bucket, a sweep point, ``StepRecord.cached_tokens``).
+CACHED_TOKENS = "cached_tokens"
 MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers
 DEFAULT_TRACE_STEPS = 256
 RID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,256}\Z"  # a request id the routes accept
@@ -240,6 +243,7 @@ METRIC_REQUEST_STEPS = "sglang_ctxprof_request_steps"  # request-steps (steps x 
 METRIC_DRAFT_TOKENS = "sglang_ctxprof_draft_tokens"  # draft budget x batch size
 METRIC_POSITION_ACCEPTED = "sglang_ctxprof_position_accepted"  # request-steps whose draft position i was accepted
 METRIC_POSITION_OBSERVED = "sglang_ctxprof_position_observed"  # request-steps whose draft budget reached position i
+METRIC_CACHED_TOKENS = "sglang_ctxprof_prefill_cached_tokens"  # prompt tokens found in the prefix cache
 METRIC_DROPPED = "sglang_ctxprof_dropped_records"  # records the hot path's queue dropped
 METRIC_DEGRADED = "sglang_ctxprof_degraded"  # 1 while a component is disabled after a failure
 LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model

@@ -3,7 +3,12 @@
 A :class:`StepRecord` is what the hooks produce for one scheduler step (a speculative decode step
 or a prefill/extend batch) once its timings and acceptance are known.  It serialises to builtins
 (``to_dict``/``from_dict``) so it can travel through SGLang's msgpack control channel, be written
-to disk and be read back by the CLI.
+to disk and be read back by the CLI.  Both are derived from the dataclass fields (``_SHAPE``): a
+new field travels once its type has a codec in ``_CODECS``.
+
+The facts every view derives from a step are computed here once: where it ends (``step_end_ns``;
+``host_end_ns`` for the scheduler's clock) and the drafts each request had accepted
+(``accepted_drafts``).
 
 Accounting rule (documented in docs/measurement.md): for a request, ``1 + sum(committed)`` equals SGLang's
 ``completion_tokens`` (the first token comes from prefill), the number of decode records equals
@@ -15,10 +20,38 @@ Imports nothing from SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Callable, Mapping
 
 from .names import KIND_DECODE, KIND_PREFILL, LEAF_PHASES, Phase
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+# ---- the facts every view derives from a step the same way ----------------------------------------
+def ms_to_ns(ms: float) -> int:
+    """A measured duration in milliseconds as whole nanoseconds (to the nearest)."""
+    return int(round(float(ms) * 1e6))
+
+
+def step_end_ns(t_start_ns: int, step_ms: float) -> int:
+    """Where a step ends by its measured time: its host start plus ``step_ms``.  A request's end, a
+    step span's and a trace slice's end are this."""
+    return int(t_start_ns) + ms_to_ns(step_ms)
+
+
+def host_end_ns(t_start_ns: int, step_ms: float, t_end_ns: int = 0) -> int:
+    """Where the scheduler got the step back (``t_end_ns``, host clock when ``run_batch`` returned);
+    for a record without it, the measured end (``step_end_ns``).  Host gaps are measured from this."""
+    return int(t_end_ns or 0) or step_end_ns(t_start_ns, step_ms)
+
+
+def accepted_drafts(accepted: int, non_draft_tokens: int) -> int:
+    """Draft positions one request had accepted in a step: its accepted length less the tokens that
+    are not drafts (the bonus token; UNO's clean root as well)."""
+    return max(0, accepted - non_draft_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +107,8 @@ class StepRecord:
     def accepted_drafts(self) -> tuple[int, ...]:
         """Per request: draft positions accepted this step, i.e. the accepted prefix of the draft
         (chain or block) after its anchor; position i (1-based) was accepted iff i <= this."""
-        return tuple(max(0, a - self.non_draft_tokens) for a in self.accepted)
+        nd = self.non_draft_tokens
+        return tuple(accepted_drafts(a, nd) for a in self.accepted)
 
     @property
     def draft_positions(self) -> int:
@@ -100,6 +134,21 @@ class StepRecord:
         return len(self.rids)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens of a prefill batch found in the prefix cache (``names.CACHED_TOKENS``)."""
+        return sum(self.cached_lens)
+
+    @property
+    def end_ns(self) -> int:
+        """The step's end by its measured time (``step_end_ns``)."""
+        return step_end_ns(self.t_start_ns, self.step_ms)
+
+    @property
+    def host_end_ns(self) -> int:
+        """Host clock when the scheduler got the step back, else ``end_ns`` (``host_end_ns``)."""
+        return host_end_ns(self.t_start_ns, self.step_ms, self.t_end_ns)
+
+    @property
     def ctx_sum(self) -> int:
         return sum(self.ctx_lens)
 
@@ -116,63 +165,65 @@ class StepRecord:
         return sum(float(self.phases_ms.get(p, 0.0)) for p in LEAF_PHASES)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "step_id": self.step_id,
-            "kind": self.kind,
-            "algorithm": self.algorithm,
-            "rank": self.rank.to_dict(),
-            "batch_size": self.batch_size,
-            "rids": list(self.rids),
-            "ctx_lens": list(self.ctx_lens),
-            "accepted": list(self.accepted),
-            "committed": list(self.committed),
-            "finished": list(self.finished),
-            "draft_tokens": self.draft_tokens,
-            "step_ms": self.step_ms,
-            "phases_ms": dict(self.phases_ms),
-            "t_start_ns": self.t_start_ns,
-            "timing": self.timing,
-            "trace_parents": list(self.trace_parents),
-            "block_size": self.block_size,
-            "denoise_steps": self.denoise_steps,
-            "non_draft_tokens": self.non_draft_tokens,
-            "exec_mode": self.exec_mode,
-            "attn_backend": self.attn_backend,
-            "t_end_ns": self.t_end_ns,
-            "draft_depth": self.draft_depth,
-            "exec_reason": self.exec_reason,
-            "cached_lens": list(self.cached_lens),
-        }
+        """Builtins, one key per field in declaration order (plus ``batch_size`` after ``rank``)."""
+        out: dict[str, Any] = {}
+        for name, dump, _load, _default in _SHAPE:
+            out[name] = dump(getattr(self, name))
+            if name == "rank":
+                out["batch_size"] = self.batch_size
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "StepRecord":
-        n = len(d.get("rids", ()))
-        return cls(
-            step_id=int(d["step_id"]),
-            kind=str(d.get("kind", KIND_DECODE)),
-            algorithm=str(d.get("algorithm", "")),
-            rank=RankId.from_dict(d.get("rank")),
-            rids=tuple(str(r) for r in d.get("rids", ())),
-            ctx_lens=tuple(int(x) for x in d.get("ctx_lens", ())),
-            accepted=tuple(int(x) for x in d.get("accepted", (0,) * n)),
-            committed=tuple(int(x) for x in d.get("committed", (0,) * n)),
-            finished=tuple(bool(x) for x in d.get("finished", (False,) * n)),
-            draft_tokens=int(d.get("draft_tokens", 0)),
-            step_ms=float(d.get("step_ms", 0.0)),
-            phases_ms={str(k): float(v) for k, v in (d.get("phases_ms") or {}).items()},
-            t_start_ns=int(d.get("t_start_ns", 0)),
-            timing=str(d.get("timing", "cpu")),
-            trace_parents=tuple(str(x) for x in d.get("trace_parents", ()) or ()),
-            block_size=int(d.get("block_size", 0) or 0),
-            denoise_steps=int(d.get("denoise_steps", 0) or 0),
-            non_draft_tokens=int(d.get("non_draft_tokens", 1) or 1),
-            exec_mode=str(d.get("exec_mode", "") or ""),
-            attn_backend=str(d.get("attn_backend", "") or ""),
-            t_end_ns=int(d.get("t_end_ns", 0) or 0),
-            draft_depth=int(d.get("draft_depth", 0) or 0),
-            exec_reason=str(d.get("exec_reason", "") or ""),
-            cached_lens=tuple(int(x) for x in d.get("cached_lens", ()) or ()),
-        )
+        """Read ``to_dict`` back; a missing or null key takes the field's default (the per-request
+        ``accepted``/``committed``/``finished`` default to zeros/False, one per rid)."""
+        n = len(d.get("rids") or ())
+        kw: dict[str, Any] = {}
+        for name, _dump, load, default in _SHAPE:
+            v = d.get(name)
+            if v is None:
+                if default is _REQUIRED:
+                    raise KeyError(name)
+                v = _PER_REQUEST_DEFAULT[name] * n if name in _PER_REQUEST_DEFAULT else default
+            kw[name] = load(v)
+        kw["non_draft_tokens"] = kw["non_draft_tokens"] or 1
+        return cls(**kw)
+
+
+_REQUIRED = object()
+_PER_REQUEST_DEFAULT: dict[str, tuple] = {"accepted": (0,), "committed": (0,), "finished": (False,)}
+# How each declared field type becomes builtins and comes back (a new field of a new type fails at
+# import until it is named here).
+_CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any], Any]] = {
+    "int": (_same, int, 0), "float": (_same, float, 0.0), "str": (_same, str, ""),
+    "RankId": (RankId.to_dict, RankId.from_dict, {}),
+    "tuple[str, ...]": (list, lambda v: tuple(str(x) for x in v), ()),
+    "tuple[int, ...]": (list, lambda v: tuple(int(x) for x in v), ()),
+    "tuple[bool, ...]": (list, lambda v: tuple(bool(x) for x in v), ()),
+    "Mapping[str, float]": (dict, lambda v: {str(k): float(x) for k, x in v.items()}, {}),
+}
+# Fields without a dataclass default that a saved record may still lack (``step_id`` may not).
+_READ_DEFAULT: dict[str, Any] = {"kind": KIND_DECODE}
+
+
+def _default(f: Field, empty: Any) -> Any:
+    """What ``from_dict`` reads for a missing key: the dataclass default, else the type's empty value."""
+    if f.name == "step_id":
+        return _REQUIRED
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return _READ_DEFAULT.get(f.name, empty)
+
+
+# (name, to builtins, from builtins, default) per field of StepRecord, in declaration order.
+def _shape(f: Field) -> tuple[str, Callable[[Any], Any], Callable[[Any], Any], Any]:
+    dump, load, empty = _CODECS[str(f.type)]
+    return f.name, dump, load, _default(f, empty)
+
+
+_SHAPE = tuple(_shape(f) for f in fields(StepRecord))
 
 
 def validate(rec: StepRecord) -> None:

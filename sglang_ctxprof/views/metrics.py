@@ -17,6 +17,8 @@ schedulers, so metrics created here are written to that directory and SGLang's o
   ``acceptance_by_position`` of ``/ctx_profile`` (both count from ``acceptance.record_counts``; here,
   as there, ``ctx_bucket`` is each *request's own* context, and a position beyond a step's adaptive
   budget is unobserved, not rejected);
+* ``sglang_ctxprof_prefill_cached_tokens_total`` counter, label ``ctx_bucket`` (the prefill batch's
+  mean prompt length, as ``/ctx_profile``'s prefill buckets): prompt tokens found in the prefix cache;
 * ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
   (read from the recorder when the next record drains);
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
@@ -39,7 +41,8 @@ from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
 from ..model.names import (KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
-                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase)
+                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase,
+                           METRIC_CACHED_TOKENS)
 from ..model.records import StepRecord
 from ..aggregate.acceptance import record_counts
 
@@ -77,6 +80,8 @@ class MetricsView:
         self.observed_pos = Counter(METRIC_POSITION_OBSERVED,
                                     "Request-steps whose draft budget reached the draft position.",
                                     [m, "ctx_bucket", "position"], registry=reg)
+        self.cached = Counter(METRIC_CACHED_TOKENS, "Prompt tokens of prefill batches found in the prefix cache.",
+                              [m, "ctx_bucket"], registry=reg)
         self.dropped = Counter(METRIC_DROPPED, "Step records dropped by the bounded hot-path queue.", [m],
                                registry=reg)
         self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
@@ -100,10 +105,13 @@ class MetricsView:
 
     def observe(self, rec: StepRecord) -> None:
         self._update_health()
-        if rec.kind != KIND_DECODE or not rec.rids:
+        if not rec.rids:
             return
         model = self.model
         label = self.bucketing.label(self.bucketing.index(rec.ctx_mean))
+        if rec.kind != KIND_DECODE:  # a prefill bucket is the batch's mean prompt length
+            self.cached.labels(model, label).inc(rec.cached_tokens)
+            return
         for name in REPORTED_PHASES:
             if name != Phase.STEP.value and name not in rec.phases_ms:
                 continue

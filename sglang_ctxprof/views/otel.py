@@ -17,8 +17,8 @@ summary with its ``step_rows``) into this tree, all ended at once (tail-based: s
 Time layout, honestly: a step span starts at the record's ``t_start_ns`` (wall clock taken on the
 CPU when ``run_batch`` began) and lasts ``step_ms``.  Phases are *measured durations* (CPU monotonic
 intervals, or CUDA-event intervals on GPU), not timestamps; they are laid back to back inside the
-step in execution order (draft, verify, draft_extend, then the remainder), and verify's children
-likewise, although real attention and MoE calls interleave layer by layer.  On GPU this anchors the
+step by ``model.layout`` (the trace export's layout), although real attention and MoE calls
+interleave layer by layer.  On GPU this anchors the
 event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
 carries ``ctxprof.phase_layout = "sequential"`` to say so.
 
@@ -45,12 +45,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..model import names
 from ..model.config import DEFAULT_OTEL_QUEUE
+from ..model.layout import lay_phases
 from ..model.names import Phase
+from ..model.records import step_end_ns
 from .capture_refs import span_attrs
 
-_VERIFY_CHILDREN = (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value)
-_TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value)
-_REST = (Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
 DEFAULT_QUEUE = DEFAULT_OTEL_QUEUE
 logger = logging.getLogger(__name__)
 # Loggers where the OTLP exporters report each failed batch.  A filter drops those lines when they
@@ -225,7 +224,7 @@ class OtelView:
         t0 = int(req.get("t_first_ns") or (rows[0]["t_start_ns"] if rows else 0))
         t_end = int(req.get("t_end_ns") or 0)
         for r in rows:
-            t_end = max(t_end, int(r["t_start_ns"] + r["step_ms"] * 1e6))
+            t_end = max(t_end, step_end_ns(r["t_start_ns"], r["step_ms"]))
         t_end = max(t_end, t0)
         attrs: dict[str, Any] = {
             names.ATTR_RID: str(req["rid"]),
@@ -255,7 +254,7 @@ class OtelView:
         n = 1
         pre_ms = float(req.get("prefill_ms") or 0.0)
         if pre_ms > 0:
-            self._span(names.SPAN_PREFILL, ctx, t0, t0 + int(pre_ms * 1e6),
+            self._span(names.SPAN_PREFILL, ctx, t0, step_end_ns(t0, pre_ms),
                        {names.ATTR_PHASE: Phase.PREFILL.value})
             n += 1
         for r in rows:
@@ -270,7 +269,7 @@ class OtelView:
 
     def _step(self, ctx: Any, r: Mapping[str, Any]) -> int:
         s0 = int(r["t_start_ns"])
-        s1 = s0 + int(float(r["step_ms"]) * 1e6)
+        s1 = step_end_ns(s0, r["step_ms"])
         attrs = {
             names.ATTR_STEP_ID: int(r["step_id"]),
             names.ATTR_CTX_LEN: int(r["ctx_len"]),
@@ -285,29 +284,13 @@ class OtelView:
             attrs[names.ATTR_CTX_BUCKET] = self.bucket_label(r["ctx_len"])
         step = self.tracer.start_span(names.SPAN_STEP, context=ctx, start_time=s0, attributes=attrs)
         sctx = self._trace.set_span_in_context(step)
-        phases = r.get("phases_ms") or {}
-        cur, n = s0, 1
-        for p in _TOP + _REST:
-            if p not in phases:
-                continue
-            d = int(float(phases[p]) * 1e6)
-            if p in _REST and d <= 0:
-                continue
-            span = self.tracer.start_span(names.SPAN_PHASE_PREFIX + p, context=sctx, start_time=cur,
-                                          attributes={names.ATTR_PHASE: p})
+        n, parents = 1, {}  # phase name -> its span (a split's children go under it)
+        for sl in lay_phases(r.get("phases_ms") or {}, s0, s1):  # top phases first, then their children
+            parent = self._trace.set_span_in_context(parents[sl.parent]) if sl.parent else sctx
+            parents[sl.name] = self._span(names.SPAN_PHASE_PREFIX + sl.name, parent, sl.start_ns, sl.end_ns,
+                                          {names.ATTR_PHASE: sl.name})
             n += 1
-            if p == Phase.VERIFY.value:
-                vctx, vcur, vend = self._trace.set_span_in_context(span), cur, cur + d
-                kids = [c for c in _VERIFY_CHILDREN if c in phases]
-                for k, c in enumerate(kids):
-                    # children tile verify exactly (the last one absorbs nanosecond rounding)
-                    ce = vend if k == len(kids) - 1 else min(vend, vcur + int(float(phases[c]) * 1e6))
-                    self._span(names.SPAN_PHASE_PREFIX + c, vctx, vcur, ce, {names.ATTR_PHASE: c})
-                    vcur = ce
-                    n += 1
-            span.end(end_time=cur + d)
-            cur += d
-        step.end(end_time=max(s1, cur))
+        step.end(end_time=s1)
         return n
 
     def flush(self, timeout_ms: int = 30000) -> bool:

@@ -27,153 +27,9 @@ from ..model.names import FIT_ROBUST_METHOD
 from ..model.stats import theil_sen
 from ..aggregate import acceptance as acc
 from ..aggregate.outliers import robust as robust_bucket
+from .bucket_views import BucketView, PhaseView, PrefillView, _div
 
-
-def _div(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseView:
-    count: int
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    total_ms: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PhaseView":
-        return cls(int(d.get("count", 0)), *(float(d.get(k, 0.0)) for k in
-                                            ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "total_ms")))
-
-
-@dataclass(frozen=True, slots=True)
-class BucketView:
-    label: str
-    lo: int
-    hi: Optional[int]
-    steps: int
-    req_steps: int
-    accepted: int
-    committed: int
-    draft_tokens: int
-    ctx_sum: int
-    phases: Mapping[str, PhaseView]
-    roofline: Mapping[str, Any]
-    acceptance_by_position: Optional[Mapping[str, Any]] = None  # keyed by each request's own ctx
-    exec_mode: Optional[Mapping[str, Any]] = None
-    step_bs1_ms: Optional[float] = None  # mean step at batch size 1 (the batch-sharing baseline)
-    # Robust means (outlier steps set apart) and the outliers themselves (``aggregate.outliers``).
-    robust: Optional[Mapping[str, Any]] = None
-
-    @property
-    def mean_batch_size(self) -> float:
-        return _div(self.req_steps, self.steps)
-
-    @property
-    def mean_ctx(self) -> float:
-        return _div(self.ctx_sum, self.req_steps)
-
-    @property
-    def accepted_per_step(self) -> float:
-        """Accepted tokens (incl. the bonus token) per request per step."""
-        return _div(self.accepted, self.req_steps)
-
-    @property
-    def committed_per_step(self) -> float:
-        return _div(self.committed, self.req_steps)
-
-    @property
-    def draft_tokens_per_step(self) -> float:
-        return _div(self.draft_tokens, self.req_steps)
-
-    def mean_ms(self, phase: str) -> Optional[float]:
-        p = self.phases.get(phase)
-        return p.mean_ms if p is not None else None
-
-    def robust_ms(self, phase: str) -> Optional[float]:
-        """The phase's mean over the bucket's steps without its outliers (the mean without them)."""
-        r = self.robust
-        if r:
-            if phase == Phase.STEP.value:
-                return float(r["step_ms"])
-            if phase in (r.get("phases") or {}):
-                return float(r["phases"][phase])
-        return self.mean_ms(phase)
-
-    @property
-    def decode_tok_s(self) -> float:
-        """One request's decode speed: accepted tokens per request-step over the mean step time."""
-        step_s = (self.mean_ms(Phase.STEP.value) or 0.0) / 1e3
-        return self.accepted_per_step / step_s if step_s > 0 else 0.0
-
-    @property
-    def batch_tok_s(self) -> float:
-        step_s = (self.mean_ms(Phase.STEP.value) or 0.0) / 1e3
-        return _div(self.accepted, self.steps) / step_s if step_s > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label, "lo": self.lo, "hi": self.hi,
-            "steps": self.steps,
-            "mean_batch_size": self.mean_batch_size,
-            "mean_ctx": self.mean_ctx,
-            "accepted_per_step": self.accepted_per_step,
-            "committed_per_step": self.committed_per_step,
-            "draft_tokens_per_step": self.draft_tokens_per_step,
-            "decode_tok_s": self.decode_tok_s,
-            "batch_tok_s": self.batch_tok_s,
-            "phases": {p: v.to_dict() for p, v in self.phases.items()},
-            "roofline": dict(self.roofline),
-            "req_steps": self.req_steps, "accepted": self.accepted, "committed": self.committed,
-            "draft_tokens": self.draft_tokens, "ctx_sum": self.ctx_sum,
-        } | {k: v for k, v in (("acceptance_by_position", self.acceptance_by_position),
-                                ("exec_mode", self.exec_mode), ("step_bs1_ms", self.step_bs1_ms),
-                                ("robust", self.robust))
-             if v is not None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "BucketView":
-        steps = int(d["steps"])
-        req_steps = int(d["req_steps"]) if "req_steps" in d else round(d["mean_batch_size"] * steps)
-
-        def exact(key: str, per_step: str) -> int:
-            return int(d[key]) if key in d else round(float(d.get(per_step, 0.0)) * req_steps)
-
-        return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]), steps,
-                   req_steps, exact("accepted", "accepted_per_step"), exact("committed", "committed_per_step"),
-                   exact("draft_tokens", "draft_tokens_per_step"), exact("ctx_sum", "mean_ctx"),
-                   {str(p): PhaseView.from_dict(v) for p, v in (d.get("phases") or {}).items()},
-                   dict(d.get("roofline") or {}), d.get("acceptance_by_position"), d.get("exec_mode"),
-                   None if d.get("step_bs1_ms") is None else float(d["step_bs1_ms"]), d.get("robust"))
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillView:
-    label: str
-    lo: int
-    hi: Optional[int]
-    batches: int
-    requests: int
-    tokens: int
-    stats: PhaseView
-    cached_tokens: int = 0  # of ``tokens``, found in the prefix cache (the bucket is the prompt length)
-    retractions: int = 0  # re-prefills of requests SGLang retracted (KV pressure) at this context
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "lo": self.lo, "hi": self.hi, "batches": self.batches,
-                "requests": self.requests, "tokens": self.tokens, "cached_tokens": self.cached_tokens,
-                "retractions": self.retractions, **self.stats.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "PrefillView":
-        return cls(str(d["label"]), int(d["lo"]), None if d.get("hi") is None else int(d["hi"]),
-                   int(d.get("batches", 0)), int(d.get("requests", 0)), int(d.get("tokens", 0)),
-                   PhaseView.from_dict(d), int(d.get("cached_tokens", 0)), int(d.get("retractions", 0)))
+__all__ = ["BucketView", "FitView", "PhaseView", "PrefillView", "Profile", "Totals", "build_profile", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,8 +166,7 @@ def build_profile(snap: Snapshot) -> Profile:
         phases = {p: _phase_view(b.phases[p]) for p in REPORTED_PHASES if p in b.phases}
         attn = phases.get(Phase.VERIFY_ATTN.value)
         buckets.append(BucketView(
-            bk.label(i), lo, hi, b.steps, b.req_steps, b.accepted, b.committed, b.draft_tokens, b.ctx_sum,
-            phases, bucket_roofline(snap.hw, _div(b.attn_ctx_sum, attn.count) if attn else 0.0,
+            bk.label(i), lo, hi, b, phases, bucket_roofline(snap.hw, _div(b.attn_ctx_sum, attn.count) if attn else 0.0,
                                     attn.mean_ms if attn else None),
             acc.view(snap.acceptance.get(i, {})), acc.exec_view(b.exec) if b.exec else None,
             b.step_bs1.mean if b.step_bs1 is not None and b.step_bs1.count else None,
@@ -321,9 +176,8 @@ def build_profile(snap: Snapshot) -> Profile:
         b = snap.prefill[i]
         lo, hi = bk.bounds(i)
         st = b.phases.get(Phase.PREFILL.value)
-        prefill.append(PrefillView(bk.label(i), lo, hi, b.steps, b.req_steps, b.ctx_sum,
-                                   _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0),
-                                   b.cached_sum, b.committed))
+        prefill.append(PrefillView(bk.label(i), lo, hi, b,
+                                   _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0)))
     fits = {}
     for p in REPORTED_PHASES:
         f = snap.fits.get(p)

@@ -9,6 +9,8 @@ It uses the same family names and labels as the live metrics of ``views/metrics.
   ``_sum`` mean the same in both;
 * ``sglang_ctxprof_accepted_tokens_total{ctx_bucket}``, ``sglang_ctxprof_steps_total{ctx_bucket}`` and
   ``sglang_ctxprof_request_steps_total{ctx_bucket}``;
+* ``sglang_ctxprof_prefill_cached_tokens_total{ctx_bucket}``: prompt tokens found in the prefix
+  cache, per prefill bucket (the batch's mean prompt length);
 * ``sglang_ctxprof_position_accepted_total{ctx_bucket, position}`` and
   ``sglang_ctxprof_position_observed_total{ctx_bucket, position}`` from ``acceptance_by_ctx`` (the
   request's own context, as the live counters): their ratio is ``/ctx_profile``'s ``p_i``.
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model.names import (MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
-                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS)
+                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
 from .profile import Profile
 
 
@@ -54,6 +56,10 @@ def render(profile: Profile) -> str:
             f"# TYPE {METRIC_REQUEST_STEPS}_total counter"]
     for b in buckets:
         out.append(f'{METRIC_REQUEST_STEPS}_total{{ctx_bucket="{_esc(b.label)}"}} {b.req_steps}')
+    out += [f"# HELP {METRIC_CACHED_TOKENS}_total Prompt tokens of prefill batches found in the prefix cache.",
+            f"# TYPE {METRIC_CACHED_TOKENS}_total counter"]
+    for p in profile.prefill:
+        out.append(f'{METRIC_CACHED_TOKENS}_total{{ctx_bucket="{_esc(p.label)}"}} {p.cached_tokens}')
     for name, key, what in ((METRIC_POSITION_ACCEPTED, "accepted", "was accepted"),
                             (METRIC_POSITION_OBSERVED, "observed", "was within the draft budget")):
         out += [f"# HELP {name}_total Request-steps whose draft position {what}.", f"# TYPE {name}_total counter"]

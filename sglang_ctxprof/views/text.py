@@ -91,7 +91,7 @@ def render(profile: Profile) -> str:
     if profile.prefill:
         lines.append("")
         lines.append("prefill batches (recorded separately)")
-        lines += _table(["ctx", "batches", "requests", "mean ms", "p90 ms"],
+        lines += _table(["ctx", "batches", "requests", "mean ms", "p90 ms", "cached tok"],
                         [[p.label, str(p.batches), str(p.requests), f"{p.stats.mean_ms:.2f}",
-                          f"{p.stats.p90_ms:.2f}"] for p in profile.prefill])
+                          f"{p.stats.p90_ms:.2f}", str(p.cached_tokens)] for p in profile.prefill])
     return "\n".join(lines) + "\n"

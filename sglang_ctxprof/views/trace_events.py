@@ -9,10 +9,8 @@ prefill and decode steps (``?rid=``).  The layout:
 * one complete event (``"ph": "X"``) per step: ``decode step`` (cat ``decode``) or ``prefill``
   (cat ``prefill``), with context and batch size as ``args`` (plus ids, token counts, timing mode);
 * inside each decode step its phases, in execution order: ``draft``, ``verify`` (holding
-  ``verify_attn``, ``verify_moe``, ``verify_rest``), ``draft_extend``, ``overhead``, ``unattributed``.
-  Phases are laid back to back from the step's start (attention and MoE really interleave layer by
-  layer), and they tile the step exactly: every boundary is an integer nanosecond, the last phase
-  ends where the step ends;
+  ``verify_attn``, ``verify_moe``, ``verify_rest``), ``draft_extend``, ``overhead``, ``unattributed``,
+  laid out by ``model.layout`` (the OTel spans use the same layout);
 * ``ts``/``dur`` are microseconds from the earliest step shown (``otherData.t0_ns`` holds it).
 
 Only ids, lengths and timings are written: never prompt or output text.  Pure.
@@ -22,18 +20,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..model.names import FORWARD_SPLIT, KIND_DECODE, MAX_TRACE_STEPS, Phase
+from ..model import layout
+from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_STEPS
+from ..model.records import accepted_drafts, step_end_ns
 
 PID = 1
 PROCESS = "sglang-ctxprof"
-_TOP = (Phase.DRAFT.value, Phase.VERIFY.value, Phase.DECODE.value, Phase.DRAFT_EXTEND.value,
-        Phase.OVERHEAD.value, Phase.UNATTRIBUTED.value)
-LAYOUT_NOTE = ("phases laid back to back from the step start in execution order (attention and MoE "
-               "interleave layer by layer in reality); they tile the step exactly")
-
-
-def _ns(ms: float) -> int:
-    return int(round(float(ms) * 1e6))
+LAYOUT_NOTE = layout.NOTE
 
 
 def _x(name: str, cat: str, tid: int, start_ns: int, end_ns: int, t0: int, args: Mapping[str, Any] | None = None):
@@ -50,29 +43,9 @@ def _meta(tid: int, name: str, sort: int) -> list[dict[str, Any]]:
 
 
 def phase_events(phases: Mapping[str, float], start_ns: int, end_ns: int, tid: int, t0: int) -> list[dict[str, Any]]:
-    """The phase slices of one step, tiling [start_ns, end_ns) when the leaf phases add up to the
-    step (the profiler's rule); verify's children tile verify the same way."""
-    present = [p for p in _TOP if p in phases and (_ns(phases[p]) > 0 or p in FORWARD_SPLIT)]
-    out: list[dict[str, Any]] = []
-    cum = 0.0
-    cur = start_ns
-    for k, p in enumerate(present):
-        cum += float(phases[p])
-        end = start_ns + _ns(cum)
-        if k == len(present) - 1 and abs(end - end_ns) <= 1000:  # float rounding of the sum
-            end = end_ns
-        end = min(end, end_ns)
-        out.append(_x(p, "phase", tid, cur, end, t0))
-        if p in FORWARD_SPLIT:
-            kids = [c for c in FORWARD_SPLIT[p] if c in phases and _ns(phases[c]) > 0]
-            vcum, vcur = 0.0, cur
-            for j, c in enumerate(kids):
-                vcum += float(phases[c])
-                ce = end if j == len(kids) - 1 else min(end, cur + _ns(vcum))
-                out.append(_x(c, "phase", tid, vcur, ce, t0))
-                vcur = ce
-        cur = end
-    return out
+    """The phase slices of one step (``model.layout``: back to back, tiling [start_ns, end_ns) when
+    the leaf phases add up to the step)."""
+    return [_x(s.name, "phase", tid, s.start_ns, s.end_ns, t0) for s in layout.lay_phases(phases, start_ns, end_ns)]
 
 
 def _step_args(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,16 +56,18 @@ def _step_args(rec: Mapping[str, Any]) -> dict[str, Any]:
             "ctx_mean": round(sum(ctx) / len(ctx), 1) if ctx else 0.0, "ctx_sum": sum(ctx),
             "ctx_min": min(ctx, default=0), "ctx_max": max(ctx, default=0),
             "draft_tokens": int(rec.get("draft_tokens", 0)), "accepted": sum(acc), "committed": sum(com),
+            "accepted_drafts": sum(accepted_drafts(a, int(rec.get("non_draft_tokens") or 1)) for a in acc),
             "step_ms": float(rec.get("step_ms", 0.0)), "algorithm": rec.get("algorithm", ""),
             "timing": rec.get("timing", ""), "rids": list(rec.get("rids") or ())}
 
 
 def _record_events(rec: Mapping[str, Any], tid: int, t0: int) -> list[dict[str, Any]]:
     start = int(rec.get("t_start_ns", 0))
-    end = start + _ns(rec.get("step_ms", 0.0))
+    end = step_end_ns(start, rec.get("step_ms", 0.0))
     if rec.get("kind", KIND_DECODE) != KIND_DECODE:
         args = _step_args(rec)
         args["prompt_tokens"] = args.pop("ctx_sum")
+        args[CACHED_TOKENS] = sum(int(c) for c in rec.get("cached_lens") or ())
         return [_x("prefill", "prefill", tid, start, end, t0, args)]
     return [_x("decode step", "decode", tid, start, end, t0, _step_args(rec))] + \
         phase_events(rec.get("phases_ms") or {}, start, end, tid, t0)
@@ -138,11 +113,11 @@ def request_trace(req: Mapping[str, Any]) -> dict[str, Any]:
         "decode_tok_s": req.get("decode_tok_s", 0.0), "finished": bool(req.get("finished"))}))
     pre = float(req.get("prefill_ms") or 0.0)
     if pre > 0:
-        events.append(_x("prefill", "prefill", 2, first, first + _ns(pre), t0,
+        events.append(_x("prefill", "prefill", 2, first, step_end_ns(first, pre), t0,
                          {"rid": rid, "prompt_tokens": req.get("prompt_tokens"), "prefill_ms": pre}))
     for r in rows:
         start = int(r["t_start_ns"])
-        end = start + _ns(r["step_ms"])
+        end = step_end_ns(start, r["step_ms"])
         events.append(_x("decode step", "decode", 2, start, end, t0, {
             "step_id": r.get("step_id"), "ctx_len": r.get("ctx_len"), "batch_size": r.get("batch_size"),
             "draft_tokens": r.get("draft_tokens"), "accepted": r.get("accepted"),

@@ -135,7 +135,7 @@
         .concat(present.map((ph) => f(b.phases[ph] ? b.phases[ph].mean_ms : null, 2)), em);
       return `<tr data-bucket="${esc(b.label)}" data-steps="${b.steps}">` + cells.map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>";
     }).join("") || `<tr><td colspan="6" class="muted">no decode steps recorded yet</td></tr>`;
-    $("prefill").textContent = (p.prefill || []).length ? "prefill batches: " + p.prefill.map((q) => `${q.label}: ${q.batches} batches, ${f(q.mean_ms, 1)} ms mean`).join("; ") : "";
+    $("prefill").textContent = (p.prefill || []).length ? "prefill batches: " + p.prefill.map((q) => `${q.label}: ${q.batches} batches, ${f(q.mean_ms, 1)} ms mean, ${q.cached_tokens ?? 0} prompt tokens cached`).join("; ") : "";
   }
 
   function slowTable(rows) {

@@ -10,7 +10,7 @@ import logging
 import pytest
 from starlette.requests import Request
 
-from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.model.records import RankId, StepRecord, step_end_ns
 from sglang_ctxprof.aggregate.requests import RequestLog
 from sglang_ctxprof.model.guard import Guard, InjectedFault
 
@@ -145,7 +145,7 @@ def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
                 uses.append(dict(steps=0, accepted=0, committed=0, decode_ms=0.0, max_step_ms=0.0,
                                  ctx_first=None, ctx_last=None, finished=False, prefill_ms=0.0, t_end_ns=t))
             e = uses[-1]
-            e["t_end_ns"] = t + int(ms * 1e6)
+            e["t_end_ns"] = step_end_ns(t, ms)  # the one definition of a step's end
             e["finished"] = e["finished"] or fin[i]
             if kind != "decode":
                 e["prefill_ms"] += ms

@@ -1,10 +1,12 @@
-"""Every view states the same facts about the same records: acceptance by draft position and
-accepted tokens per step in the JSON profile, the text table, the live Prometheus counters, the
-``?format=prometheus`` exposition, the page's data and the trace export.
+"""Every view states the same facts about the same records: acceptance by draft position, accepted
+tokens per step, accepted drafts, prompt tokens found in the prefix cache and where a step ends, in
+the JSON profile, the text table, the live Prometheus counters, the ``?format=prometheus``
+exposition, the page's data, the trace export and the OTel spans.
 
 The records are the hard cases: UNO (two non-draft tokens per step), an adaptive budget (steps whose
 budget stops short of the last positions), a batch of two with different own contexts, a request
-whose accepted length is unknown (0) and a plain-decode record."""
+whose accepted length is unknown (0), a plain-decode record, steps whose host end comes after their
+measured end, and prefill batches with part of their prompts in the prefix cache."""
 
 from __future__ import annotations
 
@@ -15,11 +17,17 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.model import names
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.views import prometheus, text
 from sglang_ctxprof.views.metrics import MetricsView
+from sglang_ctxprof.views.otel import OtelView
 from sglang_ctxprof.views.profile import Profile, build_profile
 from sglang_ctxprof.views.trace_events import request_trace, steps_trace
 
@@ -27,12 +35,26 @@ PH = {"draft": 1.0, "verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verif
       "draft_extend": 0.5, "overhead": 0.5}
 
 
-def _rec(i, alg, ctx, acc, draft_tokens, depth=0, nd=1):
+def _rec(i, alg, ctx, acc, draft_tokens, depth=0, nd=1, host_ms=0.0):
     n = len(ctx)
+    t = 1_000_000 * (i + 1)
     return StepRecord(step_id=i, kind="decode", algorithm=alg, rank=RankId(), rids=tuple(f"r{j}" for j in range(n)),
                       ctx_lens=tuple(ctx), accepted=tuple(acc), committed=tuple(max(0, a) for a in acc),
-                      finished=(False,) * n, draft_tokens=draft_tokens, step_ms=6.5, phases_ms=PH,
-                      t_start_ns=1_000_000 * (i + 1), non_draft_tokens=nd, draft_depth=depth)
+                      finished=(False,) * n, draft_tokens=draft_tokens, step_ms=6.123456789, phases_ms=PH,
+                      t_start_ns=t, non_draft_tokens=nd, draft_depth=depth,
+                      t_end_ns=t + int(host_ms * 1e6) if host_ms else 0)
+
+
+def _prefill(i, ctx, cached):
+    n = len(ctx)
+    return StepRecord(step_id=i, kind="prefill", algorithm="EAGLE", rank=RankId(),
+                      rids=tuple(f"p{i}-{j}" for j in range(n)), ctx_lens=ctx, accepted=(0,) * n,
+                      committed=(0,) * n, finished=(False,) * n, draft_tokens=0, step_ms=4.123456789,
+                      t_start_ns=1_000_000 * (i + 1), cached_lens=cached)
+
+
+# Prompt tokens found in the prefix cache per prefill bucket (the batch's mean prompt length), by hand.
+CACHED = {"256-511": 128 + 256, "512-1023": 512}
 
 
 def records():
@@ -42,11 +64,14 @@ def records():
     for acc, depth in [((4, 1), 3), ((2, 3), 3), ((2, 2), 1), ((1, 2), 1), ((3, 0), 3)]:
         out.append(_rec(i, "EAGLE", (100, 3000), acc, 4, depth))
         i += 1
-    # UNO: block of 4 behind a clean root: accepted counts the bonus and the root (nd = 2)
+    # UNO: block of 4 behind a clean root: accepted counts the bonus and the root (nd = 2); the host
+    # got these steps back 0.75 ms after their measured end
     for acc in [(2,), (5,), (3,), (4,)]:
-        out.append(_rec(i, "UNO", (1500,), acc, 5, 0, nd=2))
+        out.append(_rec(i, "UNO", (1500,), acc, 5, 0, nd=2, host_ms=7.25))
         i += 1
     out.append(_rec(i, "NONE", (700,), (1,), 0))  # plain decode: no acceptance by position
+    # prefill batches: mean prompts 400, 900 and 260
+    out += [_prefill(i + 1, (300, 500), (128, 0)), _prefill(i + 2, (900,), (512,)), _prefill(i + 3, (260,), (256,))]
     return out
 
 
@@ -162,3 +187,109 @@ def test_the_page_reads_these_numbers_and_does_not_recount_them():
     js = (Path(__file__).resolve().parents[3] / "sglang_ctxprof" / "data" / "ui" / "app.js").read_text()
     assert "acceptance_by_position.p" in js and "accepted_per_step" in js
     assert not re.search(r"accepted\s*-\s*1", js)  # no bonus-of-one arithmetic in the page
+
+
+def _sum_by_bucket(expo: str, name: str, per: str = "ctx_bucket") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(expo):
+        for smp in fam.samples:
+            if smp.name == name:
+                out[smp.labels[per]] = out.get(smp.labels[per], 0.0) + smp.value
+    return out
+
+
+def test_every_view_gives_the_same_cached_prompt_tokens(views):
+    js = {p["label"]: p[names.CACHED_TOKENS] for p in views["json"]["prefill"]}
+    assert js == CACHED
+    metric = names.METRIC_CACHED_TOKENS + "_total"
+    assert _sum_by_bucket(views["live"], metric) == CACHED
+    assert _sum_by_bucket(views["prom"], metric) == CACHED
+    lines = views["text"].splitlines()
+    start = lines.index("prefill batches (recorded separately)")
+    assert lines[start + 1].split()[-2:] == ["cached", "tok"]
+    rows = [ln.split() for ln in lines[start + 3:] if ln.strip()]
+    assert {r[0]: int(r[-1]) for r in rows} == CACHED
+    bk = Bucketing.parse("pow2")
+    tr = steps_trace([(RankId().to_dict(), views["agg"].recent_steps(100))], 100)
+    by: dict[str, int] = {}
+    for e in tr["traceEvents"]:
+        if e.get("name") == "prefill":
+            a = e["args"]
+            lab = bk.label(bk.index(a["prompt_tokens"] / a["batch_size"]))
+            by[lab] = by.get(lab, 0) + a[names.CACHED_TOKENS]
+    assert by == CACHED
+    js_page = (Path(__file__).resolve().parents[3] / "sglang_ctxprof" / "data" / "ui" / "app.js").read_text()
+    assert "q." + names.CACHED_TOKENS in js_page  # the page shows the prefill bucket's own number
+
+
+def test_every_view_counts_accepted_drafts_the_same(views):
+    bk = Bucketing.parse("pow2")
+    want: dict[str, int] = {}
+    for r in records():
+        if r.kind != "decode" or r.algorithm == "NONE":
+            continue
+        for ctx, a, d in zip(r.ctx_lens, r.accepted, r.accepted_drafts):
+            if a > 0:  # an unknown accepted length counts nothing
+                lab = bk.label(bk.index(ctx))
+                want[lab] = want.get(lab, 0) + d
+    assert want == {"64-127": 3 + 1 + 1 + 0 + 2, "1024-2047": 0 + 3 + 1 + 2, "2048-4095": 0 + 2 + 1 + 1}
+    js = {a["label"]: sum(a["acceptance_by_position"]["accepted"]) for a in views["json"]["acceptance_by_ctx"]}
+    assert js == want
+    metric = names.METRIC_POSITION_ACCEPTED + "_total"
+    assert _sum_by_bucket(views["live"], metric) == want
+    assert _sum_by_bucket(views["prom"], metric) == want
+    lines = views["text"].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("acceptance by draft position"))
+    for ln in lines[start + 3:start + 3 + len(want)]:
+        label, n_steps, al = ln.split()[:3]
+        assert (float(al) - 1) * int(n_steps) == pytest.approx(want[label], abs=5e-4 * int(n_steps))
+    tr = steps_trace([(RankId().to_dict(), views["agg"].recent_steps(100))], 100)
+    assert sum(e["args"]["accepted_drafts"] for e in tr["traceEvents"] if e.get("name") == "decode step") \
+        == sum(want.values())
+
+
+def _otel(req):
+    exp = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(exp))
+    OtelView(prov).export_request(req)
+    return exp.get_finished_spans()
+
+
+def _slices(tr, t0):
+    """(name, start ns, end ns) of a trace's events, back on the nanosecond clock."""
+    return [(e["name"], round(t0 + e["ts"] * 1e3), round(t0 + (e["ts"] + e["dur"]) * 1e3))
+            for e in tr["traceEvents"] if e.get("ph") == "X"]
+
+
+def test_every_view_ends_a_step_in_the_same_place(views):
+    agg, recs = views["agg"], records()
+    by_id = {r.step_id: r for r in recs}
+    assert any(r.host_end_ns != r.end_ns for r in recs)  # the host end is a fact of its own
+    # the trace export of recent steps: every step slice ends at the record's measured end
+    tr = steps_trace([(RankId().to_dict(), agg.recent_steps(100))], 100)
+    steps = [e for e in tr["traceEvents"] if e.get("name") in ("decode step", "prefill")]
+    assert len(steps) == len(recs)
+    for (name, start, end), e in zip(_slices({"traceEvents": steps}, tr["otherData"]["t0_ns"]), steps):
+        r = by_id[e["args"]["step_id"]]
+        assert (start, end) == (r.t_start_ns, r.end_ns), name
+    # the JSON records and the aggregator's ring of recent steps (host ends, for the waterfall)
+    assert [StepRecord.from_dict(d).end_ns for d in agg.recent_steps(100)] == [r.end_ns for r in recs]
+    assert [(s.step_id, s.t_end_ns) for s in agg.ring] == [(r.step_id, r.host_end_ns) for r in recs]
+    # one request: its summary and step rows, its trace and its OTel spans
+    req = agg.request("r0")
+    mine = [r for r in recs if "r0" in r.rids]
+    assert req["t_end_ns"] == mine[-1].end_ns
+    assert [row["t_end_ns"] for row in req["step_rows"]] == [r.host_end_ns for r in mine]
+    rt = request_trace(req)
+    ours = _slices(rt, rt["otherData"]["t0_ns"])
+    assert [e for e in ours if e[0] == "decode step"] == [("decode step", r.t_start_ns, r.end_ns) for r in mine]
+    spans = _otel(req)
+    root = next(s for s in spans if s.name == names.SPAN_REQUEST)
+    assert root.end_time == req["t_end_ns"]
+    got = sorted((s.start_time, s.end_time) for s in spans if s.name == names.SPAN_STEP)
+    assert got == [(r.t_start_ns, r.end_ns) for r in mine]
+    # the phase layout: the OTel phase spans are the trace's phase slices, nanosecond for nanosecond
+    phases = sorted((s.name[len(names.SPAN_PHASE_PREFIX):], s.start_time, s.end_time) for s in spans
+                    if s.name[len(names.SPAN_PHASE_PREFIX):] in PH)
+    assert phases and phases == sorted(e for e in ours if e[0] in PH)

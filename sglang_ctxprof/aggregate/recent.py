@@ -1,0 +1,58 @@
+"""The aggregator's one history of recent steps: a bounded ring of typed rows, newest last.
+
+Each :class:`RecentStep` holds what the waterfall charges a request's wall time with (``waterfall``:
+step id, kind, host start and end, measured ms) for the last ``depth`` steps, and the whole
+:class:`~sglang_ctxprof.model.records.StepRecord` for the last ``with_records`` of them (the trace
+export's ``?last=N`` and the capture's step slices); an older row lets go of its record, so memory
+stays bounded by ``depth`` compact rows plus ``with_records`` records.  Pure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import islice
+from typing import Iterator, NamedTuple, Optional
+
+from ..model.names import MAX_TRACE_STEPS
+from ..model.records import StepRecord
+
+# Recent steps kept for the per-request waterfall.
+TIMELINE_STEPS = 65536
+
+
+class RecentStep(NamedTuple):
+    step_id: int
+    kind: str
+    t_start_ns: int
+    t_end_ns: int  # host clock when the scheduler got the step back (records.host_end_ns)
+    step_ms: float
+    record: Optional[StepRecord]  # None once the row is older than the ring's last ``with_records``
+
+
+class RecentSteps:
+    __slots__ = ("_ring", "with_records")
+
+    def __init__(self, depth: int = TIMELINE_STEPS, with_records: int = MAX_TRACE_STEPS) -> None:
+        self._ring: "deque[RecentStep]" = deque(maxlen=max(1, depth))
+        self.with_records = max(0, min(with_records, depth))
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def __iter__(self) -> Iterator[RecentStep]:
+        return iter(self._ring)
+
+    def add(self, rec: StepRecord) -> None:
+        ring = self._ring
+        ring.append(RecentStep(rec.step_id, rec.kind, rec.t_start_ns, rec.host_end_ns, rec.step_ms, rec))
+        k = self.with_records + 1
+        if len(ring) >= k:
+            old = ring[-k]
+            if old.record is not None:
+                ring[-k] = old._replace(record=None)
+
+    def records(self, n: Optional[int] = None) -> list[StepRecord]:
+        """The last ``n`` (at most ``with_records``) records, oldest first."""
+        n = self.with_records if n is None else max(0, min(int(n), self.with_records))
+        newest = [row.record for row in islice(reversed(self._ring), n) if row.record is not None]
+        return newest[::-1]

@@ -1,0 +1,33 @@
+"""The aggregator's one ring of recent steps (aggregate/recent.py): typed rows for every kept step,
+the whole record only for the newest ``with_records``, memory bounded by both."""
+
+from __future__ import annotations
+
+from sglang_ctxprof.aggregate.recent import RecentStep, RecentSteps
+from sglang_ctxprof.model.records import RankId, StepRecord
+
+
+def _rec(i: int, t_end_ns: int = 0) -> StepRecord:
+    return StepRecord(step_id=i, kind="decode" if i % 3 else "prefill", algorithm="EAGLE", rank=RankId(),
+                      rids=("a",), ctx_lens=(10,), accepted=(1,), committed=(1,), finished=(False,),
+                      draft_tokens=4, step_ms=1.25, t_start_ns=10**9 + i * 10**7, t_end_ns=t_end_ns)
+
+
+def test_rows_are_typed_and_only_the_newest_keep_their_record():
+    ring = RecentSteps(depth=10, with_records=3)
+    recs = [_rec(i, t_end_ns=10**9 + i * 10**7 + 2 * 10**6 if i % 2 else 0) for i in range(25)]
+    for r in recs:
+        ring.add(r)
+    rows = list(ring)
+    assert len(ring) == 10 and all(isinstance(row, RecentStep) for row in rows)
+    assert [row.step_id for row in rows] == list(range(15, 25))
+    assert [row.t_end_ns for row in rows] == [r.host_end_ns for r in recs[15:]]
+    assert [row.record is not None for row in rows] == [False] * 7 + [True] * 3
+    assert ring.records() == recs[-3:] and ring.records(2) == recs[-2:] and ring.records(99) == recs[-3:]
+    assert ring.records(0) == []
+
+
+def test_fewer_steps_than_the_record_window():
+    ring = RecentSteps(depth=10, with_records=3)
+    ring.add(_rec(1))
+    assert ring.records() == [_rec(1)] and list(ring)[0].record == _rec(1)
