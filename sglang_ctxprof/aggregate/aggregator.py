@@ -16,7 +16,8 @@
   and the re-prefills of retracted requests (a prefill bucket's ``committed``: one token each);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
   exporters read each finished request from it;
-* the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export.
+* the last ``MAX_TRACE_STEPS`` records themselves (``recent``, a ring), for the trace export;
+* the live self-audit of every record against the engine's books and our own (``audit``).
 
 ``snapshot()`` returns a frozen :class:`~.snapshot.Snapshot` with exact counts; ``state()`` is its
 builtins form (str keys, msgpack-safe).  ``views/profile`` turns a snapshot, or several ranks'
@@ -34,6 +35,7 @@ from ..model.names import KIND_DECODE, MAX_TRACE_STEPS, REPORTED_PHASES, TIMING_
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
+from .audit import Audit
 from .outliers import SlowSteps
 from .requests import RequestLog
 from .waterfall import waterfall
@@ -75,10 +77,11 @@ TIMELINE_STEPS = 65536
 
 class Aggregator:
     def __init__(self, bucketing: Bucketing | None = None, request_capacity: int = 4096,
-                 max_steps_per_request: int = 4096) -> None:
+                 max_steps_per_request: int = 4096, audit: bool = True) -> None:
         self.bucketing = bucketing or Bucketing.parse("pow2")
         self._request_capacity = request_capacity
         self._max_steps = max_steps_per_request
+        self._audit = audit
         self.reset()
 
     def reset(self) -> None:
@@ -96,6 +99,7 @@ class Aggregator:
         self._last_end_ns = 0
         self.recent: "deque[StepRecord]" = deque(maxlen=MAX_TRACE_STEPS)
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
+        self.audit = Audit() if self._audit else None
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
@@ -148,6 +152,8 @@ class Aggregator:
             b.cached_sum += sum(rec.cached_lens)
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         self.requests.observe(rec)
+        if self.audit is not None:
+            self.audit.observe(rec, self.requests)
 
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""

@@ -115,6 +115,7 @@ class HostFacts:
         rids, prompt = self.ids.get(self.reqs)
         ctx = tuple(map(add, prompt, self.lens_pre))
         fin = tuple(self.fin)
+        books = self._books() if True in fin else ()
         if self.kind == KIND_DECODE:
             al = self.accepts
             if al is None:
@@ -129,9 +130,11 @@ class HostFacts:
             if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
                 keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+                books = tuple(compress(books, keep)) if books else ()
             elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
                 keep = [not d for d in self.done_pre]
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+                books = tuple(compress(books, keep)) if books else ()
         else:
             acc = (0,) * n
             com = _reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
@@ -145,4 +148,10 @@ class HostFacts:
                           non_draft_tokens=self.non_draft_tokens, t_end_ns=self.t_end_ns,
                           exec_mode=self.exec_mode, exec_reason=self.exec_reason,
                           attn_backend=self.attn_backend, draft_depth=self.draft_depth,
-                          cached_lens=self.cached_lens)
+                          cached_lens=self.cached_lens, books=books if True in fin else ())
+
+    def _books(self) -> tuple[tuple[int, int, int], ...]:
+        """The engine's own counts of each request that finished at this step (records.StepRecord.books)."""
+        vct, none = self.vct_post, (-1, -1, -1)
+        return tuple((vct[i] if vct is not None else -1, self.emitted[i], adapter.correct_drafts(self.reqs[i]))
+                     if f else none for i, f in enumerate(self.fin))

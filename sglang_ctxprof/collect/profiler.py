@@ -263,7 +263,13 @@ class Profiler:
             "exporters": self.sinks.status() if self.sinks is not None else None,
             "cost": self.cost.to_dict(),
             "capture": self.capture.status(),
+            "audit": self._audit(),
         }
+
+    def _audit(self) -> Optional[dict[str, Any]]:
+        """The self-audit's counts and latest violations (aggregate.audit; copied, never locked)."""
+        audit = self.aggregator.audit
+        return audit.status() if audit is not None else None
 
     def _coverage(self) -> dict[str, Any]:
         """Which attention / MoE classes of the served model are hooked (computed once per model)."""

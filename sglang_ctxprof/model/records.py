@@ -94,6 +94,10 @@ class StepRecord:
     exec_reason: str = ""
     # Prefill records: prompt tokens already in the prefix cache per request (aligned with rids).
     cached_lens: tuple[int, ...] = ()
+    # The engine's own books of the requests that finished at this step (aligned with rids; () when
+    # none did): (``spec_verify_ct`` or -1 without speculative decoding, ``completion_tokens``,
+    # ``spec_num_correct_drafts`` or -1 where SGLang keeps none); (-1, -1, -1) for a running request.
+    books: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -142,6 +146,7 @@ class StepRecord:
             "draft_depth": self.draft_depth,
             "exec_reason": self.exec_reason,
             "cached_lens": list(self.cached_lens),
+            "books": [list(b) for b in self.books],
         }
 
     @classmethod
@@ -172,6 +177,7 @@ class StepRecord:
             draft_depth=int(d.get("draft_depth", 0) or 0),
             exec_reason=str(d.get("exec_reason", "") or ""),
             cached_lens=tuple(int(x) for x in d.get("cached_lens", ()) or ()),
+            books=tuple((int(b[0]), int(b[1]), int(b[2])) for b in d.get("books", ()) or ()),
         )
 
 
@@ -185,6 +191,8 @@ def validate(rec: StepRecord) -> None:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.trace_parents and len(rec.trace_parents) != n:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
+    if rec.books and len(rec.books) != n:
+        raise ValueError(f"books has {len(rec.books)} entries for {n} requests")
     if rec.cached_lens and len(rec.cached_lens) != n:
         raise ValueError(f"cached_lens has {len(rec.cached_lens)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):

@@ -40,6 +40,7 @@ from ..model.stats import theil_sen
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
 from ..aggregate.outliers import describe as describe_outliers
+from .audit_view import audit_counts, audit_flags
 
 BUBBLE_SHARE = 0.10  # host time between/inside steps above this share of the wall time is flagged
 ROOFLINE_FACTOR = 3.0  # measured attention slope within this factor of the roofline: "inherent"
@@ -81,6 +82,7 @@ class Evidence:
     draft_budget: Optional[int] = None
     # Buckets with steps set apart as outliers: (label, ``aggregate.outliers.robust`` dict).
     outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    audit: Mapping[str, int] = field(default_factory=dict)  # the ranks' self-audit: invariant -> violations
 
 
 def _leaves(phases: Mapping[str, float]) -> dict[str, float]:
@@ -111,7 +113,8 @@ def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
                     tuple((a["label"], a["acceptance_by_position"]) for a in profile.acceptance_by_ctx),
                     dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
                     round(max(budgets)) - 1 if budgets else None,
-                    tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")))
+                    tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")),
+                    audit_counts(profile.ranks))
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:
@@ -256,7 +259,7 @@ def _flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
     if ev.dropped or ev.evicted:
         flags.append({"kind": "lost_records", "message": f"{ev.dropped} step records dropped, "
                                                          f"{ev.evicted} requests evicted from the history"})
-    return flags
+    return flags + audit_flags(ev.audit)
 
 
 def _predict_step(ev: Evidence, ctx: float) -> Optional[float]:

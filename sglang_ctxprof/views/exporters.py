@@ -187,7 +187,8 @@ def build(profiler: Any, env: Optional[Mapping[str, str]] = None,
 
     def metrics_args() -> dict[str, Any]:
         return {"model": model_name(), "dropped": lambda: profiler.recorder.dropped,
-                "degraded": profiler.guard.status}
+                "degraded": profiler.guard.status,
+                "audit": lambda: profiler.aggregator.audit.counts if profiler.aggregator.audit else None}
 
     s = Sinks(cfg.bucketing(), policy, history=history, env=env, logs=logs, primary=primary,
               metrics_enabled=metrics_enabled, metrics_args=metrics_args, otel_queue=cfg.export.otel_queue)
