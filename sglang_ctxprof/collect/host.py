@@ -18,6 +18,9 @@ before processing, ``accepted = accept_lens[i]`` (1 without speculative decoding
 tensor or a missing entry), ``committed = max(0, emitted after - len(output_ids) before)`` with
 emitted capped at ``finished_len``, and ``finished``.  A prefill row commits 0 tokens, except the
 re-prefill of a retracted request (it already had output): the one token that prefill appends.
+A request that finished at the step also carries SGLang's own books (``books``: ``spec_verify_ct``,
+``len(output_ids)`` and ``spec_num_correct_drafts``, read when its counters no longer move), which
+the drain thread's self-audit (``aggregate.audit``) checks ours against.
 """
 
 from __future__ import annotations

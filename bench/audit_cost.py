@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""What the live self-audit costs the drain thread, per record, side by side in one run.
+
+Records shaped like the CPU server's (EAGLE, a MoE model's verify split, every request at ~2k
+context, one request in 64 finishing at each step with the engine's books) are fed to two
+aggregators that differ only in the audit (``Aggregator(audit=...)``): **off** and **on**,
+alternating chunk by chunk, at batch 1, 32 and 256.  Per batch size it prints the median chunk
+time per record of each, their ratio (on / off), and the audit's own share in µs per record
+(``Audit.observe`` alone on the same records).  Requests are retired as they finish and replaced by
+new ones, so the request history stays at its steady-state size.
+
+A benchmark, not a test: it asserts nothing about timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator  # noqa: E402
+from sglang_ctxprof.aggregate.audit import Audit  # noqa: E402
+from sglang_ctxprof.model.records import RankId, StepRecord  # noqa: E402
+
+PH = {"draft": 1.1, "verify": 3.2, "verify_attn": 1.4, "verify_moe": 1.1, "verify_rest": 0.7,
+      "draft_extend": 0.6, "overhead": 0.4}
+
+
+def records(batch: int, n: int) -> list[StepRecord]:
+    """``n`` decode steps of ``batch`` requests; each request runs 64 steps, then finishes and is replaced."""
+    out, life = [], 64
+    for s in range(n):
+        rids, fin, books = [], [], []
+        for j in range(batch):
+            age = (s + j) % life
+            gen = (s + j) // life
+            rids.append(f"b{batch}-r{j}-{gen}")
+            done = age == life - 1
+            fin.append(done)
+            books.append((life, 1 + 3 * life, 2 * life) if done else (-1, -1, -1))
+        out.append(StepRecord(step_id=s, kind="decode", algorithm="EAGLE", rank=RankId(), rids=tuple(rids),
+                              ctx_lens=tuple(2000 + (s % 64) * 3 for _ in range(batch)), accepted=(3,) * batch,
+                              committed=(3,) * batch, finished=tuple(fin), draft_tokens=4, step_ms=5.3,
+                              phases_ms=PH, t_start_ns=s * 7_000_000, timing="cpu",
+                              books=tuple(books) if any(fin) else ()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=4096, help="records per batch size")
+    ap.add_argument("--chunk", type=int, default=256)
+    ns = ap.parse_args(argv)
+    print(f"{'batch':>6} {'off us/rec':>11} {'on us/rec':>10} {'on/off':>7} {'audit us/rec':>13}")
+    for batch in (1, 32, 256):
+        n = max(ns.chunk * 4, ns.records // max(1, batch // 8))
+        recs = records(batch, n)
+        aggs = {"off": Aggregator(audit=False), "on": Aggregator(audit=True)}
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for c in range(0, n, ns.chunk):
+            chunk = recs[c:c + ns.chunk]
+            for mode in (("off", "on") if (c // ns.chunk) % 2 == 0 else ("on", "off")):
+                obs = aggs[mode].observe
+                t0 = time.perf_counter()
+                for r in chunk:
+                    obs(r)
+                times[mode].append((time.perf_counter() - t0) / len(chunk) * 1e6)
+        # the audit alone, against the "on" aggregator's own request history
+        audit, reqs = Audit(), aggs["on"].requests
+        alone = []
+        for c in range(0, n, ns.chunk):
+            chunk = recs[c:c + ns.chunk]
+            t0 = time.perf_counter()
+            for r in chunk:
+                audit.observe(r, reqs)
+            alone.append((time.perf_counter() - t0) / len(chunk) * 1e6)
+        off, on = statistics.median(times["off"]), statistics.median(times["on"])
+        print(f"{batch:>6} {off:>11.1f} {on:>10.1f} {on / off:>7.3f} {statistics.median(alone):>13.2f}")
+        assert aggs["on"].audit.counts == dict.fromkeys(aggs["on"].audit.counts, 0), aggs["on"].audit.status()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
