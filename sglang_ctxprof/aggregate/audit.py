@@ -26,6 +26,7 @@ was checked, and the latest violations.  Pure: imports only the package's record
 from __future__ import annotations
 
 from collections import deque
+from itertools import compress
 from typing import Any, Optional
 
 from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, LEAF_PHASES, Phase
@@ -58,7 +59,7 @@ class Audit:
         self.checked = {"steps": 0, "requests": 0}
         self.latest: deque = deque(maxlen=latest)
         self._shapes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
-        self._expected: dict[tuple[str, str], frozenset[str]] = {}  # (algorithm, timing) -> hooked phases
+        self._expected: dict[tuple[str, str], tuple[str, ...]] = {}  # (algorithm, timing) -> hooked phases
 
     def _bad(self, inv: str, rec: StepRecord, rid: str, detail: str) -> None:
         self.counts[inv] += 1
@@ -74,6 +75,7 @@ class Audit:
 
     def _step(self, rec: StepRecord) -> None:
         ph = rec.phases_ms
+        get = ph.__getitem__
         keys = tuple(ph)
         shape = self._shapes.get(keys)
         if shape is None:
@@ -82,28 +84,34 @@ class Audit:
                 self._shapes[keys] = shape
         leaves, hooked = shape
         if leaves:
-            total = sum([ph[k] for k in leaves])
+            total = sum(map(get, leaves))
             if abs(total - rec.step_ms) > 1e-3 + 1e-6 * rec.step_ms:
                 self._bad("leaf_sum", rec, "", f"leaves sum to {total:.6f} ms, step {rec.step_ms:.6f} ms")
-        positions = rec.block_size - 1 if rec.block_size else rec.draft_positions
-        bound = max(0, positions) + rec.non_draft_tokens
-        if max(rec.accepted) > bound:
-            i = max(range(len(rec.accepted)), key=rec.accepted.__getitem__)
+        top = max(rec.accepted)
+        bound = max(0, rec.block_size - 1 if rec.block_size else rec.draft_tokens - 1) + rec.non_draft_tokens
+        if top > bound:
+            i = rec.accepted.index(top)
             self._bad("accepted_bound", rec, rec.rids[i],
-                      f"accepted {rec.accepted[i]} > {bound} (draft positions + non-draft tokens)")
-        fired = frozenset([k for k in hooked if ph[k] > 0])
-        key = (rec.algorithm, rec.timing)
-        want = self._expected.get(key)
+                      f"accepted {top} > {bound} (draft positions + non-draft tokens)")
+        if hooked:
+            key = (rec.algorithm, rec.timing)
+            want = self._expected.get(key)
+            if want is None or not (want == hooked and min(map(get, hooked)) > 0):
+                self._hooks(rec, key, want, frozenset([k for k in hooked if get(k) > 0]))
+
+    def _hooks(self, rec: StepRecord, key: tuple[str, str], want: Optional[tuple[str, ...]],
+               fired: frozenset[str]) -> None:
+        """The slow path: the first decode step of ``key`` sets the hooks expected; a later one differs."""
         if want is None:
-            self._expected[key] = fired
-        elif fired != want:
-            missing, extra = sorted(want - fired), sorted(fired - want)
+            self._expected[key] = tuple(k for k in rec.phases_ms if k in fired)
+        elif fired != frozenset(want):
+            missing, extra = sorted(set(want) - fired), sorted(fired - set(want))
             self._bad("hook_once", rec, "", f"hooks missing {missing}, unexpected {extra}")
 
     def _finished(self, rec: StepRecord, requests: RequestLog) -> None:
-        for rid, (vct, out, correct) in zip(rec.rids, rec.books):
+        for rid, (vct, out, correct) in compress(zip(rec.rids, rec.books), rec.finished):
             if out < 0:
-                continue  # still running
+                continue  # no books read for it
             r = requests.raw(rid)
             if r is None:
                 continue  # evicted from the history before it finished: nothing to check against
