@@ -19,7 +19,7 @@ after the request history has taken it, and counts each broken invariant
   behind its ``spec_accept_rate`` and ``spec_accept_length`` metrics.
 
 A record costs a few dict lookups and one sum over its leaf phases (its phase-name tuple is looked up
-once); a finished request one C-level total over its kept rows.  ``status()`` lists the counts, what
+once); a finished request two C-level sums over its kept rows.  ``status()`` lists the counts, what
 was checked, and the latest violations.  Pure: imports only the package's record types.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, LEAF_PHASES, Phase
 from ..model.records import StepRecord
-from .requests import RequestLog, _totals
+from .requests import _ACC, _COM, RequestLog
 
 LATEST = 16  # violations listed in /ctx_profile/status
 _SPLITS = {Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
@@ -115,16 +115,17 @@ class Audit:
             r = requests.raw(rid)
             if r is None:
                 continue  # evicted from the history before it finished: nothing to check against
-            t = _totals(r)
+            rows = r["step_rows"]  # the request's totals: what was folded plus its kept rows (C sums)
+            steps, committed = r["steps"] + len(rows), sum(map(_COM, rows), r["committed"])
             self.checked["requests"] += 1
-            if 1 + t["committed"] != out:
-                self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + t['committed']}, "
+            if 1 + committed != out:
+                self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + committed}, "
                                                          f"SGLang completion_tokens = {out}")
             if vct < 0:
                 continue  # no speculative decoding (or a request that finished at its prefill)
-            if t["steps"] != vct:
-                self._bad("verify_ct", rec, rid, f"steps = {t['steps']}, SGLang spec_verify_ct = {vct}")
-            ours = t["accepted"] - rec.non_draft_tokens * t["steps"]
+            if steps != vct:
+                self._bad("verify_ct", rec, rid, f"steps = {steps}, SGLang spec_verify_ct = {vct}")
+            ours = sum(map(_ACC, rows), r["accepted"]) - rec.non_draft_tokens * steps
             if correct >= 0 and ours != correct:
                 self._bad("accept_metric", rec, rid, f"accepted drafts = {ours}, "
                                                      f"SGLang spec_num_correct_drafts = {correct}")
