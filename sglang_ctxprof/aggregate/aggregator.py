@@ -16,7 +16,8 @@
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
   exporters read each finished request from it;
 * one ring of recent steps (``recent``: typed rows, the last ``MAX_TRACE_STEPS`` with their records),
-  from which ``waterfall`` charges a request's wall time and the trace export reads.
+  from which ``waterfall`` charges a request's wall time and the trace export reads;
+* the live self-audit of every record against the engine's books and our own (``audit``).
 
 ``snapshot()`` returns a frozen :class:`~.snapshot.Snapshot` with exact counts; ``state()`` is its
 builtins form (str keys, msgpack-safe).  ``views/profile`` turns a snapshot, or several ranks'
@@ -33,6 +34,7 @@ from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
+from .audit import Audit
 from .outliers import SlowSteps
 from .recent import RecentSteps
 from .requests import RequestLog
@@ -64,10 +66,11 @@ class _Bucket:
 
 class Aggregator:
     def __init__(self, bucketing: Bucketing | None = None, request_capacity: int = 4096,
-                 max_steps_per_request: int = 4096) -> None:
+                 max_steps_per_request: int = 4096, audit: bool = True) -> None:
         self.bucketing = bucketing or Bucketing.parse("pow2")
         self._request_capacity = request_capacity
         self._max_steps = max_steps_per_request
+        self._audit = audit
         self.reset()
 
     def reset(self) -> None:
@@ -84,6 +87,7 @@ class Aggregator:
         self.ring = RecentSteps()  # the one history of recent steps (waterfall and trace export)
         self._last_end_ns = 0
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
+        self.audit = Audit() if self._audit else None
 
     def observe(self, rec: StepRecord) -> None:
         self.records += 1
@@ -136,6 +140,8 @@ class Aggregator:
             b.cached_sum += rec.cached_tokens
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         self.requests.observe(rec)
+        if self.audit is not None:
+            self.audit.observe(rec, self.requests)
 
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""

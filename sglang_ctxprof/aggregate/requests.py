@@ -191,6 +191,10 @@ class RequestLog:
         r = self._reqs.get(rid)
         return summarize(r, with_steps=True, lazy=lazy) if r is not None else None
 
+    def raw(self, rid: str) -> dict[str, Any] | None:
+        """One request's stored entry, unsummarized (the audit totals it with ``_totals``)."""
+        return self._reqs.get(rid)
+
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""
         r = self._reqs.pop(rid, None)

@@ -247,6 +247,14 @@ def req_ids(reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(map(short_rid, map(_RID, reqs))), tuple(map(len, map(_PROMPT, reqs)))
 
 
+def correct_drafts(req: Any) -> int:
+    """SGLang's own count of a request's accepted drafts (``spec_num_correct_drafts``, the numerator
+    of its ``spec_accept_rate``), -1 where the release keeps none.  Read on the drain thread, only for
+    finished requests (their counters no longer move)."""
+    v = getattr(req, "spec_num_correct_drafts", None)
+    return v if isinstance(v, int) else -1
+
+
 def accept_list(result: Any) -> Optional[list]:
     """``accept_lens`` as a list (tokens accepted per request, bonus included), None when the result
     has none (1 per request, non-speculative), ``[]`` for a device tensor (never read here: 0)."""

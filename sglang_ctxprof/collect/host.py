@@ -18,6 +18,9 @@ before processing, ``accepted = accept_lens[i]`` (1 without speculative decoding
 tensor or a missing entry), ``committed = max(0, emitted after - len(output_ids) before)`` with
 emitted capped at ``finished_len``, and ``finished``.  A prefill row commits 0 tokens, except the
 re-prefill of a retracted request (it already had output): the one token that prefill appends.
+A request that finished at the step also carries SGLang's own books (``books``: ``spec_verify_ct``,
+``len(output_ids)`` and ``spec_num_correct_drafts``, read when its counters no longer move), which
+the drain thread's self-audit (``aggregate.audit``) checks ours against.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class IdCache:
 
 # Record fields the drain thread computes from the requests; every other field of StepRecord is a
 # HostFacts attribute of the same name, carried over as it is.
-_PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished")
+_PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
 _CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in _PER_REQUEST)
 
 
@@ -119,6 +122,7 @@ class HostFacts:
         rids, prompt = self.ids.get(self.reqs)
         ctx = tuple(map(add, prompt, self.lens_pre))
         fin = tuple(self.fin)
+        books = self._books() if True in fin else ()
         if self.kind == KIND_DECODE:
             al = self.accepts
             if al is None:
@@ -133,13 +137,22 @@ class HostFacts:
             if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
                 keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+                books = tuple(compress(books, keep)) if books else ()
             elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
                 keep = [not d for d in self.done_pre]
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+                books = tuple(compress(books, keep)) if books else ()
         else:
             acc = (0,) * n
             com = _reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
         if not rids:
             return None
         return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
+                          books=books if True in fin else (),
                           **{name: getattr(self, name) for name in _CARRIED})
+
+    def _books(self) -> tuple[tuple[int, int, int], ...]:
+        """The engine's own counts of each request that finished at this step (records.StepRecord.books)."""
+        vct, none = self.vct_post, (-1, -1, -1)
+        return tuple((vct[i] if vct is not None else -1, self.emitted[i], adapter.correct_drafts(self.reqs[i]))
+                     if f else none for i, f in enumerate(self.fin))

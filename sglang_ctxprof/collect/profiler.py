@@ -149,7 +149,13 @@ class Profiler:
         rank = self.serving.rank
         return BindFacts(primary=rank is None or rank.tp == 0, model_name=adapter.served_model_name(sa),
                          metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
-                         dropped=self.recorder.dropped_count, degraded=self.guard.status)
+                         dropped=self.recorder.dropped_count, degraded=self.guard.status,
+                         audit=self.audit_counts)
+
+    def audit_counts(self) -> Optional[Mapping[str, int]]:
+        """The live self-audit's violations per invariant (``aggregate.audit``), or None when off."""
+        audit = self.aggregator.audit
+        return audit.counts if audit is not None else None
 
     def export_history(self, rid: str) -> Optional[dict[str, Any]]:
         """A finished request as the exporters read it: the aggregator's history (rows built only if
@@ -317,7 +323,13 @@ class Profiler:
             "exporters": self.exporters.status() if self.exporters is not None else None,
             "cost": self.cost.to_dict(),
             "capture": self.capture.status(),
+            "audit": self._audit(),
         }
+
+    def _audit(self) -> Optional[dict[str, Any]]:
+        """The self-audit's counts and latest violations (aggregate.audit; copied, never locked)."""
+        audit = self.aggregator.audit
+        return audit.status() if audit is not None else None
 
     def _coverage(self) -> dict[str, Any]:
         """Which attention / MoE classes of the served model are hooked (computed once per model)."""

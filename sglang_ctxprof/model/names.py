@@ -246,6 +246,10 @@ METRIC_POSITION_OBSERVED = "sglang_ctxprof_position_observed"  # request-steps w
 METRIC_CACHED_TOKENS = "sglang_ctxprof_prefill_cached_tokens"  # prompt tokens found in the prefix cache
 METRIC_DROPPED = "sglang_ctxprof_dropped_records"  # records the hot path's queue dropped
 METRIC_DEGRADED = "sglang_ctxprof_degraded"  # 1 while a component is disabled after a failure
+METRIC_INVARIANT_VIOLATIONS = "sglang_ctxprof_invariant_violations"  # the self-audit's, label ``invariant``
+# The live self-audit's invariants (aggregate/audit.py), in the order /ctx_profile/status lists them.
+AUDIT_INVARIANTS: tuple[str, ...] = ("leaf_sum", "verify_ct", "completion_tokens", "accepted_bound",
+                                     "hook_once", "accept_metric")
 LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model
 MAX_POSITION_LABEL = 32  # draft positions above this are not labelled (bounded cardinality)
 

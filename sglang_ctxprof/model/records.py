@@ -128,6 +128,10 @@ class StepRecord:
     exec_reason: str = ""
     # Prefill records: prompt tokens already in the prefix cache per request (aligned with rids).
     cached_lens: tuple[int, ...] = ()
+    # The engine's own books of the requests that finished at this step (aligned with rids; () when
+    # none did): (``spec_verify_ct`` or -1 without speculative decoding, ``completion_tokens``,
+    # ``spec_num_correct_drafts`` or -1 where SGLang keeps none); (-1, -1, -1) for a running request.
+    books: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -201,6 +205,8 @@ _CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any], Any]] = {
     "tuple[int, ...]": (list, lambda v: tuple(int(x) for x in v), ()),
     "tuple[bool, ...]": (list, lambda v: tuple(bool(x) for x in v), ()),
     "Mapping[str, float]": (dict, lambda v: {str(k): float(x) for k, x in v.items()}, {}),
+    "tuple[tuple[int, int, int], ...]": (lambda v: [list(b) for b in v],
+                                         lambda v: tuple((int(b[0]), int(b[1]), int(b[2])) for b in v), ()),
 }
 # Fields without a dataclass default that a saved record may still lack (``step_id`` may not).
 _READ_DEFAULT: dict[str, Any] = {"kind": KIND_DECODE}
@@ -236,6 +242,8 @@ def validate(rec: StepRecord) -> None:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.trace_parents and len(rec.trace_parents) != n:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
+    if rec.books and len(rec.books) != n:
+        raise ValueError(f"books has {len(rec.books)} entries for {n} requests")
     if rec.cached_lens and len(rec.cached_lens) != n:
         raise ValueError(f"cached_lens has {len(rec.cached_lens)} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):

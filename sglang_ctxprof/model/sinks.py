@@ -47,6 +47,10 @@ def _healthy() -> Optional[Mapping[str, Any]]:
     return None
 
 
+def _no_audit() -> Optional[Mapping[str, int]]:
+    return None
+
+
 @dataclass(frozen=True)
 class BindFacts:
     """What the exporter sinks need from the process, known once the profiler is bound.
@@ -55,7 +59,8 @@ class BindFacts:
     same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
     with ``--enable-metrics``; ``history(rid)``: the aggregator's request history (the recorder
     feeds the aggregator before any sink); ``dropped()``: records the recorder's queue dropped;
-    ``degraded()``: the fault guard's status (``{"components": {...}}`` or None).  The defaults are
+    ``degraded()``: the fault guard's status (``{"components": {...}}`` or None); ``audit()``: the
+    live self-audit's violations per invariant (``aggregate.audit``; None when it is off).  The defaults are
     a primary rank with no history and metrics off (before bind, and in tests)."""
 
     primary: bool = True
@@ -64,6 +69,7 @@ class BindFacts:
     history: History = _no_history
     dropped: Callable[[], int] = _zero
     degraded: Callable[[], Optional[Mapping[str, Any]]] = _healthy
+    audit: Callable[[], Optional[Mapping[str, int]]] = _no_audit
 
 
 class ExporterSet(Protocol):

@@ -11,7 +11,8 @@
   362 ms warm-up step among 60 ms steps does not turn the context slope around.
 
 All export to and import from builtins with string keys (msgpack-safe) and merge.
-Pure Python; imports nothing outside the standard library.
+Pure: the standard library, and numpy for the pairwise slopes of :func:`theil_sen` (the same
+IEEE operations in the same order on each pair, so the very same result as the Python loop).
 """
 
 from __future__ import annotations
@@ -244,6 +245,41 @@ def _median(v: list[float]) -> float:
     return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
+def _pair_slopes_py(pts: list[tuple[float, float]], eps: float) -> list[float]:
+    """Every slope between two points of ``pts`` (sorted by x) whose x differ by more than ``eps``."""
+    slopes = []
+    for i in range(len(pts)):
+        xi, yi = pts[i]
+        for j in range(i + 1, len(pts)):
+            dx = pts[j][0] - xi
+            if dx > eps:
+                slopes.append((pts[j][1] - yi) / dx)
+    return slopes
+
+
+def _median_slope(pts: list[tuple[float, float]], eps: float) -> float | None:
+    """The median of :func:`_pair_slopes_py`, computed with numpy (None when there is no pair)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with SGLang
+        s = _pair_slopes_py(pts, eps)
+        return _median(s) if s else None
+    if len(pts) < 2:
+        return None
+    a = np.asarray(pts, dtype=np.float64)
+    x, y = a[:, 0], a[:, 1]
+    dx = x[None, :] - x[:, None]  # [i, j] = x_j - x_i: the loop's pairs are i < j
+    keep = np.triu(dx > eps, 1)
+    s = (y[None, :] - y[:, None])[keep] / dx[keep]
+    n = len(s)
+    if not n:
+        return None
+    if n % 2:
+        return float(np.partition(s, n // 2)[n // 2])
+    lo, hi = np.partition(s, (n // 2 - 1, n // 2))[n // 2 - 1:n // 2 + 1]
+    return 0.5 * (float(lo) + float(hi))
+
+
 def theil_sen(points: list[tuple[float, float]], max_points: int = 256) -> dict[str, float] | None:
     """Theil-Sen line through ``points``: slope = median of pairwise slopes (pairs with distinct x),
     intercept = median of y - slope*x; r2 of that line on all points.  None when x does not vary.
@@ -252,18 +288,11 @@ def theil_sen(points: list[tuple[float, float]], max_points: int = 256) -> dict[
     if len(pts) > max_points:
         step = len(pts) / max_points
         pts = [pts[int(i * step)] for i in range(max_points)]
-    slopes = []
     span = (pts[-1][0] - pts[0][0]) if pts else 0.0
     eps = 1e-9 * max(1.0, abs(span))
-    for i in range(len(pts)):
-        xi, yi = pts[i]
-        for j in range(i + 1, len(pts)):
-            dx = pts[j][0] - xi
-            if dx > eps:
-                slopes.append((pts[j][1] - yi) / dx)
-    if not slopes:
+    slope = _median_slope(pts, eps)
+    if slope is None:
         return None
-    slope = _median(slopes)
     intercept = _median([y - slope * x for x, y in points])
     my = sum(y for _, y in points) / len(points)
     ss_tot = sum((y - my) ** 2 for _, y in points)

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 from ..model.names import LEAF_PHASES, Phase
 from ..model.stats import theil_sen
 from . import capture_refs
+from .audit_view import audit_counts
 
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
 _DEC = Phase.DECODE.value
@@ -60,6 +61,7 @@ class Evidence:
     # Buckets with steps set apart as outliers: (label, ``aggregate.outliers.robust`` dict).
     outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     captures: tuple[Mapping[str, Any], ...] = ()  # recent deep captures (views.capture_refs)
+    audit: Mapping[str, int] = field(default_factory=dict)  # the ranks' self-audit: invariant -> violations
 
 
 def leaves(phases: Mapping[str, float]) -> dict[str, float]:
@@ -91,7 +93,7 @@ def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
                     dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
                     round(max(budgets)) - 1 if budgets else None,
                     tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")),
-                    capture_refs.recent(profile))
+                    capture_refs.recent(profile), audit_counts(profile.ranks))
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:

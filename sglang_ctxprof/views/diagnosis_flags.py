@@ -6,7 +6,9 @@
 * ``outlier_steps``: steps set apart as outliers (``aggregate.outliers``: how many, where, how
   much, "warm-up?");
 * ``lost_records``: step records dropped or requests evicted from the history;
-* ``captures``: the recent deep captures, with where to fetch them (``views.capture_refs``).
+* ``captures``: the recent deep captures, with where to fetch them (``views.capture_refs``);
+* ``invariant_violations``: the live self-audit found numbers that disagree with the engine's books
+  or with themselves (``views.audit_view``).
 
 Pure: imports nothing of SGLang, torch or OTel.
 """
@@ -18,6 +20,7 @@ from typing import Optional
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.outliers import describe as describe_outliers
 from . import capture_refs
+from .audit_view import audit_flags
 from .diagnosis_evidence import Evidence
 
 BUBBLE_SHARE = 0.10  # host time between/inside steps above this share of the wall time is flagged
@@ -48,5 +51,5 @@ def flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
     if ev.dropped or ev.evicted:
         flags.append({"kind": "lost_records", "message": f"{ev.dropped} step records dropped, "
                                                          f"{ev.evicted} requests evicted from the history"})
-    return flags + capture_refs.flag(ev.captures)
+    return flags + capture_refs.flag(ev.captures) + audit_flags(ev.audit)
 

@@ -170,7 +170,7 @@ class MetricsSink:
                 from .metrics import maybe_create
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
-                                         degraded=f.degraded)
+                                         degraded=f.degraded, audit=f.audit)
         if self.view is not None:
             self.view.observe(rec)
 

@@ -22,7 +22,9 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
   (read from the recorder when the next record drains);
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
-  failure, else 0 (updated as records drain; ``livemax`` over the scheduler processes).
+  failure, else 0 (updated as records drain; ``livemax`` over the scheduler processes);
+* ``sglang_ctxprof_invariant_violations_total`` counter, label ``invariant``: the self-audit's broken
+  invariants (``aggregate.audit``; every invariant exported from the start, 0 is an answer).
 
 Every family carries ``model_name`` (the served model, the label SGLang's own ``sglang:*`` metrics use),
 so one Prometheus scraping a fleet can select by model and by ``instance``.
@@ -40,9 +42,9 @@ from typing import Any, Callable, Mapping, Optional
 from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
 from ..model.names import (KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
-                           METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
-                           METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase,
-                           METRIC_CACHED_TOKENS)
+                           METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
+                           METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
+                           METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase, METRIC_CACHED_TOKENS)
 from ..model.records import StepRecord
 from ..aggregate.acceptance import record_counts
 
@@ -57,7 +59,8 @@ class MetricsView:
 
     def __init__(self, bucketing: Bucketing, registry: Any = None, model: str = "",
                  dropped: Callable[[], int] = lambda: 0,
-                 degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None) -> None:
+                 degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None,
+                 audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
@@ -66,6 +69,7 @@ class MetricsView:
         self.model = model
         self._dropped_fn = dropped
         self._degraded_fn = degraded
+        self._audit_fn = audit
         self.phase_seconds = Histogram(METRIC_PHASE_SECONDS, "Seconds per speculative decode step phase.",
                                        [m, "phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
         self.accepted = Counter(METRIC_ACCEPTED, "Accepted tokens (incl. the bonus token) of decode steps.",
@@ -86,6 +90,11 @@ class MetricsView:
                                registry=reg)
         self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
                               [m, "component"], registry=reg, multiprocess_mode="livemax")
+        self.violations = Counter(METRIC_INVARIANT_VIOLATIONS, "Broken invariants found by the live self-audit.",
+                                  [m, "invariant"], registry=reg)
+        for inv in AUDIT_INVARIANTS:
+            self.violations.labels(model, inv).inc(0)
+        self._audit_seen: dict[str, int] = {}
         self.dropped.labels(model).inc(0)  # exported from the start: 0 is an answer
         self._dropped_seen = 0
         self._degraded_seen: Optional[frozenset] = None
@@ -102,6 +111,11 @@ class MetricsView:
             for c in COMPONENTS:
                 self.degraded.labels(self.model, c).set(1 if c in bad else 0)
             self._degraded_seen = bad
+        for inv, n in (self._audit_fn() or {}).items():
+            seen = self._audit_seen.get(inv, 0)
+            if n > seen:
+                self.violations.labels(self.model, inv).inc(n - seen)
+            self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
 
     def observe(self, rec: StepRecord) -> None:
         self._update_health()

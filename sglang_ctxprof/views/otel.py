@@ -31,7 +31,8 @@ The request span's parent is the record's W3C ``traceparent`` when SGLang passed
 
 :func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
 environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
-path) bounded by our own counter (newest spans past the bound are dropped and counted), and
+path) bounded by our own counter: a request whose spans do not fit in the room left is dropped whole
+(``requests_dropped``, its spans in ``spans_dropped``), never cut (its root ends last), and
 counters of exported and dropped spans (:class:`ExportStats`) for ``/ctx_profile``.
 It never calls ``trace.set_tracer_provider``.
 """
@@ -85,6 +86,17 @@ class ExportStats:
         self.dropped = 0  # queue overflow + failed exports
         self.failed_batches = 0
         self.requests_exported = 0
+        self.requests_dropped = 0  # dropped whole: their spans did not fit in the queue's room
+
+    def admit(self, n: int) -> bool:
+        """Room for a request's ``n`` spans (queued spans never exceed ``max_queue``; only the exporter
+        thread frees room meanwhile), else the request is dropped whole and counted."""
+        with self._lock:
+            if self.max_queue and self.enqueued - self.handed + n > self.max_queue:
+                self.dropped += n
+                self.requests_dropped += 1
+                return False
+            return True
 
     def add(self, **kw: int) -> None:
         with self._lock:
@@ -93,7 +105,8 @@ class ExportStats:
 
     def to_dict(self) -> dict[str, int]:
         with self._lock:
-            return {"requests_exported": self.requests_exported, "spans_enqueued": self.enqueued,
+            return {"requests_exported": self.requests_exported, "requests_dropped": self.requests_dropped,
+                    "spans_enqueued": self.enqueued,
                     "spans_exported": self.exported, "spans_dropped": self.dropped,
                     "failed_batches": self.failed_batches, "queue_size": self.max_queue}
 
@@ -200,6 +213,16 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
     return provider, stats
 
 
+def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> int:
+    """The spans :meth:`OtelView.export_request` makes of a request: its root, its prefill, and per
+    step the step span and one per laid-out phase (``model.layout``, as ``_step`` lays them)."""
+    n = 1 + (float(req.get("prefill_ms") or 0.0) > 0)
+    for r in rows:
+        s0 = int(r["t_start_ns"])
+        n += 1 + len(lay_phases(r.get("phases_ms") or {}, s0, step_end_ns(s0, r["step_ms"])))
+    return n
+
+
 class OtelView:
     def __init__(self, tracer_provider: Any, stats: Optional[ExportStats] = None,
                  bucket_label: Optional[Callable[[float], str]] = None) -> None:
@@ -248,6 +271,8 @@ class OtelView:
             attrs[names.ATTR_CTX_LEN] = int(req["ctx_last"])
         if req.get("captures"):  # deep captures that covered its steps: views.capture_refs
             attrs.update(span_attrs(req["captures"], (r["step_id"] for r in rows)))
+        if not self.stats.admit(_span_count(req, rows)):
+            return  # the root ends last: a partial request would lose it, so none of it is queued
         root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
                                       start_time=t0, attributes=attrs)
         ctx = self._trace.set_span_in_context(root)

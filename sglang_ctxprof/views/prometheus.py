@@ -13,7 +13,8 @@ It uses the same family names and labels as the live metrics of ``views/metrics.
   cache, per prefill bucket (the batch's mean prompt length);
 * ``sglang_ctxprof_position_accepted_total{ctx_bucket, position}`` and
   ``sglang_ctxprof_position_observed_total{ctx_bucket, position}`` from ``acceptance_by_ctx`` (the
-  request's own context, as the live counters): their ratio is ``/ctx_profile``'s ``p_i``.
+  request's own context, as the live counters): their ratio is ``/ctx_profile``'s ``p_i``;
+* ``sglang_ctxprof_invariant_violations_total{invariant}``: the ranks' self-audit (``audit_view``).
 
 Labels are bounded: ``phase`` comes from the closed phase vocabulary and ``ctx_bucket`` from the
 configured bucket ranges, never raw lengths.  Values are totals since the last reset; the counters
@@ -26,6 +27,7 @@ from typing import Any
 
 from ..model.names import (MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
                            METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
+from .audit_view import prometheus_lines
 from .profile import Profile
 
 
@@ -71,4 +73,5 @@ def render(profile: Profile) -> str:
                 if o and i <= MAX_POSITION_LABEL:
                     out.append(f'{name}_total{{ctx_bucket="{_esc(a["label"])}",position="{i}"}} '
                                f'{h if key == "accepted" else o}')
+    out += prometheus_lines(profile.ranks)
     return "\n".join(out) + "\n"

@@ -15,15 +15,17 @@ FULL = StepRecord(step_id=7, kind="prefill", algorithm="EAGLE", rank=RankId(1, 2
                   draft_tokens=4, step_ms=2.5, phases_ms={"prefill": 2.5}, t_start_ns=11, timing="cuda_events",
                   trace_parents=("tp-a", ""), block_size=3, denoise_steps=2, non_draft_tokens=2,
                   exec_mode="graph", attn_backend="fa3", t_end_ns=99, draft_depth=3, exec_reason="why",
-                  cached_lens=(4, 0))
+                  cached_lens=(4, 0), books=((-1, -1, -1), (5, 6, 3)))
 
-# The JSON a saved profile holds for FULL, byte for byte (the layout before to_dict was derived).
+# The JSON a saved profile holds for FULL, byte for byte (the layout before to_dict was derived, plus
+# ``books``, the one field added since: a saved record without it reads back with ``()``).
 SAVED = ('{"step_id": 7, "kind": "prefill", "algorithm": "EAGLE", "rank": {"tp": 1, "dp": 2, "pp": 3}, '
          '"batch_size": 2, "rids": ["a", "b"], "ctx_lens": [10, 20], "accepted": [0, 0], "committed": [0, 1], '
          '"finished": [false, true], "draft_tokens": 4, "step_ms": 2.5, "phases_ms": {"prefill": 2.5}, '
          '"t_start_ns": 11, "timing": "cuda_events", "trace_parents": ["tp-a", ""], "block_size": 3, '
          '"denoise_steps": 2, "non_draft_tokens": 2, "exec_mode": "graph", "attn_backend": "fa3", '
-         '"t_end_ns": 99, "draft_depth": 3, "exec_reason": "why", "cached_lens": [4, 0]}')
+         '"t_end_ns": 99, "draft_depth": 3, "exec_reason": "why", "cached_lens": [4, 0], '
+         '"books": [[-1, -1, -1], [5, 6, 3]]}')
 
 
 def test_to_dict_is_byte_compatible_with_saved_records():

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Building ``/ctx_profile`` after 10^4 decode steps: numpy Theil-Sen against the Python loop, side by side.
+
+An aggregator takes 10^4 EAGLE decode records (batch 1..8, contexts 100..30k tokens over the pow2
+buckets, every phase with noise), as a server's scheduler would after a long run; then
+``build_profile(snapshot)`` (the ``GET /ctx_profile`` body: up to 9 robust Theil-Sen fits of 32,640
+pairs each, plus the rest) is timed alternately with the pairwise slopes from numpy (now) and from
+the pure-Python loop (before), ``--reps`` times each.  Prints both medians and their ratio, and checks
+the two profiles are equal.
+
+A benchmark, not a test: it asserts nothing about timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator  # noqa: E402
+from sglang_ctxprof.model import stats  # noqa: E402
+from sglang_ctxprof.model.records import RankId, StepRecord  # noqa: E402
+from sglang_ctxprof.views.profile import build_profile  # noqa: E402
+
+
+def fill(n: int) -> Aggregator:
+    rng = random.Random(3)
+    agg = Aggregator()
+    for s in range(n):
+        bs = rng.randint(1, 8)
+        ctx = tuple(rng.randint(100, 30000) for _ in range(bs))
+        k = sum(ctx) / 1000
+        attn, moe, draft, de = 0.02 * k + rng.random() * 0.1, 0.8 + rng.random() * 0.1, 0.5, 0.3
+        rest, over = 0.4 + rng.random() * 0.05, 0.2
+        ph = {"draft": draft, "verify": attn + moe + rest, "verify_attn": attn, "verify_moe": moe,
+              "verify_rest": rest, "draft_extend": de, "overhead": over}
+        agg.observe(StepRecord(step_id=s, kind="decode", algorithm="EAGLE", rank=RankId(),
+                               rids=tuple(f"r{(s // 50) * 8 + j}" for j in range(bs)), ctx_lens=ctx,
+                               accepted=(3,) * bs, committed=(3,) * bs, finished=(False,) * bs, draft_tokens=4,
+                               step_ms=draft + attn + moe + rest + de + over, phases_ms=ph,
+                               t_start_ns=s * 10_000_000, timing="cpu"))
+    return agg
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--reps", type=int, default=7)
+    ns = ap.parse_args(argv)
+    agg = fill(ns.steps)
+    snap = agg.snapshot(with_requests=False)
+    fast = stats._median_slope
+
+    def slow(pts, eps):
+        s = stats._pair_slopes_py(pts, eps)
+        return stats._median(s) if s else None
+
+    t = {"numpy": [], "python": []}
+    bodies = {}
+    for r in range(ns.reps):
+        for name, fn in (("numpy", fast), ("python", slow)) if r % 2 == 0 else (("python", slow), ("numpy", fast)):
+            stats._median_slope = fn
+            t0 = time.perf_counter()
+            bodies[name] = build_profile(snap).to_dict()
+            t[name].append((time.perf_counter() - t0) * 1e3)
+    stats._median_slope = fast
+    fits = sum(1 for p in snap.fit_points.values() if len(p.points) >= 2)
+    a, b = statistics.median(t["python"]), statistics.median(t["numpy"])
+    print(f"{ns.steps} steps, {fits} robust fits of up to 256 points: build_profile "
+          f"python {a:.1f} ms, numpy {b:.1f} ms, ratio {a / b:.1f}x; equal: {bodies['numpy'] == bodies['python']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

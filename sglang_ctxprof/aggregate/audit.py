@@ -1,0 +1,135 @@
+"""The live self-audit: the engine's books and our own, checked on the drain thread for every record.
+
+:class:`Audit` is fed each :class:`~sglang_ctxprof.model.records.StepRecord` by the aggregator,
+after the request history has taken it, and counts each broken invariant
+(``names.AUDIT_INVARIANTS``):
+
+* ``leaf_sum``: a decode step's leaf phases add up to the step (a forward whose attention/MoE split
+  was left out counts whole), within 1 us plus one part in 10^6;
+* ``accepted_bound``: no request accepts more than the step's draft positions plus its non-draft
+  tokens (the bonus token; a block drafter's block behind its anchor);
+* ``hook_once``: every hooked phase (draft, verify and its attention/MoE blocks, draft_extend, a plain
+  decode's forward and its blocks) that timed the first decode step of an (algorithm, timing) pair
+  times each later one: a hook that stops firing shows as its phase missing or at zero, a new one
+  as a phase never seen before;
+* at a request's finish, against SGLang's own numbers carried by the record (``books``):
+  ``verify_ct``: our decode steps == ``spec_verify_ct``; ``completion_tokens``:
+  ``1 + committed == completion_tokens``; ``accept_metric``: our accepted drafts (accepted minus
+  the non-draft tokens, over the request's steps) == SGLang's ``spec_num_correct_drafts``, the count
+  behind its ``spec_accept_rate`` and ``spec_accept_length`` metrics.
+
+A record costs a few dict lookups and one sum over its leaf phases (its phase-name tuple is looked up
+once); a finished request two C-level sums over its kept rows.  ``status()`` lists the counts, what
+was checked, and the latest violations.  Pure: imports only the package's record types.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import compress
+from typing import Any, Optional
+
+from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, LEAF_PHASES, Phase
+from ..model.records import StepRecord
+from .requests import _ACC, _COM, RequestLog
+
+LATEST = 16  # violations listed in /ctx_profile/status
+_SPLITS = {Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
+           Phase.DECODE.value: (Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value, Phase.DECODE_REST.value)}
+HOOKED: frozenset[str] = frozenset({Phase.DRAFT.value, Phase.VERIFY.value, Phase.VERIFY_ATTN.value,
+                                    Phase.VERIFY_MOE.value, Phase.DRAFT_EXTEND.value, Phase.DECODE.value,
+                                    Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value})
+_LEAVES = frozenset(LEAF_PHASES)
+
+
+def _shape(keys: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(phases that sum to the step, hooked phases) of a record whose phases are named ``keys``."""
+    leaves = [k for k in keys if k in _LEAVES]
+    for whole, parts in _SPLITS.items():
+        if whole in keys and not any(p in keys for p in parts):
+            leaves.append(whole)  # the split was left out (a CUDA graph's unsampled step)
+    return tuple(leaves), tuple(k for k in keys if k in HOOKED)
+
+
+class Audit:
+    __slots__ = ("counts", "checked", "latest", "_shapes", "_expected")
+
+    def __init__(self, latest: int = LATEST) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(AUDIT_INVARIANTS, 0)
+        self.checked = {"steps": 0, "requests": 0}
+        self.latest: deque = deque(maxlen=latest)
+        self._shapes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._expected: dict[tuple[str, str], tuple[str, ...]] = {}  # (algorithm, timing) -> hooked phases
+
+    def _bad(self, inv: str, rec: StepRecord, rid: str, detail: str) -> None:
+        self.counts[inv] += 1
+        self.latest.append({"invariant": inv, "step_id": rec.step_id, "rid": rid, "detail": detail,
+                            "t_ns": rec.t_start_ns})
+
+    def observe(self, rec: StepRecord, requests: Optional[RequestLog] = None) -> None:
+        if rec.kind == KIND_DECODE and rec.rids:
+            self.checked["steps"] += 1
+            self._step(rec)
+        if rec.books and requests is not None:
+            self._finished(rec, requests)
+
+    def _step(self, rec: StepRecord) -> None:
+        ph = rec.phases_ms
+        get = ph.__getitem__
+        keys = tuple(ph)
+        shape = self._shapes.get(keys)
+        if shape is None:
+            shape = _shape(keys)
+            if len(self._shapes) < 256:
+                self._shapes[keys] = shape
+        leaves, hooked = shape
+        if leaves:
+            total = sum(map(get, leaves))
+            if abs(total - rec.step_ms) > 1e-3 + 1e-6 * rec.step_ms:
+                self._bad("leaf_sum", rec, "", f"leaves sum to {total:.6f} ms, step {rec.step_ms:.6f} ms")
+        top = max(rec.accepted)
+        bound = max(0, rec.block_size - 1 if rec.block_size else rec.draft_tokens - 1) + rec.non_draft_tokens
+        if top > bound:
+            i = rec.accepted.index(top)
+            self._bad("accepted_bound", rec, rec.rids[i],
+                      f"accepted {top} > {bound} (draft positions + non-draft tokens)")
+        if hooked:
+            key = (rec.algorithm, rec.timing)
+            want = self._expected.get(key)
+            if want is None or not (want == hooked and min(map(get, hooked)) > 0):
+                self._hooks(rec, key, want, frozenset([k for k in hooked if get(k) > 0]))
+
+    def _hooks(self, rec: StepRecord, key: tuple[str, str], want: Optional[tuple[str, ...]],
+               fired: frozenset[str]) -> None:
+        """The slow path: the first decode step of ``key`` sets the hooks expected; a later one differs."""
+        if want is None:
+            self._expected[key] = tuple(k for k in rec.phases_ms if k in fired)
+        elif fired != frozenset(want):
+            missing, extra = sorted(set(want) - fired), sorted(fired - set(want))
+            self._bad("hook_once", rec, "", f"hooks missing {missing}, unexpected {extra}")
+
+    def _finished(self, rec: StepRecord, requests: RequestLog) -> None:
+        for rid, (vct, out, correct) in compress(zip(rec.rids, rec.books), rec.finished):
+            if out < 0:
+                continue  # no books read for it
+            r = requests.raw(rid)
+            if r is None:
+                continue  # evicted from the history before it finished: nothing to check against
+            rows = r["step_rows"]  # the request's totals: what was folded plus its kept rows (C sums)
+            steps, committed = r["steps"] + len(rows), sum(map(_COM, rows), r["committed"])
+            self.checked["requests"] += 1
+            if 1 + committed != out:
+                self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + committed}, "
+                                                         f"SGLang completion_tokens = {out}")
+            if vct < 0:
+                continue  # no speculative decoding (or a request that finished at its prefill)
+            if steps != vct:
+                self._bad("verify_ct", rec, rid, f"steps = {steps}, SGLang spec_verify_ct = {vct}")
+            ours = sum(map(_ACC, rows), r["accepted"]) - rec.non_draft_tokens * steps
+            if correct >= 0 and ours != correct:
+                self._bad("accept_metric", rec, rid, f"accepted drafts = {ours}, "
+                                                     f"SGLang spec_num_correct_drafts = {correct}")
+
+    def status(self) -> dict[str, Any]:
+        """Counts per invariant, how many steps and finished requests were checked, the latest violations."""
+        return {"violations": dict(self.counts), "checked": dict(self.checked), "latest": list(self.latest)}

@@ -1,0 +1,158 @@
+"""The live self-audit on a real CPU server (tiny DeepSeek-V3 + EAGLE, MoE, greedy).
+
+A soak of 32 mixed requests (prompt lengths 40..1590, 1 to 96 new tokens, some streamed, some
+abandoned mid-stream by their client) must leave every invariant counter at 0, while the audit checked
+every step and every finished request.  Then the test-only fault plugin (tests/plugins/ctxprof_fault)
+breaks one invariant at a time, and each fault must raise its own counter - in /ctx_profile/status,
+in SGLang's /metrics (``--enable-metrics``) and in ``?format=prometheus`` - and no other, and the
+diagnosis must flag it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import uuid
+from http.client import HTTPConnection
+
+import pytest
+
+import ctxprof_ref
+from conftest import ROOT, http, rand_ids, start_server, write_dist_info
+from sglang_ctxprof.model import names
+
+pytestmark = pytest.mark.server
+
+FAULT_PLUGIN = ROOT / "tests" / "plugins" / "ctxprof_fault"
+# (prompt tokens, max_new_tokens, mode): mode "" = plain, "stream" = streamed to the end, "abandon" =
+# streamed, then the client hangs up after 3 chunks.
+SOAK = [(40 + 50 * i, (1, 9, 33, 96)[i % 4], ("", "", "stream", "abandon" if i % 8 == 3 else "stream")[i % 4])
+        for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    d = tempfile.mkdtemp(prefix="ctxprof-fault-")
+    sys.path.insert(0, str(FAULT_PLUGIN))
+    try:
+        import ctxprof_fault
+    finally:
+        sys.path.remove(str(FAULT_PLUGIN))
+    write_dist_info(d, ctxprof_fault.__name__)
+    fault_file = os.path.join(d, "fault.json")
+    with open(fault_file, "w") as f:
+        json.dump({"fault": ""}, f)
+    env = {ctxprof_fault.ENV: fault_file, "PYTHONPATH": f"{FAULT_PLUGIN}:{d}:{os.environ.get('PYTHONPATH', '')}"}
+    srv = start_server("audit-faults", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics"], env=env)
+    srv.fault_file = fault_file
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def set_fault(srv, name: str) -> None:
+    with open(srv.fault_file, "w") as f:
+        json.dump({"fault": name}, f)
+    time.sleep(0.05)  # a distinct mtime
+
+
+def audit(url: str) -> dict:
+    st, body = http("GET", url + names.ROUTE_STATUS)
+    assert st == 200, body
+    (rank,) = body["ranks"]
+    return rank["status"]["audit"]
+
+
+def _request(url: str, n: int, new: int, mode: str, seed: int) -> int:
+    body = {"input_ids": rand_ids(n, seed=seed), "rid": f"soak-{seed}-{uuid.uuid4().hex[:6]}",
+            "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}
+    if not mode:
+        st, out = http("POST", url + "/generate", body)
+        assert st == 200, out
+        return 1
+    host, port = url.split("//")[1].split(":")
+    c = HTTPConnection(host, int(port), timeout=300)
+    c.request("POST", "/generate", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+    resp = c.getresponse()
+    chunks = 0
+    while True:
+        line = resp.fp.readline()
+        if not line or line.startswith(b"data: [DONE]"):
+            break
+        if line.startswith(b"data:"):
+            chunks += 1
+            if mode == "abandon" and chunks == 3:
+                c.sock.close()  # hang up mid-stream
+                break
+    c.close()
+    return 1
+
+
+def _settled(url: str, before: int, want: int, timeout: float = 120) -> dict:
+    """Wait until ``want`` more finished requests were checked (abandoned ones finish later)."""
+    deadline = time.time() + timeout
+    a = audit(url)
+    while time.time() < deadline and a["checked"]["requests"] < before + want:
+        time.sleep(0.5)
+        a = audit(url)
+    time.sleep(1.0)
+    return audit(url)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    st, text = http("GET", url + "/metrics")
+    assert st == 200
+    out: dict[str, float] = {}
+    for m in re.finditer(r'^sglang_ctxprof_invariant_violations_total\{([^}]*)\} (\S+)$', text, re.M):
+        inv = re.search(r'invariant="([^"]+)"', m.group(1)).group(1)
+        out[inv] = out.get(inv, 0.0) + float(m.group(2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def soaked(server):
+    assert http("POST", server.url + names.ROUTE_RESET)[0] == 200
+    before = audit(server.url)["checked"]["requests"]
+    with cf.ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda a: _request(server.url, a[1][0], a[1][1], a[1][2], 5000 + a[0]), enumerate(SOAK)))
+    return _settled(server.url, before, len(SOAK) - 2)
+
+
+def test_a_mixed_soak_leaves_every_counter_at_zero(server, soaked):
+    print(f"soak audit: {soaked['checked']}")
+    assert soaked["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), soaked["latest"]
+    assert soaked["latest"] == []
+    assert soaked["checked"]["requests"] >= len(SOAK) - 2 and soaked["checked"]["steps"] >= 30
+    assert _metrics(server.url) == dict.fromkeys(names.AUDIT_INVARIANTS, 0.0)
+    flags = http("GET", server.url + names.ROUTE + "/diagnosis")[1]["flags"]
+    assert not [f for f in flags if f["kind"] == "invariant_violations"]
+
+
+@pytest.mark.parametrize("inv", names.AUDIT_INVARIANTS)
+def test_each_fault_raises_exactly_its_counter(server, soaked, inv):
+    a0, m0 = audit(server.url), _metrics(server.url)
+    set_fault(server, inv)
+    try:
+        st, out = http("POST", server.url + "/generate", {
+            "input_ids": rand_ids(300, seed=77), "rid": f"fault-{inv}-{uuid.uuid4().hex[:6]}",
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
+        assert st == 200, out
+        a1 = _settled(server.url, a0["checked"]["requests"], 1)
+    finally:
+        set_fault(server, "")
+    rose = {k: a1["violations"][k] - a0["violations"][k] for k in names.AUDIT_INVARIANTS}
+    print(f"{inv}: {rose}")
+    assert rose[inv] > 0 and all(v == 0 for k, v in rose.items() if k != inv), (rose, a1["latest"])
+    assert a1["latest"][-1]["invariant"] == inv
+    m1 = _metrics(server.url)
+    assert {k: m1[k] - m0.get(k, 0.0) for k in m1} == {k: float(v) for k, v in rose.items()}
+    text = http("GET", server.url + names.ROUTE + "?format=prometheus")[1]
+    assert f'sglang_ctxprof_invariant_violations_total{{invariant="{inv}"}} {a1["violations"][inv]}' in text
+    flags = http("GET", server.url + names.ROUTE + "/diagnosis")[1]["flags"]
+    assert any(f["kind"] == "invariant_violations" and inv in f["message"] for f in flags)

@@ -1,0 +1,105 @@
+"""aggregate/audit.py: each invariant, broken alone, raises its own counter and no other."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.model.names import AUDIT_INVARIANTS
+from sglang_ctxprof.model.records import RankId, StepRecord
+
+PH = {"draft": 1.0, "verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verify_rest": 0.5,
+      "draft_extend": 0.5, "overhead": 0.5}  # leaves sum to 5.0
+
+
+def _prefill(rid: str, sid: int, fin: bool = False, books=()) -> StepRecord:
+    return StepRecord(step_id=sid, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(100,),
+                      accepted=(0,), committed=(0,), finished=(fin,), draft_tokens=0, step_ms=20.0,
+                      books=books)
+
+
+def _decode(rid: str, sid: int, fin: bool = False, **kw) -> StepRecord:
+    d = dict(step_id=sid, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(100 + sid,),
+             accepted=(3,), committed=(3,), finished=(fin,), draft_tokens=4, step_ms=5.0, phases_ms=dict(PH),
+             t_start_ns=sid, timing="cpu")
+    d.update(kw)
+    return StepRecord(**d)
+
+
+def _run(n: int = 5, fault: str = "", rid: str = "r") -> Aggregator:
+    """One clean request of ``n`` decode steps, with one fault planted in step 3 or in the books."""
+    agg = Aggregator()
+    agg.observe(_prefill(rid, 0))
+    books = ((n, 1 + 3 * n, 2 * n),)  # SGLang's spec_verify_ct, completion_tokens, spec_num_correct_drafts
+    for i in range(1, n + 1):
+        kw: dict = {}
+        if i == 3 and fault == "leaf_sum":
+            kw["phases_ms"] = {**PH, "draft": 1.5}  # our draft time skewed: leaves 5.5 > step 5.0
+        if i == 3 and fault == "accepted_bound":
+            kw["draft_tokens"] = 2  # a skewed draft count: 3 accepted > 1 position + 1 bonus
+        if i == 3 and fault == "hook_once":  # MoE unhooked: no time lands in it, the rest absorbs it
+            kw["phases_ms"] = {**PH, "verify_moe": 0.0, "verify_rest": 1.5}
+        fin = i == n
+        b = books
+        if fin and fault == "verify_ct":
+            b = ((n + 1, 1 + 3 * n, 2 * n),)  # the engine counted a verify we never saw
+        if fin and fault == "completion_tokens":
+            b = ((n, 2 + 3 * n, 2 * n),)  # a token committed that we never counted
+        if fin and fault == "accept_metric":
+            b = ((n, 1 + 3 * n, 2 * n - 2),)  # SGLang's correct-draft counter froze for a step
+        agg.observe(_decode(rid, i, fin, books=b if fin else (), **kw))
+    return agg
+
+
+def test_a_clean_request_breaks_nothing():
+    agg = _run()
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0)
+    assert st["checked"] == {"steps": 5, "requests": 1} and st["latest"] == []
+
+
+@pytest.mark.parametrize("inv", AUDIT_INVARIANTS)
+def test_each_fault_raises_its_own_counter_and_no_other(inv):
+    st = _run(fault=inv).audit.status()
+    assert st["violations"] == {k: int(k == inv) for k in AUDIT_INVARIANTS}, st
+    (v,) = st["latest"]
+    assert v["invariant"] == inv and v["detail"]
+
+
+def test_a_request_finished_at_prefill_and_a_retraction_reconcile():
+    agg = Aggregator()
+    agg.observe(_prefill("one", 0, fin=True, books=((-1, 1, 0),)))  # max_new_tokens=1
+    agg.observe(_prefill("r", 1))
+    agg.observe(_decode("r", 2))
+    # retracted, then prefilled again with prompt + output: that prefill appends one token
+    agg.observe(dataclasses.replace(_prefill("r", 3), committed=(1,)))
+    agg.observe(_decode("r", 4, fin=True, books=((2, 1 + 3 + 1 + 3, 4),)))
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0) and st["checked"]["requests"] == 2
+
+
+def test_an_unsampled_graph_step_counts_verify_whole_and_timings_learn_apart():
+    agg = Aggregator()
+    graph = {"draft": 1.0, "verify": 3.0, "draft_extend": 0.5, "overhead": 0.5}  # split left out
+    for i in range(3):
+        agg.observe(_decode("g", i, timing="cuda_graph_events"))
+        agg.observe(_decode("g", 10 + i, phases_ms=graph, timing="cuda_graph"))
+    assert agg.audit.status()["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0)
+
+
+def test_latest_is_bounded_and_reset_clears_the_counts():
+    agg = Aggregator()
+    for i in range(40):
+        agg.observe(_decode("x", i, phases_ms={**PH, "draft": 9.0}))
+    st = agg.audit.status()
+    assert st["violations"]["leaf_sum"] == 40 and len(st["latest"]) == 16
+    agg.reset()
+    assert agg.audit.status()["violations"]["leaf_sum"] == 0
+
+
+def test_the_audit_can_be_left_out():
+    agg = Aggregator(audit=False)
+    agg.observe(_decode("x", 1))
+    assert agg.audit is None and agg.records == 1

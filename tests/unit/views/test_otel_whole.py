@@ -1,0 +1,113 @@
+"""views/otel.py under span-queue overflow: a traced request is exported whole or dropped whole.
+
+Spans reach the queue as they end, and a request's root span ends last: a queue that overflows in
+the middle of a long request used to keep its steps and drop its root, leaving orphans no trace
+view can show.  Now a request whose spans do not fit in the room left is dropped whole, and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from sglang_ctxprof.aggregate.requests import RequestLog
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views.otel import OtelView, build_provider
+
+T0 = 1_700_000_000_000_000_000
+PH = {"draft": 1.0, "verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verify_rest": 0.5,
+      "draft_extend": 0.5, "overhead": 0.5}
+SPANS_PER_STEP = 8  # step, draft, verify (attn, moe, rest), draft_extend, overhead
+
+
+def _request(rid: str, n_steps: int) -> dict:
+    log = RequestLog()
+
+    def rec(i: int, kind: str, fin: bool = False) -> StepRecord:
+        dec = kind == "decode"
+        return StepRecord(step_id=i, kind=kind, algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                          ctx_lens=(100 + i,), accepted=(3 if dec else 0,), committed=(3 if dec else 0,),
+                          finished=(fin,), draft_tokens=4, step_ms=5.0 if dec else 20.0,
+                          phases_ms=PH if dec else {}, t_start_ns=T0 + i * 10**7)
+
+    log.observe(rec(0, "prefill"))
+    for i in range(n_steps):
+        log.observe(rec(i + 1, "decode", fin=i == n_steps - 1))
+    return log.pop(rid)
+
+
+class _Recording(SpanExporter):
+    """Holds every batch until released, then keeps the spans."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.spans: list = []
+
+    def export(self, spans):
+        self.release.wait(10)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.release.set()
+
+
+def _by_trace(spans) -> dict:
+    out = defaultdict(list)
+    for s in spans:
+        out[s.context.trace_id].append(s)
+    return out
+
+
+def test_overflow_keeps_each_request_whole_or_drops_it_whole():
+    exp = _Recording()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=32)
+    view = OtelView(prov, stats)
+    short, long_ = _request("short", 2), _request("long", 6)  # 2 + 2*8 = 18 and 2 + 6*8 = 50 spans
+    view.export_request(short)
+    view.export_request(long_)  # 14 places left in a queue of 32, exporter stuck
+    exp.release.set()
+    view.flush()
+    traces = _by_trace(exp.spans)
+    for spans in traces.values():
+        roots = [s for s in spans if s.name == names.SPAN_REQUEST]
+        assert len(roots) == 1, f"a trace of {len(spans)} spans lost its root"
+        steps = roots[0].attributes[names.ATTR_STEPS]
+        assert len(spans) == 2 + SPANS_PER_STEP * steps  # whole: every span of the request
+    rids = {s.attributes[names.ATTR_RID] for s in exp.spans if s.name == names.SPAN_REQUEST}
+    assert rids == {"short"}
+    d = stats.to_dict()
+    assert d["requests_exported"] == 1 and d["requests_dropped"] == 1
+    assert d["spans_exported"] == 18 and d["spans_dropped"] == 50
+    view.shutdown()
+
+
+def test_a_request_that_fits_after_the_queue_drains_is_exported_whole():
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=64)
+    view = OtelView(prov, stats)
+    for i in range(5):  # 5 x 34 spans through a queue of 64: each waits for room or is dropped whole
+        view.export_request(_request(f"r{i}", 4))
+        view.flush()
+    d = stats.to_dict()
+    assert d["requests_exported"] == 5 and d["requests_dropped"] == 0
+    assert all(len(v) == 34 for v in _by_trace(exp.spans).values()) and len(exp.spans) == 5 * 34
+    view.shutdown()
+
+
+def test_a_request_larger_than_the_queue_is_dropped_whole_and_counted():
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=16)
+    view = OtelView(prov, stats)
+    view.export_request(_request("big", 3))  # 26 spans > 16
+    view.export_request(_request("small", 1))  # 10 spans
+    view.flush()
+    d = stats.to_dict()
+    assert d["requests_dropped"] == 1 and d["requests_exported"] == 1
+    assert d["spans_dropped"] == 26 and d["spans_exported"] == 10 == len(exp.spans)
+    view.shutdown()
