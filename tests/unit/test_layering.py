@@ -216,3 +216,12 @@ def test_type_only_imports_are_left_out_and_run_time_ones_kept():
     assert {n.module for n in _runtime_nodes(tree) if isinstance(n, ast.ImportFrom)} == {"typing", "b", "c", "d"}
     # the hooks name the session's type; the session imports the hooks: one direction runs
     assert "collect.session" not in GRAPH["collect.hooks"] and "collect.hooks" in GRAPH["collect.session"]
+
+
+def test_test_basenames_are_unique():
+    """pytest imports test modules by basename from the root: two files of one name abort collection."""
+    seen: dict[str, list[str]] = {}
+    root = PKG.parent
+    for p in (root / "tests").rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(root)))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
