@@ -14,7 +14,9 @@ the measured speedup (median of the per-repeat spec/plain ratios, ± half their 
 ledger predicts from the servers' mean step times and acceptance (per interleaved pair, median: the
 pair shares the machine's drift), and the crossover context where the measured speedup
 falls below 1 (interpolated, or extrapolated from the step-time slopes; labelled).  Then the ledger
-itself (``aggregate.ledger``).  ``OUT/arms.json`` holds all of it.
+itself (``aggregate.ledger``).  ``OUT/arms.json`` holds all of it, and per context each pair's
+agreement (:func:`pair_agreement`) with ``pair_error``, the median over the pairs of
+|predicted / measured - 1|.
 """
 
 from __future__ import annotations
@@ -158,7 +160,6 @@ def out_dir(args: Any, arm: str) -> Path:
 def arms_report(out: Path) -> dict[str, Any]:
     """The arms table and the ledger from ``OUT/spec`` and ``OUT/plain`` (offline)."""
     from ..aggregate.ledger import crossover, ledger
-    from ..aggregate.ledger import row as ledger_row
     from ..views.diagnosis import evidence_from_sweep, ledger_points
 
     runs = {arm: res.load_run(out / arm) for arm in ARMS}
@@ -182,20 +183,64 @@ def arms_report(out: Path) -> dict[str, Any]:
                          **mean_ci95(ratios, "speedup")}
         row["speedup"] = row["server"]["speedup"] or row["client"]["speedup"]
         # the ledger's prediction per interleaved pair (both arms' steps measured side by side), median
-        pairs = [ledger_row(_ledger_point(sp), [_ledger_point(pp)])
-                 for sp in runs["spec"][1] for pp in runs["plain"][1]
-                 if sp["ctx"] == ctx == pp["ctx"] and sp["repeat"] == pp["repeat"]
-                 and sp.get("breakdown") and pp.get("breakdown")]
-        pairs = [r["speedup"] for r in pairs if r is not None]
+        agree = pair_agreement(runs["spec"][1], runs["plain"][1], ctx)
+        pairs = [a["point_predicted"] for a in agree]
         if pairs:
             row["predicted_speedup"] = statistics.median(pairs)
         row.update(mean_ci95(pairs, "predicted"))
+        row["pairs"] = agree
+        errs = [abs(a["error"]) for a in agree if a["error"] is not None]
+        row["pair_error"] = statistics.median(errs) if errs else None
         table.append(row)
     measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
                  "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
                 for t in table if t["speedup"] is not None]
     cross = crossover(measured, ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     return {"table": table, "crossover": cross, "ledger": led}
+
+
+def pair_agreement(spec: list[dict[str, Any]], plain: list[dict[str, Any]], ctx: int) -> list[dict[str, Any]]:
+    """Per interleaved pair at ``ctx`` (the two arms' points of one repeat): the measured speedup (spec
+    over plain tok/s of the long request's decode steps on the server's wall clock, as the table has
+    it), the ledger's speedup (``aggregate.ledger.row``) from the same steps' own measurements (the
+    long request's accepted tokens per step, bonus included, and mean step time, plus the point's
+    typical host gap), and ``error`` = predicted / measured - 1.  Both sides come from the same steps'
+    timings: an accounting check (accepted tokens, step time, host time), not a timing threshold.
+    ``point_predicted`` is the ledger's speedup from the points' pooled breakdowns (both requests'
+    steps, as ``predicted_speedup``); the short request's few steps make it the noisier one."""
+    from ..aggregate.ledger import row as ledger_row
+
+    out = []
+    for sp in sorted((p for p in spec if p["ctx"] == ctx), key=lambda p: p["repeat"]):
+        pp = next((p for p in plain if p["ctx"] == ctx and p["repeat"] == sp["repeat"]), None)
+        if pp is None or not sp.get("breakdown") or not pp.get("breakdown"):
+            continue
+        pooled = ledger_row(_ledger_point(sp), [_ledger_point(pp)])
+        if pooled is None:
+            continue
+        s_tok, p_tok = sp.get("server_wall_tok_s"), pp.get("server_wall_tok_s")
+        measured = s_tok / p_tok if s_tok and p_tok else None
+        long_s, long_p = _long_point(sp), _long_point(pp)
+        own = ledger_row(long_s, [long_p]) if long_s and long_p else None
+        predicted = own["speedup"] if own else None
+        out.append({"repeat": sp["repeat"], "predicted": predicted, "measured": measured,
+                    "error": predicted / measured - 1.0 if predicted and measured else None,
+                    "point_predicted": pooled["speedup"],
+                    "al": own["al"] if own else None, "step_ms": own["step_ms"] if own else None,
+                    "plain_step_ms": own["plain_step_ms"] if own else None})
+    return out
+
+
+def _long_point(pt: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The long request's own decode steps in the shape of ``aggregate.ledger``: its accepted tokens
+    per step (bonus included) and mean step time, with the point's typical host gap between steps."""
+    r = (pt.get("server_requests") or {}).get("long") or {}
+    if not r.get("steps") or not r.get("decode_ms"):
+        return None
+    ph = {"step": r["decode_ms"] / r["steps"]}
+    if pt["breakdown"].get("host_gap_ms") is not None:
+        ph["host_gap"] = pt["breakdown"]["host_gap_ms"]
+    return {"ctx": float(pt["ctx"]), "label": str(pt["ctx"]), "al": r["accepted"] / r["steps"], "phases": ph}
 
 
 def mean_ci95(xs: list[float], name: str) -> dict[str, Optional[float]]:

@@ -4,10 +4,11 @@ Two servers of the tiny DeepSeek-V3 (MLA + MoE), started side by side: one with 
 head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same attention backend).
 ``sweep --arms spec,plain`` runs the same prompts on both, interleaved, at two contexts:
 
-1. clean: the plain arm is profiled (decode attention / MoE / rest); the ledger's predicted speedup per
-   context lies within the measured speedup's own 95% confidence interval (over the interleaved
-   repeats; the long request's decode on the server's wall clock), widened by the prediction's own
-   interval: a bound from the run's spread, never a fixed share or a time;
+1. clean: the plain arm is profiled (decode attention / MoE / rest); per context and interleaved pair,
+   the ledger's speedup from that pair's own steps (accepted tokens per step, step time, host gap)
+   against the same pair's measured speedup (the long request's decode on the server's wall clock):
+   the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides come from the
+   same steps, so the machine's load cancels: an accounting check, not a timing threshold;
 2. a verify-only attention slowdown growing with context: verify inflation grows with context, the
    crossover moves to a shorter context and the ledger names the verify attention path;
 3. a constant host delay per step: it shows as overhead (the ledger's overhead of each interleaved
@@ -44,8 +45,8 @@ pytestmark = pytest.mark.server
 
 CTX = ("64", "2048")
 SWEEP = ["--ctx", *CTX, "--short", "4", "--long", "24", "--no-plots"]
-# Three interleaved repeats everywhere: the clean run's confidence interval needs them, and a median of
-# three survives one repeat slowed by the other tenants of a shared machine (seen: 10x).
+# Three interleaved repeats everywhere: a median of three survives one repeat slowed by the other
+# tenants of a shared machine (seen: 10x).
 CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
 RUNS: dict = {}
@@ -117,10 +118,13 @@ def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(
     for t in rep["table"]:
         s = t["server"]  # measured on the server's wall clock: the long request's decode steps
         assert s["repeats"] == CLEAN_REPEATS and s["spec_tok_s"] > 0 and s["plain_tok_s"] > 0
-        # the ledger's prediction (median over the interleaved pairs) within the measured speedup's
-        # 95% interval, widened by the prediction's own: both from this run's spread
-        bound = s["speedup_ci95"] + t["predicted_ci95"]
-        assert abs(t["predicted_speedup"] - s["speedup_mean"]) <= bound, t
+        # per interleaved pair, the ledger's speedup from the pair's own steps against the pair's measured
+        # speedup: median error at most 10% (saved runs: 1.7-4.1%, also with the machine loaded; the pair
+        # whose last step accepts past max_new_tokens reads up to +11%, a miscounted bonus token ~ -30%)
+        pairs = [(a["repeat"], a["predicted"], a["measured"], a["point_predicted"]) for a in t["pairs"]]
+        assert len(pairs) == CLEAN_REPEATS and t["pair_error"] <= 0.10, \
+            (t["ctx"], t["pair_error"], "(repeat, predicted, measured, pooled point's prediction):", pairs)
+        assert t["predicted_speedup"] > 0
     led = rep["ledger"]
     assert led["available"] and all(r["plain_from"] == "measured" for r in led["rows"])
     assert all(r["verify_inflation"] > 0 and r["moe_inflation"] > 0 for r in led["rows"])

@@ -81,3 +81,76 @@ def test_mean_and_95_ci_of_the_per_repeat_speedups():
     assert mean_ci95([], "x") == {"x_mean": None, "x_ci95": None}
     wide = mean_ci95([1.0 + 0.1 * (i % 2) for i in range(40)], "x")["x_ci95"]  # beyond the table: t at 10 df
     assert wide == pytest.approx(2.228 * 0.050637 / 40 ** 0.5, rel=1e-3)
+
+
+def _arm_point(arm, ctx, rep, load, bonus=1, step_missed_ms=0.0):
+    """One repeat's point in the shape ``two_point`` writes, from a known timeline: the long request
+    decodes 23 tokens (24 with the prefill's), spec in 7 steps of 60 ms accepting 24 tokens (the last
+    step accepts one past max_new_tokens), plain in 23 steps of 15 ms; a host gap between steps; every
+    time scaled by the repeat's ``load`` (the pair shares it).  The short request's single step is
+    twice as slow as the long one's (a loaded machine's odd step), and it is in the pooled breakdown.
+    ``bonus``: accepted tokens per step the profiler counts beyond the drafts (1: right);
+    ``step_missed_ms``: time per step the profiler's step time misses (0: right)."""
+    spec = arm == "spec"
+    steps, drafts_acc, committed = (7, 24 - 7, 23) if spec else (23, 0, 23)
+    step, gap = (60.0 if spec else 15.0) * load, (2.0 if spec else 0.7) * load
+    span_ms = steps * step + (steps - 1) * gap  # the long request's first step start to last step end
+    accepted = drafts_acc + bonus * steps
+    seen = step - step_missed_ms * load
+    short = {"steps": 1 if spec else 3, "accepted": 4 if spec else 3, "committed": 3,
+             "decode_ms": 2 * seen * (1 if spec else 3), "prefill_ms": 60.0, "prompt_tokens": ctx}
+    long_ = {"steps": steps, "accepted": accepted, "committed": committed, "decode_ms": steps * seen,
+             "prefill_ms": 90.0, "prompt_tokens": ctx, "decode_tok_s": 1e3 * committed / (steps * seen)}
+    n = steps + short["steps"]
+    mean_step = (long_["decode_ms"] + short["decode_ms"]) / n
+    if spec:
+        ph = {"draft": 0.2 * mean_step, "verify": 0.6 * mean_step, "verify_attn": 0.1 * mean_step,
+              "verify_moe": 0.2 * mean_step, "verify_rest": 0.3 * mean_step, "draft_extend": 0.15 * mean_step,
+              "overhead": 0.05 * mean_step}
+    else:
+        ph = {"decode": mean_step, "decode_attn": 0.2 * mean_step, "decode_moe": 0.3 * mean_step,
+              "decode_rest": 0.5 * mean_step, "overhead": 0.0}
+    acc = (long_["accepted"] + short["accepted"]) / n
+    return {"schema": "ctxprof-sweep/1", "kind": "two_point", "ctx": ctx, "repeat": rep, "prompt_tokens": ctx,
+            "cached_tokens": 0, "decode_tok_s": 1e3 * committed / span_ms, "accept_per_step": acc if spec else None,
+            "server_wall_tok_s": 1e3 * committed / span_ms, "server_requests": {"short": short, "long": long_},
+            "breakdown": {"steps": n, "mean_batch_size": 1.0, "accepted_per_step": acc,
+                          "committed_per_step": 26 / n, "phases_ms": {**ph, "step": mean_step},
+                          "server_tok_s": 1e3 * 26 / n / mean_step, "host_gap_ms": gap,
+                          "algorithms": ["EAGLE" if spec else "NONE"], "timing": "cpu"}}
+
+
+def _pair_run(tmp_path, **spec_kw):
+    for arm in ("spec", "plain"):
+        d = tmp_path / arm
+        d.mkdir()
+        (d / "meta.json").write_text(json.dumps({"arm": arm, "ctx": [64, 2048], "arms": ["spec", "plain"]}))
+        for ctx, scale in ((64, 1.0), (2048, 1.5)):
+            for rep, load in enumerate((1.0, 3.0, 0.8)):  # a repeat 3x slower: other tenants
+                p = _arm_point(arm, ctx, rep, load * scale, **(spec_kw if arm == "spec" else {}))
+                (d / f"point-c{ctx:06d}-r{rep:02d}.json").write_text(json.dumps(p))
+    return {t["ctx"]: t for t in arms_report(tmp_path)["table"]}
+
+
+def test_each_pair_the_ledger_predicts_its_own_measured_speedup(tmp_path):
+    table = _pair_run(tmp_path)
+    for t in table.values():
+        assert [a["repeat"] for a in t["pairs"]] == [0, 1, 2]
+        for a in t["pairs"]:
+            # AL 24/7 x (15 + 0.7) / (60 + 2) against 23 tokens over 7 x 60 + 6 x 2 ms vs 23 over 23 x 15 + 22 x 0.7
+            assert a["predicted"] == pytest.approx((24 / 7) * 15.7 / 62.0)
+            assert a["measured"] == pytest.approx((23 / 432.0) / (23 / 360.4))
+            # the pooled point (the short request's slow step in it) is off by more than the pair's own steps
+            assert abs(a["point_predicted"] / a["measured"] - 1) > abs(a["error"])
+        assert t["pair_error"] == pytest.approx(abs(a["predicted"] / a["measured"] - 1)) and t["pair_error"] <= 0.10
+
+
+def test_a_miscounted_bonus_token_breaks_the_pair_agreement(tmp_path):
+    table = _pair_run(tmp_path, bonus=0)  # accepted tokens counted without the bonus token
+    assert all(t["pair_error"] > 0.10 for t in table.values()), table
+    assert all(a["error"] < -0.2 for t in table.values() for a in t["pairs"])
+
+
+def test_a_step_time_missing_a_phase_breaks_the_pair_agreement(tmp_path):
+    table = _pair_run(tmp_path, step_missed_ms=9.0)  # the step's clock misses draft_extend's 9 ms of 60
+    assert all(t["pair_error"] > 0.10 for t in table.values()), table
