@@ -477,7 +477,7 @@ def _contract_server():
         "capture": {"triggers": {"slow_step": {"factor": 3.0, "run": 2, "on": True}, "host_gap": {"ms": 0, "on": False},
                                  "slow_request": {"on": False}},
                     "fired": {"manual": 6, "slow_step": 1}, "suppressed": {"slow_step": 2},
-                    "captures": [_capture(i) for i in range(7)]}}}]}
+                    "captures": [_capture(i, rid="r0" if i == 2 else None) for i in range(7)]}}}]}
     # the shape of aggregate.waterfall: the terms tile wall_ms; batch sharing is a part of the own steps
     req = dict(agg.request("r0"), captures=[_capture(1, step_ids=[1, 2, 3], rid="r0", trigger="rid"),
                                             _capture(7, state="running", step_ids=[4])], waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
@@ -571,7 +571,7 @@ def _page_shows_captures(browser, srv) -> None:
     """The request's deep captures in its drill-down, the newest five kept ones in their own section
     (deleted ones left out, as the diagnosis flag does), timeline links only to finished ones, and the
     empty state saying how to ask for one."""
-    timeline = names.ROUTE_CAPTURE + "/{}?format=timeline"
+    timeline = names.ROUTE_CAPTURE + "/cap-{}?format=timeline"
     caps = browser.execute_script("return window.ctxprof.state.captures")
     assert [c["id"] for c in caps["recent"]] == ["cap-6", "cap-4", "cap-3", "cap-2", "cap-1"]
     assert [c["state"] for c in caps["recent"]] == ["done", "done", "failed", "done", "done"]
@@ -579,7 +579,7 @@ def _page_shows_captures(browser, srv) -> None:
     assert caps["recent"][0]["steps"] == "steps 60-61" and not caps["empty"]
     rows = browser.execute_script("return [...document.querySelectorAll('#captures tbody tr')].map(r => r.dataset.capture)")
     assert rows == [c["id"] for c in caps["recent"]]
-    links = browser.execute_script("return [...document.querySelectorAll('#captures tbody a')].map(a => a.getAttribute('href'))")
+    links = browser.execute_script("return [...document.querySelectorAll('#captures tbody a.timeline')].map(a => a.getAttribute('href'))")
     assert links == [c["timeline"] for c in caps["recent"] if c["timeline"]]
     text = browser.execute_script("return document.getElementById('captures-box').textContent")
     assert "no trace written" in text and "slow_step" in text and "read route" in text
@@ -592,8 +592,14 @@ def _page_shows_captures(browser, srv) -> None:
                                    "r => [...r.cells].map(c => c.textContent))")
     assert [c[:4] for c in cells] == [["cap-1", "rid", "steps 1-3 (3 of this request)", "done"],
                                       ["cap-7", "manual", "step 4 (1 of this request)", "running"]]
-    assert browser.execute_script("return document.querySelector('#detail-captures a').getAttribute('href')") == timeline.format(1)
+    assert browser.execute_script("return document.querySelector('#detail-captures a.timeline').getAttribute('href')") == timeline.format(1)
     assert browser.execute_script("return document.querySelectorAll('#steps tbody tr.captured').length") == 4
+    # and back: a capture's request opens that request's drill-down
+    assert [c["rid"] for c in caps["recent"]] == [None, None, None, "r0", None]
+    browser.find_element("id", "detail-close").click()
+    browser.find_element("css selector", "#captures tbody a[data-rid='r0']").click()
+    _wait(browser, "return !document.getElementById('detail').hidden && "
+                   "document.getElementById('detail-rid').textContent === 'r0'")
     # no capture kept: the section says so, and how to ask for one
     srv.routes["/status"]["ranks"][0]["status"]["capture"]["captures"] = []
     n = browser.execute_script("return window.ctxprof.state.refreshes")

@@ -216,7 +216,7 @@
   // the merged timeline is served only for a finished capture (409 before, 404 once deleted)
   const timelineHref = (c) => (c.state === "done" ? `${BASE}/capture/${encodeURIComponent(c.id)}?format=timeline` : null);
   function captureCell(c, href) {
-    if (href) return `<a href="${esc(href)}" target="_blank" rel="noopener">timeline</a>`;
+    if (href) return `<a class="timeline" href="${esc(href)}" target="_blank" rel="noopener">timeline</a>`;
     if (c.state === "failed") return `<span class="bad">${esc(c.error || "failed")}</span>`;
     return `<span class="muted">${c.state === "deleted" ? "deleted (byte cap)" : "when done"}</span>`;
   }
@@ -237,7 +237,9 @@
     const triggers = ranks.length ? `automatic triggers: ${trig.join(", ") || "-"}; fired: ${fired.join(", ") || "none"}` : "";
     state.captures = { recent, empty: !recent.length, triggers };
     $("captures").tBodies[0].innerHTML = recent.map((c) => `<tr data-capture="${esc(c.id)}">` +
-      [c.id, c.trigger, c.rid || "-", c.steps, c.state].map((v) => `<td>${esc(v)}</td>`).join("") +
+      `<td>${esc(c.id)}</td><td>${esc(c.trigger)}</td>` +
+      `<td>${c.rid ? `<a href="#" data-rid="${esc(c.rid)}">${esc(c.rid)}</a>` : "-"}</td>` +
+      [c.steps, c.state].map((v) => `<td>${esc(v)}</td>`).join("") +
       `<td>${captureCell(c, c.timeline)}</td></tr>`).join("");
     $("captures").hidden = !recent.length;
     $("captures-empty").hidden = !!recent.length;
@@ -350,6 +352,7 @@
 
   $("reset").addEventListener("click", reset);
   $("slow").addEventListener("click", (ev) => { const tr = ev.target.closest("tr[data-rid]"); if (tr) openRequest(tr.dataset.rid); });
+  $("captures").addEventListener("click", (ev) => { const a = ev.target.closest("a[data-rid]"); if (a) { ev.preventDefault(); openRequest(a.dataset.rid); } });
   $("detail-close").addEventListener("click", () => { state.rid = null; $("detail").hidden = true; });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   window.addEventListener("resize", () => Object.entries(charts).forEach(([n, u]) => u.setSize({ width: width(u.root.parentNode), height: u.height })));
