@@ -6,7 +6,8 @@ navigates; with ``--api-key`` this command therefore serves a local forwarder on
 the page through it, until Ctrl-C.
 
 The forwarder lends the key to reads only: ``GET`` of the page, its files and the read routes
-(:data:`READ_ROUTES`).  A write (the page's reset) passes only with the caller's own
+(:data:`READ_ROUTES`, and under :data:`PREFIX_ROUTES` one request or one deep capture, which the
+page links to).  A write (the page's reset) passes only with the caller's own
 ``Authorization`` (the admin key the user typed), never with the lent key; any other method or path is
 refused.  A request whose ``Host`` is not the forwarder's own address (DNS rebinding), or whose
 ``Origin`` is another site (a web page's form post or fetch), gets 403 before anything is forwarded.
@@ -24,7 +25,7 @@ from ..model import names
 
 READ_ROUTES = (names.ROUTE, names.ROUTE_STATUS, names.ROUTE_REQUESTS, names.ROUTE_DIAGNOSIS,
                names.ROUTE_TRACE_JSON, names.ROUTE_TRACE_POLICY, names.ROUTE_UI)
-PREFIX_ROUTES = (names.ROUTE_REQUESTS + "/", names.ROUTE_UI + "/")
+PREFIX_ROUTES = (names.ROUTE_REQUESTS + "/", names.ROUTE_UI + "/", names.ROUTE_CAPTURE + "/")
 WRITE_ROUTES = (names.ROUTE_RESET,)
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 

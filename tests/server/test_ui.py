@@ -432,6 +432,19 @@ def test_fleet_merge_of_two_servers_is_the_sum(server, traffic):
 
 
 # ---------------------------------------------------------------------------------------------- optional parts
+def _capture(i: int, state: str = "", step_ids: list[int] | None = None, rid: str | None = None,
+             trigger: str = "manual") -> dict:
+    """A capture as ``collect.capture.CaptureInfo.to_dict`` serves it: ``cap-<i>``, requested at i s;
+    ``cap-5`` was deleted by the byte cap, ``cap-3`` failed, the others are done."""
+    state = state or {5: names.CAPTURE_DELETED, 3: names.CAPTURE_FAILED}.get(i, names.CAPTURE_DONE)
+    return {"id": f"cap-{i}", "trigger": trigger, "steps": 4, "rid": rid, "reason": "", "state": state,
+            "requested_ns": i * 1_000_000_000, "trigger_step": None, "step_ids": step_ids or [10 * i, 10 * i + 1],
+            "rids": [rid] if rid else [], "start_ns": 0, "end_ns": 0, "sync_ns": [0, 0],
+            "path": f"/tmp/caps/cap-{i}.trace.json.gz" if state == names.CAPTURE_DONE else None, "bytes": 0,
+            "stop_ms": 0.0, "profiler_stop_ms": 0.0, "export_ms": 0.0, "export_gap_ms": 0.0, "export_steps": 0,
+            "error": "no trace written" if state == names.CAPTURE_FAILED else ""}
+
+
 def _contract_server():
     """A stdlib server giving the page the optional keys other parts add (CONTRACTS: per-position
     acceptance, exec mode, diagnosis, waterfall, own cost), on a profile built by a real Aggregator."""
@@ -460,9 +473,14 @@ def _contract_server():
         "enabled": True, "pid": 1, "rank": {"tp": 0, "dp": 0, "pp": 0}, "algorithm": "EAGLE", "timing": "cpu",
         "submitted": 5, "dropped": 0, "degraded": None, "hooks": {"a": "ok"},
         "cost": {"sched_us_per_step": 12.5, "sampled_steps": 5, "drain_us_per_record": 3.0, "events_per_step": None,
-                 "step_share": 0.004}}}]}
+                 "step_share": 0.004},
+        "capture": {"triggers": {"slow_step": {"factor": 3.0, "run": 2, "on": True}, "host_gap": {"ms": 0, "on": False},
+                                 "slow_request": {"on": False}},
+                    "fired": {"manual": 6, "slow_step": 1}, "suppressed": {"slow_step": 2},
+                    "captures": [_capture(i, rid="r0" if i == 2 else None) for i in range(7)]}}}]}
     # the shape of aggregate.waterfall: the terms tile wall_ms; batch sharing is a part of the own steps
-    req = dict(agg.request("r0"), waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
+    req = dict(agg.request("r0"), captures=[_capture(1, step_ids=[1, 2, 3], rid="r0", trigger="rid"),
+                                            _capture(7, state="running", step_ids=[4])], waterfall={"wall_ms": 20.0, "own_steps_ms": {"draft": 2.0, "verify_attn": 6.0},
                                                "own_steps_total_ms": 8.0, "others_prefill_ms": 4.0,
                                                "other_decode_ms": 5.0, "batch_sharing_ms": 3.0, "host_gaps_ms": 1.5,
                                                "unaccounted_ms": 1.5})
@@ -501,7 +519,7 @@ def _contract_server():
             pass
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.diag = diag
+    srv.diag, srv.routes = diag, routes
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, prof
 
@@ -541,8 +559,54 @@ def test_optional_parts_show_when_present(browser):
         flex = browser.execute_script("return [...document.querySelectorAll('#waterfall div')].map(d => +d.style.flexGrow)")
         assert sum(flex) == pytest.approx(20.0)  # the wall time, once: batch sharing is not drawn again
         assert "3.0 ms is batch sharing" in browser.execute_script("return document.getElementById('waterfall').title")
+        _page_shows_captures(browser, srv)
         logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
                 and (e.get("source") != "network" or base in e["message"])]
         assert not logs, logs  # every route answered: no failed load, no JavaScript error
     finally:
         srv.shutdown()
+
+
+def _page_shows_captures(browser, srv) -> None:
+    """The request's deep captures in its drill-down, the newest five kept ones in their own section
+    (deleted ones left out, as the diagnosis flag does), timeline links only to finished ones, and the
+    empty state saying how to ask for one."""
+    timeline = names.ROUTE_CAPTURE + "/cap-{}?format=timeline"
+    caps = browser.execute_script("return window.ctxprof.state.captures")
+    assert [c["id"] for c in caps["recent"]] == ["cap-6", "cap-4", "cap-3", "cap-2", "cap-1"]
+    assert [c["state"] for c in caps["recent"]] == ["done", "done", "failed", "done", "done"]
+    assert [c["timeline"] for c in caps["recent"]] == [timeline.format(i) if i != 3 else None for i in (6, 4, 3, 2, 1)]
+    assert caps["recent"][0]["steps"] == "steps 60-61" and not caps["empty"]
+    rows = browser.execute_script("return [...document.querySelectorAll('#captures tbody tr')].map(r => r.dataset.capture)")
+    assert rows == [c["id"] for c in caps["recent"]]
+    links = browser.execute_script("return [...document.querySelectorAll('#captures tbody a.timeline')].map(a => a.getAttribute('href'))")
+    assert links == [c["timeline"] for c in caps["recent"] if c["timeline"]]
+    text = browser.execute_script("return document.getElementById('captures-box').textContent")
+    assert "no trace written" in text and "slow_step" in text and "read route" in text
+    assert browser.execute_script("return document.getElementById('captures-empty').hidden") is True
+    # the drill-down of r0 (opened by the caller): its two captures, the steps of it they cover
+    req = _wait(browser, "return window.ctxprof.state.requestCaptures")
+    assert [(c["id"], c["trigger"], c["steps"], c["mine"], c["state"], c["timeline"]) for c in req] == [
+        ("cap-1", "rid", "steps 1-3", 3, "done", timeline.format(1)), ("cap-7", "manual", "step 4", 1, "running", None)]
+    cells = browser.execute_script("return [...document.querySelectorAll('#detail-captures tbody tr')].map("
+                                   "r => [...r.cells].map(c => c.textContent))")
+    assert [c[:4] for c in cells] == [["cap-1", "rid", "steps 1-3 (3 of this request)", "done"],
+                                      ["cap-7", "manual", "step 4 (1 of this request)", "running"]]
+    assert browser.execute_script("return document.querySelector('#detail-captures a.timeline').getAttribute('href')") == timeline.format(1)
+    assert browser.execute_script("return document.querySelectorAll('#steps tbody tr.captured').length") == 4
+    # and back: a capture's request opens that request's drill-down
+    assert [c["rid"] for c in caps["recent"]] == [None, None, None, "r0", None]
+    browser.find_element("id", "detail-close").click()
+    browser.find_element("css selector", "#captures tbody a[data-rid='r0']").click()
+    _wait(browser, "return !document.getElementById('detail').hidden && "
+                   "document.getElementById('detail-rid').textContent === 'r0'")
+    # no capture kept: the section says so, and how to ask for one
+    srv.routes["/status"]["ranks"][0]["status"]["capture"]["captures"] = []
+    n = browser.execute_script("return window.ctxprof.state.refreshes")
+    browser.execute_script("window.ctxprof.refresh()")
+    _wait(browser, f"return window.ctxprof.state.refreshes > {n}")
+    assert browser.execute_script("return window.ctxprof.state.captures") == {"recent": [], "empty": True,
+                                                                              "triggers": caps["triggers"]}
+    empty = browser.execute_script("const e = document.getElementById('captures-empty'); return !e.hidden && e.textContent")
+    assert empty and empty.startswith("none yet") and "POST /ctx_profile/capture?steps=N" in empty and "admin key" in empty
+    assert browser.execute_script("return document.querySelectorAll('#captures tbody tr').length") == 0

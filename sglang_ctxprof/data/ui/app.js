@@ -11,7 +11,8 @@
   const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"];
   const $ = (id) => document.getElementById(id);
   const charts = {};          // name -> uPlot instance (window.ctxprof.charts, read by the tests)
-  const state = { profile: null, status: null, slow: [], rid: null, refreshes: 0, lastError: null, ledger: null };
+  const state = { profile: null, status: null, slow: [], rid: null, refreshes: 0, lastError: null, ledger: null,
+    captures: null, requestCaptures: null };
   window.ctxprof = { charts, state, refresh: () => refresh() };
 
   const f = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(d);
@@ -205,6 +206,65 @@
     $("ledger-notes").innerHTML = notes.map((n) => esc(n)).join("<br>");
   }
 
+  // ---- deep captures (collect.capture: CaptureInfo.to_dict, as /status and /requests/{rid} serve them) --
+  const RECENT_CAPTURES = 5;   // as views.capture_refs.RECENT: the diagnosis flag lists as many
+  function stepsText(ids) {    // as views.capture_refs._steps
+    if (!ids.length) return "no steps";
+    if (ids.every((v, i) => v === ids[0] + i)) return ids.length > 1 ? `steps ${ids[0]}-${ids[ids.length - 1]}` : `step ${ids[0]}`;
+    return "steps " + ids.join(",");
+  }
+  // the merged timeline is served only for a finished capture (409 before, 404 once deleted)
+  const timelineHref = (c) => (c.state === "done" ? `${BASE}/capture/${encodeURIComponent(c.id)}?format=timeline` : null);
+  function captureCell(c, href) {
+    if (href) return `<a class="timeline" href="${esc(href)}" target="_blank" rel="noopener">timeline</a>`;
+    if (c.state === "failed") return `<span class="bad">${esc(c.error || "failed")}</span>`;
+    return `<span class="muted">${c.state === "deleted" ? "deleted (byte cap)" : "when done"}</span>`;
+  }
+
+  // The newest kept captures over the ranks (a capture is asked of every rank under one id), deleted
+  // ones left out as views.capture_refs.recent does.  state.captures holds what is drawn.
+  function captures(st) {
+    const ranks = ((st && st.ranks) || []).map((r) => ((r && r.status) || r || {}).capture).filter(Boolean);
+    const seen = new Set(), all = [];
+    ranks.forEach((cap) => (cap.captures || []).forEach((c) => {
+      if (c && c.state !== "deleted" && !seen.has(c.id)) { seen.add(c.id); all.push(c); }
+    }));
+    all.sort((a, b) => (b.requested_ns || 0) - (a.requested_ns || 0));
+    const recent = all.slice(0, RECENT_CAPTURES).map((c) => ({ id: c.id, trigger: c.trigger, rid: c.rid || null,
+      steps: stepsText(c.step_ids || []), state: c.state, timeline: timelineHref(c), error: c.error || "" }));
+    const trig = ranks.length ? Object.entries(ranks[0].triggers || {}).map(([k, v]) => `${k} ${v.on ? "on" : "off"}`) : [];
+    const fired = ranks.length ? Object.entries(ranks[0].fired || {}).map(([k, v]) => `${k} ${v}`) : [];
+    const triggers = ranks.length ? `automatic triggers: ${trig.join(", ") || "-"}; fired: ${fired.join(", ") || "none"}` : "";
+    state.captures = { recent, empty: !recent.length, triggers };
+    $("captures").tBodies[0].innerHTML = recent.map((c) => `<tr data-capture="${esc(c.id)}">` +
+      `<td>${esc(c.id)}</td><td>${esc(c.trigger)}</td>` +
+      `<td>${c.rid ? `<a href="#" data-rid="${esc(c.rid)}">${esc(c.rid)}</a>` : "-"}</td>` +
+      [c.steps, c.state].map((v) => `<td>${esc(v)}</td>`).join("") +
+      `<td>${captureCell(c, c.timeline)}</td></tr>`).join("");
+    $("captures").hidden = !recent.length;
+    $("captures-empty").hidden = !!recent.length;
+    $("captures-triggers").textContent = triggers;
+  }
+
+  // One request's captures (the route's ``captures``), with how many of its kept step rows each covers.
+  function requestCaptures(q, rows) {
+    const box = $("detail-captures-box");
+    const mine = new Set(rows.map((s) => s.step_id));
+    const caps = (q.captures || []).map((c) => {
+      const ids = c.step_ids || [];
+      return { id: c.id, trigger: c.trigger, steps: stepsText(ids), mine: ids.filter((i) => mine.has(i)).length,
+        state: c.state, timeline: timelineHref(c), error: c.error || "", ids };
+    });
+    state.requestCaptures = caps.map(({ ids, ...c }) => c);
+    box.hidden = !caps.length;
+    $("detail-captures").tBodies[0].innerHTML = caps.map((c) => `<tr data-capture="${esc(c.id)}">` +
+      [c.id, c.trigger, `${c.steps} (${c.mine} of this request)`, c.state].map((v) => `<td>${esc(v)}</td>`).join("") +
+      `<td>${captureCell(c, c.timeline)}</td></tr>`).join("");
+    const by = new Map();
+    caps.forEach((c) => c.ids.forEach((i) => { if (!by.has(i)) by.set(i, c.id); }));
+    return by;   // step id -> the capture that covered it
+  }
+
   // ---- one request ----------------------------------------------------------------------------------
   async function openRequest(rid) {
     state.rid = rid;
@@ -213,15 +273,20 @@
     const box = $("detail");
     box.hidden = false;
     $("detail-rid").textContent = rid;
-    if (r.status !== 200) { $("detail-head").textContent = `could not load: HTTP ${r.status} ${(r.body && r.body.error) || ""}`; return; }
+    if (r.status !== 200) {
+      state.requestCaptures = null; $("detail-captures-box").hidden = true;
+      $("detail-head").textContent = `could not load: HTTP ${r.status} ${(r.body && r.body.error) || ""}`; return;
+    }
     const q = r.body, rows = q.step_rows || [];
     $("detail-head").textContent = `prompt ${q.prompt_tokens ?? "-"} tokens, prefill ${f(q.prefill_ms, 1)} ms; ${q.steps} decode steps, ` +
       `${q.committed} tokens committed, ${f(q.accepted_per_step, 2)} accepted/step, ${f(q.decode_tok_s, 1)} tok/s; ctx ${q.ctx_first}→${q.ctx_last}` +
       ((q.steps_truncated || q.step_rows_dropped) ? `; ${(q.steps_truncated || 0) + (q.step_rows_dropped || 0)} step rows not kept` : "");
     waterfall(q.waterfall);
+    const captured = requestCaptures(q, rows);
     const present = LEAVES.filter((ph) => rows.some((s) => (s.phases_ms || {})[ph] !== undefined));
     $("steps").tHead.innerHTML = "<tr>" + ["#", "ctx", "batch", "draft", "acc", "com", "step ms"].concat(present.map((p) => p + " ms")).map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
-    $("steps").tBodies[0].innerHTML = rows.map((s, i) => "<tr>" + [i + 1, s.ctx_len, s.batch_size, s.draft_tokens, s.accepted, s.committed, f(s.step_ms, 3)]
+    $("steps").tBodies[0].innerHTML = rows.map((s, i) => (captured.has(s.step_id) ?
+      `<tr class="captured" title="in deep capture ${esc(captured.get(s.step_id))}">` : "<tr>") + [i + 1, s.ctx_len, s.batch_size, s.draft_tokens, s.accepted, s.committed, f(s.step_ms, 3)]
       .concat(present.map((p) => f((s.phases_ms || {})[p], 3))).map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>").join("");
     const xs = rows.map((_, i) => i + 1);
     const cum = []; let acc = rows.map(() => 0);
@@ -265,7 +330,7 @@
       $("summary").className = P.degraded ? "bad" : "muted";
       phaseChart(P); toksChart(P); acceptChart(P); positionChart(P); bucketTable(P);
       slowTable(state.slow);
-      if (st.status === 200) statusTable(st.body);
+      if (st.status === 200) { statusTable(st.body); captures(st.body); }
       diagnosis(dg);
       state.refreshes += 1; state.lastError = null;
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
@@ -287,6 +352,7 @@
 
   $("reset").addEventListener("click", reset);
   $("slow").addEventListener("click", (ev) => { const tr = ev.target.closest("tr[data-rid]"); if (tr) openRequest(tr.dataset.rid); });
+  $("captures").addEventListener("click", (ev) => { const a = ev.target.closest("a[data-rid]"); if (a) { ev.preventDefault(); openRequest(a.dataset.rid); } });
   $("detail-close").addEventListener("click", () => { state.rid = null; $("detail").hidden = true; });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   window.addEventListener("resize", () => Object.entries(charts).forEach(([n, u]) => u.setSize({ width: width(u.root.parentNode), height: u.height })));

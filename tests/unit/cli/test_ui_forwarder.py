@@ -69,20 +69,22 @@ def test_reads_get_the_key(fw):
     base, port = fw
     assert call("GET", base + "/ctx_profile/ui") == (200, {"ok": True, "path": "/ctx_profile/ui"})
     for path in ("/ctx_profile/ui/app.js", "/ctx_profile/requests?slowest=3", "/ctx_profile/requests/r-1",
-                 "/ctx_profile/diagnosis", "/ctx_profile/status", "/ctx_profile?format=text"):
+                 "/ctx_profile/diagnosis", "/ctx_profile/status", "/ctx_profile?format=text",
+                 "/ctx_profile/capture/cap-1?format=timeline"):  # the page's links to deep captures
         assert call("GET", base + path)[0] == 200, path
     assert call("GET", base + "/ctx_profile", headers={"Origin": base})[0] == 200  # the page itself
 
 
 def test_writes_never_get_the_lent_key(fw):
     base, port = fw
-    for route in ("reset", "disable", "enable", "trace_policy", "fault"):
+    for route in ("reset", "disable", "enable", "trace_policy", "fault", "capture?steps=4", "capture/cap-1"):
         assert call("POST", base + f"/ctx_profile/{route}", {})[0] == 403, route
     for method in ("PUT", "DELETE"):
         assert raw(port, method, "/ctx_profile/reset", {"Host": f"127.0.0.1:{port}"}) == 405
     assert call("GET", base + "/generate")[0] == 403  # only the profiler's read routes
     assert call("GET", base + "/ctx_profile/../generate")[0] == 403
     assert call("GET", base + "/ctx_profile/requests/a/b")[0] == 403
+    assert call("GET", base + "/ctx_profile/capture")[0] == 403  # not a read route: only POST (admin) has it
     assert Upstream.seen == []
     # The page's reset with the key the user typed passes, with that key.
     assert call("POST", base + "/ctx_profile/reset", {}, headers={"Authorization": "Bearer typed"})[0] == 401
