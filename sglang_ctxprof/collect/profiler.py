@@ -100,7 +100,7 @@ class Profiler:
         self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
-        self.capture = Capture(config.capture, self.guard, policy=lambda: getattr(self.sinks, "policy", None))
+        self.capture = Capture(config.capture, self.guard, policy=lambda: getattr(self.exporters, "policy", None))
         if self.capture.auto:  # the automatic triggers read each record after the aggregator
             self.recorder.sinks.append(CaptureSink(self.capture, self.aggregator))
 

@@ -113,3 +113,16 @@ def test_tracking_is_dropped_when_a_request_finishes(tmp_path):
     assert cap.tail.tracked() == 1
     feed(cap, rec(3, 10.0, rids=("b",), finished=(True,)))
     assert cap.tail.tracked() == 0
+
+
+def test_the_profiler_hands_the_trigger_its_exporters_live_policy():
+    """The trigger reads the policy the exporters hold (``Profiler.exporters``), as it is now."""
+    from sglang_ctxprof.collect.profiler import Profiler
+    from sglang_ctxprof.views.exporters import build
+
+    p = Profiler(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_SLOW_REQUEST: "1"}))
+    assert p.capture.tail.policy() is None  # no exporters yet: nothing judged slow
+    p.attach_exporters(build(p.config, env={}))
+    assert p.capture.tail.policy() is p.exporters.policy
+    p.exporters.set_policy({"slow_step_ms": 5.0})
+    assert p.capture.tail.policy().slow_step_ms == 5.0
