@@ -41,7 +41,8 @@ def run(ns) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)
-    console.print(f"{ns.dir}: model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
+    console.print(f"run {_shown(ns.dir)}", highlight=False, soft_wrap=True)  # a path may be any length
+    console.print(f"model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
                   f"{len(sust)} sustained", highlight=False)
     res.render_table(rows, meta, console)
     out = Path(ns.plots_dir or ns.dir)
@@ -53,3 +54,11 @@ def run(ns) -> int:
         paths = write_plots(rows, out, title=model_title(meta.get("model_path")))
         console.print("plots: " + ", ".join(paths), highlight=False)
     return 0
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it lies under it, else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

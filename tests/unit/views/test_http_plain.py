@@ -161,7 +161,8 @@ def test_the_page_draws_the_ledger_from_these_fields_only(client):
     assert client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body())).status_code == 200
     led = client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]
     js = ui.read("app.js").decode()
-    part = js[js.index("function ledgerRows("):js.index("// ---- one request")]
+    start = js.index("function ledgerRows(")
+    part = js[start:js.index("// ----", start)]  # the ledger renderer, up to the next section
     row_fields = set(re.findall(r"\br\.(\w+)", part)) | set(re.findall(r"led\.rows\[i\]\.(\w+)", part))
     spent = set(re.findall(r"r\.spent_ms\.(\w+)", part))
     top = set(re.findall(r"\bled\.(\w+)", part)) - {"rows"} | {"rows"}
