@@ -5,7 +5,8 @@ worker's ``forward_batch_generation``; ``process_batch_result`` counts one verif
 request (``spec_verify_ct``) and appends its accepted tokens (``result.accept_lens``, one token when
 the result carries none); a finished request's row is skipped, as SGLang skips it.
 ``is_disable_overlap_for_batch`` is the overlap gate ctxprof hooks, ``loop_overlap`` SGLang's
-overlapped event loop reduced to its order: launch step N+1, then process step N.
+overlapped event loop reduced to its order: launch step N+1, then process step N (``step`` one
+iteration of it, ``drain`` the loop going idle).
 
 On a device (``dev``: ``torch.cuda``, or the simulated one of ``fake_cuda``) each result carries a
 ``copy_done`` event that ``process_batch_result`` synchronizes, SGLang's one synchronize per step;
@@ -70,14 +71,22 @@ class FakeScheduler:
 
     def loop_overlap(self, batches) -> None:
         for batch in list(batches) + [None]:
-            disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
-            if disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            if batch is not None:
-                self.result_queue.append((batch, self.run_batch(batch)))
-            if self.last_batch is not None and not disable and self.result_queue:
-                self.process_batch_result(*self.result_queue.popleft())
-            self.last_batch = batch
+            self.step(batch)
+        self.drain()
+
+    def step(self, batch) -> None:
+        """One iteration of the overlap loop (``batch`` None: nothing to launch, only process)."""
+        disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
+        if disable and self.result_queue:
+            self.process_batch_result(*self.result_queue.popleft())
+        if batch is not None:
+            self.result_queue.append((batch, self.run_batch(batch)))
+        if self.last_batch is not None and not disable and self.result_queue:
+            self.process_batch_result(*self.result_queue.popleft())
+        self.last_batch = batch
+
+    def drain(self) -> None:
+        """Process every launched step still waiting (the loop going idle)."""
         while self.result_queue:
             self.process_batch_result(*self.result_queue.popleft())
 

@@ -27,13 +27,13 @@ Shaped like SGLang 0.5.23 where our code relies on it:
 
 from __future__ import annotations
 
-from collections import deque
 from types import SimpleNamespace as NS
 
 from fakes import Batch, Mode, Req, Result, ServerArgs  # noqa: F401 - re-exported for tests
 
 from sglang_ctxprof.testing.fake_comm import FakeComm
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
+from sglang_ctxprof.testing.fake_scheduler import FakeScheduler
 
 DEV: FakeDevice = FakeDevice()
 COMM: "FakeComm | None" = None  # the ranks' in-graph all-reduce (None: one rank, no collectives)
@@ -253,14 +253,14 @@ class Worker:
         DEV.kernel(DRAFT_EXT_MS)
 
 
-class Scheduler:
+class Scheduler(FakeScheduler):
+    """The overlap loop of ``FakeScheduler`` on this module's device: the forward on a forward stream
+    with the step's inputs copied into static buffers, ``copy_done`` on a copy stream."""
+
     def __init__(self, worker, device_sync=True):
-        self.model_worker = worker
+        super().__init__(worker)
         self.server_args = ServerArgs()
-        self.forward_ct = 0
         self.device_sync = device_sync  # False: the device lags behind the host (query() False)
-        self.last_batch = None
-        self.result_queue = deque()
         self.forward_stream = DEV.Stream("forward")
         self.copy_stream = DEV.Stream("copy")
 
@@ -282,30 +282,6 @@ class Scheduler:
             req.spec_verify_ct += 1
             req.output_ids.extend([7] * result.accept_lens.vals[0])
         return "processed"
-
-    def is_disable_overlap_for_batch(self, batch, last_batch):
-        return False
-
-    def loop_overlap(self, batches):
-        """Scheduler.event_loop_overlap, reduced to what matters here."""
-        for batch in list(batches) + [None]:
-            self.step(batch)
-        self.drain()
-
-    def step(self, batch):
-        """One iteration of the overlap loop (None: nothing to launch)."""
-        disable = self.is_disable_overlap_for_batch(batch, self.last_batch)
-        if disable and self.result_queue:
-            self.process_batch_result(*self.result_queue.popleft())
-        if batch is not None:
-            self.result_queue.append((batch, self.run_batch(batch)))
-        if self.last_batch is not None and not disable and self.result_queue:
-            self.process_batch_result(*self.result_queue.popleft())
-        self.last_batch = batch
-
-    def drain(self):
-        while self.result_queue:
-            self.process_batch_result(*self.result_queue.popleft())
 
 
 M = __name__
