@@ -7,12 +7,15 @@ Models are built once into ``.cache/models`` (deterministic, no download).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -41,6 +44,21 @@ def write_dist_info(directory: str, module: str) -> str:
     with open(os.path.join(d, "entry_points.txt"), "w") as f:
         f.write(f"[sglang.srt.plugins]\n{module} = {module}:register\n")
     return d
+
+
+def path_loaded(plugin_dir: Path, folder: str | Path) -> tuple[ModuleType, dict[str, str]]:
+    """Load the test-only plugin in ``plugin_dir`` (tests/plugins/<module>) into a server without
+    installing it: import the module here (for its ``ENV`` names), write its entry point into
+    ``folder``, and return the module and the server env whose ``PYTHONPATH`` is the plugin's folder,
+    ``folder``, then the caller's own ``PYTHONPATH`` (a worktree's code still wins)."""
+    sys.path.insert(0, str(plugin_dir))
+    try:
+        mod = importlib.import_module(plugin_dir.name)
+    finally:
+        sys.path.remove(str(plugin_dir))
+    write_dist_info(str(folder), mod.__name__)
+    path = os.pathsep.join(x for x in (str(plugin_dir), str(folder), os.environ.get("PYTHONPATH", "")) if x)
+    return mod, {"PYTHONPATH": path}
 
 
 def start_server(name: str, args: list[str], env: dict | None = None):

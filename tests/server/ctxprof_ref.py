@@ -15,11 +15,10 @@ import concurrent.futures as cf
 import glob
 import json
 import os
-import sys
 import tempfile
 import time
 
-from conftest import ROOT, generate, http, rand_ids, start_server, tiny, write_dist_info
+from conftest import ROOT, generate, http, path_loaded, rand_ids, start_server, tiny
 from sglang_ctxprof.model import names
 from sglang_ctxprof.cli.server import cpu_args
 
@@ -69,13 +68,8 @@ SELFCHECK_PLUGIN = ROOT / "tests" / "plugins" / "ctxprof_selfcheck"
 def selfcheck_env() -> tuple[str, dict]:
     """A fresh report directory, and the env that path-loads the test-only selfcheck plugin."""
     d = tempfile.mkdtemp(prefix="ctxprof-selfcheck-")
-    sys.path.insert(0, str(SELFCHECK_PLUGIN))
-    try:
-        import ctxprof_selfcheck
-    finally:
-        sys.path.remove(str(SELFCHECK_PLUGIN))
-    write_dist_info(d, ctxprof_selfcheck.__name__)
-    return d, {ctxprof_selfcheck.ENV: d, "PYTHONPATH": f"{SELFCHECK_PLUGIN}:{d}"}
+    ctxprof_selfcheck, env = path_loaded(SELFCHECK_PLUGIN, d)
+    return d, {**env, ctxprof_selfcheck.ENV: d}
 
 
 def flag_off() -> dict:

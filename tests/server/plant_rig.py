@@ -1,42 +1,29 @@
 """A real server with the test-only ``ctxprof_plant`` plugin (tests/plugins/ctxprof_plant) loaded.
 
-The plugin is path-loaded: its folder and a dist-info entry point written into the test's temp
-folder go on the server's ``PYTHONPATH`` (after nothing, before the caller's own, so a worktree's
-code still wins), nothing is installed.  The server reads its planted causes from ``plant.json`` in
+The plugin is path-loaded (``conftest.path_loaded``): its folder and a dist-info entry point written
+into the test's temp folder go on the server's ``PYTHONPATH`` ahead of the caller's own (so a
+worktree's code still wins); nothing is installed.  The server reads its planted causes from ``plant.json`` in
 that folder; ``plant(srv, **cfg)`` rewrites it between phases.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, start_server, write_dist_info
+from conftest import ROOT, path_loaded, start_server
 
 PLANT = ROOT / "tests" / "plugins" / "ctxprof_plant"
-
-
-def _plugin():
-    sys.path.insert(0, str(PLANT))
-    try:
-        import ctxprof_plant
-    finally:
-        sys.path.remove(str(PLANT))
-    return ctxprof_plant
 
 
 def planted_env(folder: Path, env: dict[str, str] | None = None) -> tuple[dict[str, str], Path]:
     """The server environment that loads the plant plugin from ``folder`` with nothing planted,
     and the ``plant.json`` it reads."""
-    mod = _plugin()
-    write_dist_info(str(folder), mod.__name__)
+    mod, loaded = path_loaded(PLANT, folder)
     plant_file = folder / "plant.json"
     plant_file.write_text("{}")
-    path = ":".join(x for x in (str(PLANT), str(folder), os.environ.get("PYTHONPATH", "")) if x)
-    return {**(env or {}), "PYTHONPATH": path, mod.ENV: str(plant_file)}, plant_file
+    return {**(env or {}), **loaded, mod.ENV: str(plant_file)}, plant_file
 
 
 def start_planted(name: str, args: list[str], folder: Path, env: dict[str, str] | None = None):

@@ -14,7 +14,6 @@ import concurrent.futures as cf
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import uuid
@@ -23,7 +22,7 @@ from http.client import HTTPConnection
 import pytest
 
 import ctxprof_ref
-from conftest import ROOT, http, rand_ids, start_server, write_dist_info
+from conftest import ROOT, http, path_loaded, rand_ids, start_server
 from sglang_ctxprof.model import names
 
 pytestmark = pytest.mark.server
@@ -38,16 +37,11 @@ SOAK = [(40 + 50 * i, (1, 9, 33, 96)[i % 4], ("", "", "stream", "abandon" if i %
 @pytest.fixture(scope="module")
 def server():
     d = tempfile.mkdtemp(prefix="ctxprof-fault-")
-    sys.path.insert(0, str(FAULT_PLUGIN))
-    try:
-        import ctxprof_fault
-    finally:
-        sys.path.remove(str(FAULT_PLUGIN))
-    write_dist_info(d, ctxprof_fault.__name__)
+    ctxprof_fault, env = path_loaded(FAULT_PLUGIN, d)
     fault_file = os.path.join(d, "fault.json")
     with open(fault_file, "w") as f:
         json.dump({"fault": ""}, f)
-    env = {ctxprof_fault.ENV: fault_file, "PYTHONPATH": f"{FAULT_PLUGIN}:{d}:{os.environ.get('PYTHONPATH', '')}"}
+    env[ctxprof_fault.ENV] = fault_file
     srv = start_server("audit-faults", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics"], env=env)
     srv.fault_file = fault_file
     try:
