@@ -1,16 +1,11 @@
 """The capture's budget and state machine (``collect.capture``) with a fake SGLang profiler manager.
 
-The fake mirrors ``SchedulerProfilerManager`` where the capture relies on it: ``_profile(ProfileReq)``
-starts a profiler object held in ``torch_profiler`` and sets ``profile_in_progress``;
-``_stop_profile()`` calls the profiler's ``stop()`` and then ``export_chrome_trace(path)`` with a
-``<prefix>-<profile_id>-TP-0.trace.json.gz`` path, then, if ``torch_profiler`` is still set, drops
-it and runs ``gc.collect()`` (counted here), and clears ``profile_in_progress``.
+The fake (``testing.fake_profiler``) mirrors ``SchedulerProfilerManager`` where the capture relies
+on it.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import time
 from types import SimpleNamespace
@@ -23,78 +18,15 @@ from sglang_ctxprof.collect.capture import MIN_BUCKET_STEPS, Capture
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings
 from sglang_ctxprof.model.records import RankId, StepRecord
-
-
-class FakeTorchProfiler:
-    def __init__(self) -> None:
-        self.stopped = False
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    def export_chrome_trace(self, path: str) -> None:
-        assert self.stopped
-        with gzip.open(path, "wt") as f:
-            json.dump({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 1.0, "dur": 2.0}],
-                       "baseTimeNanoseconds": 0, "pad": os.urandom(4000).hex()}, f)  # ~4.3 kB gzipped
-
-
-class FakeProfilerManager:
-    def __init__(self) -> None:
-        self.torch_profiler = None
-        self.profile_in_progress = False
-        self.out_dir = ""
-        self.profile_id = ""
-        self.collected = 0
-
-    def _profile(self, req):
-        if self.profile_in_progress:
-            return SimpleNamespace(success=False, message="Profiling is already in progress.")
-        self.out_dir, self.profile_id, self.prefix = req.output_dir, req.profile_id, req.profile_prefix
-        self.activities = req.activities
-        self.torch_profiler = FakeTorchProfiler()
-        self.profile_in_progress = True
-        return SimpleNamespace(success=True, message="Succeeded")
-
-    def _stop_profile(self):
-        self.torch_profiler.stop()
-        self.torch_profiler.export_chrome_trace(
-            os.path.join(self.out_dir, f"{self.prefix}-{self.profile_id}-TP-0.trace.json.gz"))
-        if self.torch_profiler is not None:  # SGLang: drop the profiler and gc.collect()
-            self.torch_profiler = None
-            self.collected += 1
-        self.profile_in_progress = False
-
-
-class FakeScheduler:
-    def __init__(self) -> None:
-        self.profiler_manager = FakeProfilerManager()
-        self.forward_ct = 0
-        self.server_args = SimpleNamespace(device="cpu", tp_size=1, pp_size=1)
-
-    def step(self, cap: Capture, rids=("a",)) -> None:
-        batch = SimpleNamespace(reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens_sum=100 * len(rids))
-        if cap.armed:
-            cap.tick(self, batch)
-        self.forward_ct += 1
+from sglang_ctxprof.testing.fake_profiler import CaptureScheduler, wait_state
 
 
 def settings(tmp_path, **kw) -> CaptureSettings:
     return CaptureSettings(dir=str(tmp_path), **{"interval_s": 60.0, "steps": 3, **kw})
 
 
-def wait_state(cap: Capture, cid: str, timeout: float = 10.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        c = cap.find(cid)
-        if c.state in (names.CAPTURE_DONE, names.CAPTURE_FAILED, names.CAPTURE_DELETED):
-            return c
-        time.sleep(0.01)
-    raise AssertionError(cap.find(cid))
-
-
 def test_a_capture_runs_n_steps_labels_phases_and_exports_off_the_thread(tmp_path):
-    cap, s = Capture(settings(tmp_path)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path)), CaptureScheduler()
     cap.bind(s)
     s.step(cap)
     assert not cap.armed  # nothing asked: ticks never run
@@ -120,7 +52,7 @@ def test_a_capture_runs_n_steps_labels_phases_and_exports_off_the_thread(tmp_pat
 
 
 def test_the_budget_suppresses_and_counts(tmp_path):
-    cap, s = Capture(settings(tmp_path, interval_s=60.0, max_steps=8)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, interval_s=60.0, max_steps=8)), CaptureScheduler()
     with pytest.raises(ValueError):
         cap.request(names.TRIGGER_MANUAL, steps=9)
     with pytest.raises(ValueError):
@@ -140,7 +72,7 @@ def test_the_budget_suppresses_and_counts(tmp_path):
 
 
 def test_the_byte_cap_deletes_the_oldest_first(tmp_path):
-    cap, s = Capture(settings(tmp_path, interval_s=0.0, max_mb=0.006, steps=1)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, interval_s=0.0, max_mb=0.006, steps=1)), CaptureScheduler()
     ids = []
     for i in range(3):
         ids.append(cap.request(names.TRIGGER_MANUAL, now_s=float(i))["capture"]["id"])
@@ -160,7 +92,7 @@ def test_the_byte_cap_deletes_the_oldest_first(tmp_path):
 
 
 def test_a_rid_capture_waits_for_its_request_and_stops_when_it_leaves(tmp_path):
-    cap, s = Capture(settings(tmp_path, steps=5)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, steps=5)), CaptureScheduler()
     cid = cap.request(names.TRIGGER_RID, rid="r1")["capture"]["id"]
     s.step(cap, rids=("x",))
     assert cap.find(cid).state == names.CAPTURE_PENDING
@@ -173,7 +105,7 @@ def test_a_rid_capture_waits_for_its_request_and_stops_when_it_leaves(tmp_path):
 
 
 def test_sglangs_running_profiler_is_left_alone(tmp_path):
-    cap, s = Capture(settings(tmp_path)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path)), CaptureScheduler()
     s.profiler_manager.profile_in_progress = True  # a user's /start_profile
     cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
     s.step(cap)
@@ -183,7 +115,7 @@ def test_sglangs_running_profiler_is_left_alone(tmp_path):
 
 
 def test_an_idle_server_stops_a_running_capture_at_the_second_control_request(tmp_path):
-    cap, s = Capture(settings(tmp_path, steps=8)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, steps=8)), CaptureScheduler()
     cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
     s.step(cap)
     cap.idle(s)
@@ -232,14 +164,14 @@ def test_the_host_gap_trigger_and_off_by_default(tmp_path):
 
 
 def test_automatic_triggers_are_off_when_ranks_would_have_to_agree(tmp_path):
-    cap, s = Capture(settings(tmp_path, slow_factor=2.0)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, slow_factor=2.0)), CaptureScheduler()
     s.server_args.tp_size = 2
     cap.bind(s)
     assert not cap.auto and cap.status()["triggers"][names.TRIGGER_SLOW_STEP]["on"] is False
 
 
 def test_disabling_profiling_stops_a_running_capture_and_drops_a_pending_one(tmp_path):
-    cap, s = Capture(settings(tmp_path, interval_s=0.0, steps=8)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path, interval_s=0.0, steps=8)), CaptureScheduler()
     cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
     s.step(cap)
     cap.halt(s)
@@ -250,7 +182,7 @@ def test_disabling_profiling_stops_a_running_capture_and_drops_a_pending_one(tmp
 
 
 def test_a_failure_inside_a_capture_ends_it_and_not_the_step(tmp_path):
-    cap, s = Capture(settings(tmp_path)), FakeScheduler()
+    cap, s = Capture(settings(tmp_path)), CaptureScheduler()
     cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
     s.step(cap)
     prof = s.profiler_manager.torch_profiler

@@ -9,9 +9,8 @@ from sglang_ctxprof.collect.tail_trigger import MIN_STEPS, running_reason
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings, CtxProfConfig
 from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.testing.fake_profiler import CaptureScheduler, wait_state
 from sglang_ctxprof.views.policy import TracePolicy
-
-from test_capture import FakeScheduler, wait_state
 
 
 def rec(step_id: int, ms: float, rids=("a",), committed=None, finished=None) -> StepRecord:
@@ -67,7 +66,7 @@ def test_a_slow_running_request_fires_one_rid_capture_of_its_next_steps(tmp_path
     assert c.rid == "a" and c.trigger_step == 2 and "step 400.0 ms > 250 ms" in c.reason
     feed(cap, rec(3, 500.0, rids=("a",)))  # a is judged once: no second request, no suppression
     assert cap.status()["suppressed"] == {}
-    s = FakeScheduler()
+    s = CaptureScheduler()
     s.forward_ct = 3
     for rids in (("a",), ("a",), ("a",), ("a",)):
         s.step(cap, rids=rids)
@@ -99,7 +98,7 @@ def test_a_request_that_finished_before_its_capture_started_fails_it_soon(tmp_pa
     cap, _ = tail_capture(tmp_path, TracePolicy(slow_tok_s=0.0, slow_step_ms=250.0))
     feed(cap, rec(1, 400.0))
     cid = cap.current.id
-    s = FakeScheduler()
+    s = CaptureScheduler()
     for _ in range(AUTO_RID_WAIT_STEPS + 1):
         s.step(cap, rids=("other",))
     c = cap.find(cid)
