@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from sglang_ctxprof.aggregate.requests import RequestLog
@@ -85,29 +86,26 @@ def test_overflow_keeps_each_request_whole_or_drops_it_whole():
     view.shutdown()
 
 
-def test_a_request_that_fits_after_the_queue_drains_is_exported_whole():
+@pytest.mark.parametrize("queue, requests, exported", [
+    # 5 x 34 spans through a queue of 64: each waits for the queue to drain, then fits whole
+    (64, [(f"r{i}", 4) for i in range(5)], {f"r{i}" for i in range(5)}),
+    # 26 spans can never fit a queue of 16: dropped whole and counted; the 10-span one still fits
+    (16, [("big", 3), ("small", 1)], {"small"}),
+], ids=["fits-after-drain", "larger-than-queue"])
+def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, requests, exported):
     exp = _Recording()
     exp.release.set()
-    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=64)
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=queue)
     view = OtelView(prov, stats)
-    for i in range(5):  # 5 x 34 spans through a queue of 64: each waits for room or is dropped whole
-        view.export_request(_request(f"r{i}", 4))
+    for rid, n_steps in requests:
+        view.export_request(_request(rid, n_steps))
         view.flush()
+    spans = {rid: 2 + SPANS_PER_STEP * n for rid, n in requests}
+    by_rid = {s.attributes[names.ATTR_RID]: len(v) for v in _by_trace(exp.spans).values()
+              for s in v if s.name == names.SPAN_REQUEST}
+    assert by_rid == {rid: spans[rid] for rid in exported}  # whole: every span of each exported one
     d = stats.to_dict()
-    assert d["requests_exported"] == 5 and d["requests_dropped"] == 0
-    assert all(len(v) == 34 for v in _by_trace(exp.spans).values()) and len(exp.spans) == 5 * 34
-    view.shutdown()
-
-
-def test_a_request_larger_than_the_queue_is_dropped_whole_and_counted():
-    exp = _Recording()
-    exp.release.set()
-    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=16)
-    view = OtelView(prov, stats)
-    view.export_request(_request("big", 3))  # 26 spans > 16
-    view.export_request(_request("small", 1))  # 10 spans
-    view.flush()
-    d = stats.to_dict()
-    assert d["requests_dropped"] == 1 and d["requests_exported"] == 1
-    assert d["spans_dropped"] == 26 and d["spans_exported"] == 10 == len(exp.spans)
+    assert d["requests_exported"] == len(exported) and d["requests_dropped"] == len(requests) - len(exported)
+    assert d["spans_exported"] == sum(spans[r] for r in exported) == len(exp.spans)
+    assert d["spans_dropped"] == sum(n for r, n in spans.items() if r not in exported)
     view.shutdown()
