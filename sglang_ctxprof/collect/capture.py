@@ -40,14 +40,15 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..aggregate.aggregator import Aggregator
 from ..model import names
 from ..model.config import CaptureSettings
 from ..model.records import StepRecord
+from ..model.sinks import BindFacts
 from . import adapter_capture, hooks
-from .tail_trigger import Policy, TailTrigger
+from .tail_trigger import TailTrigger
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +94,10 @@ class CaptureInfo:
 
 
 class Capture:
-    def __init__(self, cfg: CaptureSettings, guard: Any = None,
-                 policy: Callable[[], Optional[Policy]] = lambda: None) -> None:
-        """``policy()``: the trace policy now (the slow-request trigger asks it)."""
+    def __init__(self, cfg: CaptureSettings, guard: Any = None) -> None:
         self.cfg = cfg
-        self.tail = TailTrigger(policy) if cfg.slow_request else None
+        self.facts = BindFacts()  # the profiler's, from bind on: the slow-request trigger asks its policy()
+        self.tail = TailTrigger() if cfg.slow_request else None
         self.guard = guard
         self.armed = False  # the hot path's one check: a capture is pending, running or exporting
         self.auto = cfg.auto  # automatic triggers (turned off on multi-rank groups at bind)
@@ -117,9 +117,11 @@ class Capture:
         self._prev_end_ns = 0
         self._last_tick_ns = 0
 
-    def bind(self, scheduler: Any) -> None:
+    def bind(self, scheduler: Any, facts: BindFacts = BindFacts()) -> None:
         """Device and ranks, at the profiler's first step: GPU activity on a GPU; automatic
-        triggers only where one rank decides (SGLang's stop barrier spans the TP group)."""
+        triggers only where one rank decides (SGLang's stop barrier spans the TP group); the
+        process's ``facts`` (the trace policy the slow-request trigger judges with)."""
+        self.facts = facts
         self.gpu = "cuda" in str(getattr(getattr(scheduler, "server_args", None), "device", "") or "")
         if self.auto and adapter_capture.world_size(scheduler) > 1:
             self.auto = False
@@ -161,7 +163,7 @@ class Capture:
         if not self.auto:
             return
         if self.tail is not None:  # first: it also names the request
-            self.tail.observe(rec, self.request)
+            self.tail.observe(rec, self.facts.policy(), self.request)
         gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
         self._prev_end_ns = max(self._prev_end_ns, rec.host_end_ns)
         if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:

@@ -38,7 +38,7 @@ from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
 from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU,
                            TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
-from ..model.sinks import BindFacts, ExporterSet
+from ..model.sinks import BindFacts, ExporterSet, Policy
 from .capture import Capture, CaptureSink
 from .cost import Cost
 from .host import HostFacts, IdCache
@@ -100,7 +100,7 @@ class Profiler:
         self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
         self.parked = Parked()
         self.hw: Optional[dict[str, Any]] = None
-        self.capture = Capture(config.capture, self.guard, policy=lambda: getattr(self.exporters, "policy", None))
+        self.capture = Capture(config.capture, self.guard)
         if self.capture.auto:  # the automatic triggers read each record after the aggregator
             self.recorder.sinks.append(CaptureSink(self.capture, self.aggregator))
 
@@ -136,11 +136,12 @@ class Profiler:
             return
         self.identify(scheduler)
         self._bound = scheduler
-        self.capture.bind(scheduler)
+        facts = self.bind_facts(scheduler)
+        self.capture.bind(scheduler, facts)
         if self.graph is None:
             self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
         if self.exporters is not None:
-            self.guard.run("exporter", self.exporters.bind, self.bind_facts(scheduler))
+            self.guard.run("exporter", self.exporters.bind, facts)
         self.recorder.start()
 
     def bind_facts(self, scheduler: Any) -> BindFacts:
@@ -150,7 +151,11 @@ class Profiler:
         return BindFacts(primary=rank is None or rank.tp == 0, model_name=adapter.served_model_name(sa),
                          metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
                          dropped=self.recorder.dropped_count, degraded=self.guard.status,
-                         audit=self.audit_counts)
+                         audit=self.audit_counts, policy=self.trace_policy)
+
+    def trace_policy(self) -> Optional[Policy]:
+        """The exporters' trace policy as it is now (``ExporterSet.policy``), None without exporters."""
+        return self.exporters.policy if self.exporters is not None else None
 
     def audit_counts(self) -> Optional[Mapping[str, int]]:
         """The live self-audit's violations per invariant (``aggregate.audit``), or None when off."""

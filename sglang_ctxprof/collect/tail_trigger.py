@@ -1,8 +1,9 @@
 """The slow-request capture trigger: a running request that the trace policy judges slow gets its
 next steps captured.
 
-The trace policy (``views.policy.TracePolicy``, the same object the trace sinks decide with, read
-at each record so that ``POST /ctx_profile/trace_policy`` changes it at run time) judges a
+The trace policy (``views.policy.TracePolicy``, the same object the trace sinks decide with; the
+capture reads it at each record through ``BindFacts.policy``, so that ``POST /ctx_profile/trace_policy``
+changes it at run time) judges a
 *finished* request from its whole history.  This trigger asks it the same question about a request
 that is still running, after each of its decode steps, with the totals so far (steps, decode tok/s,
 slowest step: the keys of a ``request_log`` summary).  Two differences, both on purpose:
@@ -21,22 +22,15 @@ when ``SGLANG_CTXPROF_CAPTURE_SLOW_REQUEST=1``: off, it is not registered at all
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from ..aggregate.requests import _tok_s
 from ..model import names
 from ..model.records import StepRecord
+from ..model.sinks import Policy
 
 MIN_STEPS = 4  # decode steps before the tok/s criterion judges a running request
 MAX_TRACKED = 8192  # running requests tracked at once (the oldest are forgotten first)
-
-
-class Policy(Protocol):
-    """What this trigger needs of ``views.policy.TracePolicy`` (collect does not import views)."""
-
-    def step_is_slow(self, step_ms: float) -> bool: ...
-
-    def slow_reason(self, summary: Any) -> str: ...
 
 
 def running_reason(policy: Optional[Policy], steps: int, committed: int, decode_ms: float,
@@ -51,16 +45,14 @@ def running_reason(policy: Optional[Policy], steps: int, committed: int, decode_
 
 
 class TailTrigger:
-    def __init__(self, policy: Callable[[], Optional[Policy]]) -> None:
-        self.policy = policy
+    def __init__(self) -> None:
         self._reqs: dict[str, list[float]] = {}  # rid -> [steps, committed, decode_ms, max_step_ms]
         self._judged: set[str] = set()  # running rids already judged slow (fired or suppressed)
 
-    def observe(self, rec: StepRecord, request: Callable[..., dict[str, Any]]) -> None:
-        """One record; ``request`` is ``Capture.request``."""
+    def observe(self, rec: StepRecord, pol: Optional[Policy], request: Callable[..., dict[str, Any]]) -> None:
+        """One record, judged by the trace policy ``pol`` as it is now; ``request`` is ``Capture.request``."""
         if rec.kind != names.KIND_DECODE:
             return
-        pol = self.policy()
         reqs, ms = self._reqs, rec.step_ms
         for rid, com, fin in zip(rec.rids, rec.committed, rec.finished):
             t = reqs.get(rid)

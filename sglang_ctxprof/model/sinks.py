@@ -35,6 +35,14 @@ class RecordSink(Protocol):
     def stop(self) -> None: ...
 
 
+class Policy(Protocol):
+    """The trace policy's judgement of slowness (``views.policy.TracePolicy``), as collect reads it."""
+
+    def step_is_slow(self, step_ms: float) -> bool: ...
+
+    def slow_reason(self, summary: Mapping[str, Any]) -> str: ...
+
+
 def _no_history(rid: str) -> Optional[Mapping[str, Any]]:
     return None
 
@@ -51,6 +59,10 @@ def _no_audit() -> Optional[Mapping[str, int]]:
     return None
 
 
+def _no_policy() -> Optional[Policy]:
+    return None
+
+
 @dataclass(frozen=True)
 class BindFacts:
     """What the exporter sinks need from the process, known once the profiler is bound.
@@ -60,8 +72,11 @@ class BindFacts:
     with ``--enable-metrics``; ``history(rid)``: the aggregator's request history (the recorder
     feeds the aggregator before any sink); ``dropped()``: records the recorder's queue dropped;
     ``degraded()``: the fault guard's status (``{"components": {...}}`` or None); ``audit()``: the
-    live self-audit's violations per invariant (``aggregate.audit``; None when it is off).  The defaults are
-    a primary rank with no history and metrics off (before bind, and in tests)."""
+    live self-audit's violations per invariant (``aggregate.audit``; None when it is off);
+    ``policy()``: the exporters' trace policy as it is now (``ExporterSet.policy``, which
+    ``POST /ctx_profile/trace_policy`` replaces; None without exporters), which the slow-request
+    capture trigger judges with.  The defaults are a primary rank with no history, metrics off and
+    no policy (before bind, and in tests)."""
 
     primary: bool = True
     model_name: str = ""
@@ -70,6 +85,7 @@ class BindFacts:
     dropped: Callable[[], int] = _zero
     degraded: Callable[[], Optional[Mapping[str, Any]]] = _healthy
     audit: Callable[[], Optional[Mapping[str, int]]] = _no_audit
+    policy: Callable[[], Optional[Policy]] = _no_policy
 
 
 class ExporterSet(Protocol):
@@ -80,6 +96,9 @@ class ExporterSet(Protocol):
     def sinks(self) -> Sequence[RecordSink]: ...
 
     def bind(self, facts: BindFacts) -> None: ...
+
+    @property
+    def policy(self) -> Policy: ...
 
     def set_policy(self, changes: Mapping[str, Any]) -> None: ...
 

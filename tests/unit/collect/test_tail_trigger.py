@@ -9,6 +9,7 @@ from sglang_ctxprof.collect.tail_trigger import MIN_STEPS, running_reason
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings, CtxProfConfig
 from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.model.sinks import BindFacts
 from sglang_ctxprof.testing.fake_profiler import CaptureScheduler, wait_state
 from sglang_ctxprof.views.policy import TracePolicy
 
@@ -23,7 +24,9 @@ def rec(step_id: int, ms: float, rids=("a",), committed=None, finished=None) -> 
 def tail_capture(tmp_path, policy: TracePolicy, **kw) -> tuple[Capture, list]:
     box = [policy]
     cfg = CaptureSettings(dir=str(tmp_path), **{"interval_s": 60.0, "steps": 3, "slow_request": True, **kw})
-    return Capture(cfg, policy=lambda: box[0]), box
+    cap = Capture(cfg)
+    cap.bind(CaptureScheduler(), BindFacts(policy=lambda: box[0]))  # the trigger asks the bind facts
+    return cap, box
 
 
 def feed(cap: Capture, *recs: StepRecord) -> None:
@@ -114,14 +117,22 @@ def test_tracking_is_dropped_when_a_request_finishes(tmp_path):
     assert cap.tail.tracked() == 0
 
 
-def test_the_profiler_hands_the_trigger_its_exporters_live_policy():
-    """The trigger reads the policy the exporters hold (``Profiler.exporters``), as it is now."""
+def test_the_profiler_hands_the_trigger_its_exporters_live_policy_through_bind_facts():
+    """The trigger reads the policy the exporters hold, as it is now, through the typed
+    ``BindFacts.policy`` the profiler builds from ``ExporterSet.policy`` (a rename of either breaks
+    this test and the type check, where a run-time attribute lookup silently turned the trigger off)."""
     from sglang_ctxprof.collect.profiler import Profiler
     from sglang_ctxprof.views.exporters import build
 
     p = Profiler(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_SLOW_REQUEST: "1"}))
-    assert p.capture.tail.policy() is None  # no exporters yet: nothing judged slow
+    sched = CaptureScheduler()
+    assert p.bind_facts(sched).policy() is None  # no exporters: nothing judged slow
     p.attach_exporters(build(p.config, env={}))
-    assert p.capture.tail.policy() is p.exporters.policy
-    p.exporters.set_policy({"slow_step_ms": 5.0})
-    assert p.capture.tail.policy().slow_step_ms == 5.0
+    try:
+        p.bind(sched)
+        assert p.capture.facts.policy() is p.exporters.policy
+        p.exporters.set_policy({"slow_step_ms": 5.0})
+        pol = p.capture.facts.policy()
+        assert pol is not None and pol.step_is_slow(6.0) and not pol.step_is_slow(4.0)
+    finally:
+        p.recorder.close()
