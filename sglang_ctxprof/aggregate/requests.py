@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 from operator import itemgetter
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord, step_end_ns
@@ -274,7 +274,7 @@ class LazyRows(Sequence):
 
     __slots__ = ("_rows",)
 
-    def __init__(self, rows: Any) -> None:
+    def __init__(self, rows: Iterable[StepRow]) -> None:
         self._rows = tuple(rows)
 
     def __len__(self) -> int:

@@ -45,6 +45,7 @@ from typing import Any, Optional
 from ..aggregate.aggregator import Aggregator
 from ..model import names
 from ..model.config import CaptureSettings
+from ..model.guard import Guard
 from ..model.records import StepRecord
 from ..model.sinks import BindFacts
 from . import adapter_capture, hooks
@@ -94,7 +95,7 @@ class CaptureInfo:
 
 
 class Capture:
-    def __init__(self, cfg: CaptureSettings, guard: Any = None) -> None:
+    def __init__(self, cfg: CaptureSettings, guard: Optional[Guard] = None) -> None:
         self.cfg = cfg
         self.facts = BindFacts()  # the profiler's, from bind on: the slow-request trigger asks its policy()
         self.tail = TailTrigger() if cfg.slow_request else None

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from ..model.config import GraphSettings
 from ..model.names import TIMING_CPU, TIMING_CUDA_EVENTS
+
+if TYPE_CHECKING:
+    from .graph_clock import GraphTimer
 
 
 Token = Any  # a clock's opaque mark: an int on the CPU clock, a torch.cuda.Event on CUDA
@@ -109,7 +112,7 @@ def make_clock(device: str | None) -> Clock:
     return CpuClock()
 
 
-def make_graph_timer(device: str | None, settings: Optional[GraphSettings] = None) -> Any:
+def make_graph_timer(device: str | None, settings: Optional[GraphSettings] = None) -> "Optional[GraphTimer]":
     """A GraphTimer on CUDA (``external=`` feature-detected), None elsewhere."""
     settings = settings or GraphSettings()
     if not (device and str(device).startswith("cuda")):

@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import fields
 from itertools import compress, repeat
 from operator import add, eq, ne, sub
-from typing import Any, Optional
+from typing import Optional
 
 from ..model.names import KIND_DECODE
-from ..model.records import StepRecord
+from ..model.records import RankId, StepRecord
 from . import adapter
 from .clocks import CpuClock
-from .step import resolve
+from .step import StepBuilder, resolve
 
 
 def _reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
@@ -71,7 +71,7 @@ class HostFacts:
     __slots__ = ("ids", "spec", "reqs", "lens_pre", "vct_pre", "emitted", "vct_post", "fin", "accepts",
                  "builder", "full_phases", "done_pre") + _CARRIED
 
-    def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Any, spec: bool,
+    def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Optional[RankId], spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
                  vct_post: Optional[list], fin: list, accepts: Optional[list], draft_tokens: int,
                  trace_parents: tuple = ()) -> None:
@@ -94,7 +94,7 @@ class HostFacts:
         self.phases_ms: dict[str, float] = {}
         self.t_start_ns = 0
         self.timing = ""
-        self.builder: Any = None  # a CPU-clock step's builder, resolved here instead of on the hot path
+        self.builder: Optional[StepBuilder] = None  # a CPU-clock step's builder, resolved here instead of on the hot path
         self.full_phases = False
         self.non_draft_tokens = 1  # block drafters: set from the result (records.StepRecord)
         self.block_size = 0

@@ -170,8 +170,9 @@ class Profiler:
             req["captures"] = self.capture.for_rid(rid)
         return req
 
-    def ensure_graph(self) -> GraphTimer:
-        """The graph timer; built on the first CUDA-graph capture (model init runs before bind)."""
+    def ensure_graph(self) -> Optional[GraphTimer]:
+        """The graph timer; built on the first CUDA-graph capture (model init runs before bind);
+        None where torch has no CUDA (then nothing is timed in graphs)."""
         if self.graph is None:
             self.graph = make_graph_timer("cuda", self.config.graph)
         return self.graph

@@ -22,6 +22,7 @@ from ..model.names import LEAF_PHASES, Phase
 from ..model.stats import theil_sen
 from . import capture_refs
 from .audit_view import audit_counts
+from .profile import Profile
 
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
 _DEC = Phase.DECODE.value
@@ -71,7 +72,7 @@ def leaves(phases: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def evidence_from_profile(profile: Any, source: str = "profile") -> Evidence:
+def evidence_from_profile(profile: Profile, source: str = "profile") -> Evidence:
     pts = []
     for b in profile.buckets:
         step = b.robust_ms(_STEP)

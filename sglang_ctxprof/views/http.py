@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, Optional
 
 from starlette.requests import Request
 
+from ..control.client import ControlClient
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
@@ -52,11 +53,13 @@ MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
-_CLIENT: Any = None  # control.client.ControlClient, given by install_routes
+_CLIENT: Optional[ControlClient] = None  # given by install_routes
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
     """Send one control command to every DP group and return their ctx_profile payloads."""
+    if _CLIENT is None:
+        raise RuntimeError("sglang-ctxprof: the control client is not installed (install_routes)")
     return await _CLIENT.ask(cmd, **args)
 
 
@@ -300,7 +303,7 @@ async def trace_policy(request: Request):
             "ranks": [p.get("exporters") for p in payloads]}
 
 
-def install_routes(app: Any, client: Any, admin: Any) -> None:
+def install_routes(app: Any, client: ControlClient, admin: Any) -> None:
     """Add the routes to SGLang's FastAPI ``app``.  ``client`` (a ControlClient) reaches the
     schedulers; ``admin`` wraps a write route in SGLang's ADMIN_OPTIONAL auth level (given by the
     wiring from the adapter, so this module imports nothing of SGLang's internals)."""

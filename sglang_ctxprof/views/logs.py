@@ -30,7 +30,7 @@ from ..model import names
 from ..model.config import LogSettings
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
-from .policy import max_step_ms
+from .policy import TracePolicy, max_step_ms
 
 def _open(dest: str) -> Any:
     if dest == "stderr":
@@ -71,7 +71,7 @@ class _Window:
 
 
 class LogView:
-    def __init__(self, cfg: LogSettings, policy: Callable[[], Any], logger: Any = None,
+    def __init__(self, cfg: LogSettings, policy: Callable[[], TracePolicy], logger: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.policy = policy

@@ -24,7 +24,7 @@ from ..model.buckets import Bucketing
 from ..model.names import LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
 from ..model.roofline import bucket_roofline
 from ..model.names import FIT_ROBUST_METHOD
-from ..model.stats import theil_sen
+from ..model.stats import DurationStats, theil_sen
 from ..aggregate import acceptance as acc
 from ..aggregate.outliers import robust as robust_bucket
 from .bucket_views import BucketView, PhaseView, PrefillView, _div
@@ -150,7 +150,7 @@ class Profile:
             raise ValueError(f"not a ctx profile body: {type(exc).__name__}: {exc}") from exc
 
 
-def _phase_view(st: Any) -> PhaseView:
+def _phase_view(st: DurationStats) -> PhaseView:
     s = st.summary()
     return PhaseView(int(s["count"]), s["mean_ms"], s["p50_ms"], s["p90_ms"], s["p99_ms"], s["total_ms"])
 
