@@ -328,7 +328,8 @@ class Capture:
             if total <= cap:
                 break
             try:
-                os.remove(c.path)
+                if c.path is not None:
+                    os.remove(c.path)
             except OSError:
                 pass
             total -= c.bytes

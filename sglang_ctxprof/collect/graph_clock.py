@@ -195,7 +195,7 @@ class GraphTimer:
         self._capture_key = None
         self._depth = 0
         self.capture_s += time.perf_counter() - self._t0
-        if self._m0 is not None and self.capture_bytes is not None:
+        if self._memory is not None and self._m0 is not None and self.capture_bytes is not None:
             self.capture_bytes += max(0, self._memory() - self._m0)
         if ok:
             self._copies.add(key)
@@ -226,10 +226,13 @@ class GraphTimer:
             if self.reading:
                 self._disable(f"the timed copies hold MAX_EVENTS={MAX_EVENTS} events")
             return original(*args, **kwargs)
-        key = self._capture_key
+        key, factory = self._capture_key, self.factory
+        if factory is None:  # no external events (wants_copy refuses then): lose the split, as a failed record does
+            self._disable("external event record failed: no external event factory")
+            return original(*args, **kwargs)
         try:
-            start = self.factory()
-            end = self.factory()
+            start = factory()
+            end = factory()
             start.record()
         except Exception as exc:  # noqa: BLE001 - lose the split, never the forward
             self._disable(f"external event record failed: {type(exc).__name__}: {exc}")

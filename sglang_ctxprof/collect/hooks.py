@@ -155,7 +155,10 @@ _record_function: Optional[Callable[[str], ContextManager[object]]] = None  # to
 def _around_labelled(p: Profiler, b: StepBuilder, kind: int, name: str, original, args, kwargs):
     """:func:`_around` inside a ``torch.profiler.record_function`` range named after the phase, the
     step and its context: every op the profiler records in it sits under our phase."""
-    with _record_function(f"{RANGE_PREFIX}{name or 'step'} {_CAPTURE.label}"):
+    record_function, capture = _record_function, _CAPTURE
+    if record_function is None or capture is None:  # the capture ended between the two reads
+        return _around_plain(p, b, kind, name, original, args, kwargs)
+    with record_function(f"{RANGE_PREFIX}{name or 'step'} {capture.label}"):
         return _around_plain(p, b, kind, name, original, args, kwargs)
 
 
@@ -239,7 +242,7 @@ def _timed(name: str, original, args, kwargs):
     """Time ``original`` as phase ``name`` of the current step (outermost occurrence wins)."""
     p = profiler()
     b = recording(p)
-    if b is None or b.in_phase(name):
+    if p is None or b is None or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
 
@@ -273,7 +276,7 @@ def _timed_decode(name: str, original, args, kwargs):
     """Like :func:`_timed`, for seams that the prefill path runs too: decode steps only."""
     p = profiler()
     b = recording(p)
-    if b is None or b.kind != KIND_DECODE or b.in_phase(name):
+    if p is None or b is None or b.kind != KIND_DECODE or b.in_phase(name):
         return original(*args, **kwargs)
     return _around(p, b, PHASE, name, original, args, kwargs)
 

@@ -116,7 +116,9 @@ class HostFacts:
     def record(self) -> Optional[StepRecord]:
         """The step's record (drain thread), or None when no row was counted."""
         if self.builder is not None:
-            self.step_ms, self.phases_ms = resolve(self.builder, CpuClock, self.full_phases)
+            res = resolve(self.builder, CpuClock, self.full_phases)  # None only without a span
+            if res is not None:
+                self.step_ms, self.phases_ms = res
             self.builder = None
         n = len(self.reqs)
         rids, prompt = self.ids.get(self.reqs)
@@ -134,8 +136,9 @@ class HostFacts:
             com = tuple(map(sub, self.emitted, self.lens_pre))
             if com and min(com) < 0:
                 com = tuple(map(max, repeat(0), com))
-            if self.spec and any(map(eq, self.vct_post, self.vct_pre)):
-                keep = list(map(ne, self.vct_post, self.vct_pre))  # rows SGLang counted (not overshoot)
+            post, pre = self.vct_post, self.vct_pre
+            if self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
+                keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
                 books = tuple(compress(books, keep)) if books else ()
             elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)

@@ -254,8 +254,9 @@ class Profiler:
         if type(self.clock) is CpuClock:  # plain integers: resolved on the drain thread (host.record)
             host.builder, host.full_phases = b, self.serving.full_phases
             host.timing = TIMING_CPU
-            if b.cost_ns >= 0:
-                self.cost.add_step((b.span[1] - b.span[0]) / 1e6, None)
+            span = b.span  # never None here: _host made no facts for a step without one
+            if b.cost_ns >= 0 and span is not None:
+                self.cost.add_step((span[1] - span[0]) / 1e6, None)
             self.recorder.submit(host)
             return True
         res = resolve(b, self.clock, self.serving.full_phases)

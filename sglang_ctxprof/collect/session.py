@@ -78,30 +78,30 @@ class CtxProfSession:
 
     def enable(self) -> None:
         """Install the timing hooks (again); a no-op when already on."""
-        p = self.profiler
-        if p is None or p.active:
+        p, inst = self.profiler, self.instrumentor
+        if p is None or inst is None or p.active:
             return
-        report = self.instrumentor.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_TIMING])
+        report = inst.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_TIMING])
         p.hook_report = dict(report)
         p.active = True
 
     def disable(self) -> None:
         """Remove every timing hook and the worker wrapper; recorded data stays readable."""
-        p = self.profiler
-        if p is None or not p.active:
+        p, inst = self.profiler, self.instrumentor
+        if p is None or inst is None or not p.active:
             return
         p.active = False
-        self.instrumentor.uninstrument(groups=[GROUP_TIMING])
+        inst.uninstrument(groups=[GROUP_TIMING])
         p.wrapped_worker = None
         p.drop_pending()
 
     def uninstrument(self) -> None:
         """The mirror of :meth:`instrument`: restore SGLang, stop our threads, clear the handle."""
-        p = self.profiler
-        if p is None:
+        p, inst = self.profiler, self.instrumentor
+        if p is None or inst is None:
             return
         self.disable()
-        self.instrumentor.uninstrument()
+        inst.uninstrument()
         if hooks.SESSION is self:
             hooks.SESSION = None
         p.recorder.close()  # drains, then stops every sink (log thread, OTel provider)
@@ -109,9 +109,10 @@ class CtxProfSession:
 
     def wrap_worker(self, worker: Any) -> None:
         """Wrap one worker object's ``forward_batch_generation`` (the step span); removed by disable()."""
-        if self.instrumentor is not None:
-            self.instrumentor.wrap_instance(worker, "forward_batch_generation", hooks.step_span)
-            self.profiler.wrapped_worker = worker  # also when it was wrapped already: try once
+        p, inst = self.profiler, self.instrumentor
+        if p is not None and inst is not None:
+            inst.wrap_instance(worker, "forward_batch_generation", hooks.step_span)
+            p.wrapped_worker = worker  # also when it was wrapped already: try once
 
     def handle_control(self, rid: str, scheduler: Any) -> dict[str, Any]:
         return handle(rid, scheduler, self)
