@@ -38,7 +38,8 @@ def phase(name: str) -> ContextManager[None]:
 def _timed(p: Profiler, b: StepBuilder, name: str) -> Iterator[None]:
     t0 = hooks.enter(p, b, hooks.PHASE, name)
     cap = hooks._CAPTURE  # a deep capture runs: the block is a profiler range too
-    rf = hooks._record_function(f"{RANGE_PREFIX}{name} {cap.label}") if cap is not None else _NULL
+    record_function = hooks._record_function  # set with _CAPTURE; read once, as the capture may end
+    rf = record_function(f"{RANGE_PREFIX}{name} {cap.label}") if cap is not None and record_function is not None else _NULL
     try:
         with rf:
             yield

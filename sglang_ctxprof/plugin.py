@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Optional
 
 from .collect import adapter, hooks
@@ -54,7 +55,7 @@ def help_requested(argv: list[str] | None = None) -> bool:
 def process_role() -> str:
     if multiprocessing.parent_process() is None:
         return "main"
-    f = sys._getframe()
+    f: Optional[FrameType] = sys._getframe()
     while f is not None:
         if f.f_code.co_name == "run_scheduler_process":
             return "scheduler"

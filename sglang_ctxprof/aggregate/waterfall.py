@@ -59,16 +59,15 @@ def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[RecentStep], bs1
         for p, ms in ph.items():
             own[p] = own.get(p, 0.0) + ms
     shared = [r for r in rows if int(r.get("batch_size", 1)) > 1]
-    sharing: Optional[float] = 0.0
+    shared_ms = 0.0
     measured = 0
     for r in shared:
         base = bs1_ms.get(bucketing.index(int(r["ctx_len"])))
         if base is None:
             continue
         measured += 1
-        sharing += max(0.0, float(r["step_ms"]) - base)
-    if shared and not measured:
-        sharing = None
+        shared_ms += max(0.0, float(r["step_ms"]) - base)
+    sharing: Optional[float] = None if shared and not measured else shared_ms
     steps = sorted((s for s in timeline if s.t_start_ns >= t0 and s.t_end_ns <= t1 + 1),
                    key=lambda s: s.t_start_ns)
     complete = bool(steps) and {s.step_id for s in steps if s.kind != KIND_PREFILL} >= own_ids

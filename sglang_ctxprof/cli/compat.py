@@ -41,7 +41,7 @@ class Source:
 
     def _read(self, rel: str) -> Optional[str]:
         if self._zip is not None:
-            return self._zip.read(rel).decode("utf-8", "replace") if rel in self._names else None
+            return self._zip.read(rel).decode("utf-8", "replace") if rel in (self._names or ()) else None
         path = os.path.join(self.location, rel)
         if not os.path.isfile(path):
             return None

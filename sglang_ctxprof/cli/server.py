@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 
 class ServerError(RuntimeError):
@@ -68,7 +68,7 @@ class ServerProcess:
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
-        self._log = None
+        self._log: "IO[str] | int | None" = None
 
     def __enter__(self) -> "ServerProcess":
         self.start()
@@ -90,9 +90,12 @@ class ServerProcess:
         self.startup_s = time.time() - t0
 
     def wait_ready(self, t0: float) -> None:
+        proc = self.proc
+        if proc is None:
+            raise ServerError("wait_ready before start()")
         while time.time() - t0 < self.timeout:
-            if self.proc.poll() is not None:
-                raise ServerError(f"SGLang exited with code {self.proc.returncode} during start-up"
+            if proc.poll() is not None:
+                raise ServerError(f"SGLang exited with code {proc.returncode} during start-up"
                                   f"{self._tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
@@ -135,6 +138,6 @@ class ServerProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None and not isinstance(self._log, int):  # an int is DEVNULL: nothing to close
             self._log.close()
         self.proc = None

@@ -173,11 +173,13 @@ def arms_report(out: Path) -> dict[str, Any]:
         row: dict[str, Any] = {"ctx": ctx, "predicted_speedup": predicted.get(ctx)}
         for key, name in (("server_wall_tok_s", "server"), ("decode_tok_s", "client")):
             by = {arm: {p["repeat"]: p.get(key) for p in runs[arm][1] if p["ctx"] == ctx} for arm in ARMS}
-            reps = sorted(r for r in by["spec"] if by["spec"][r] and by["plain"].get(r))
-            ratios = [by["spec"][r] / by["plain"][r] for r in reps]
+            spec = {r: v for r, v in by["spec"].items() if v}
+            plain = {r: v for r, v in by["plain"].items() if v}
+            reps = sorted(r for r in spec if r in plain)
+            ratios = [spec[r] / plain[r] for r in reps]
             row[name] = {"repeats": len(reps),
-                         "spec_tok_s": statistics.median(by["spec"][r] for r in reps) if reps else None,
-                         "plain_tok_s": statistics.median(by["plain"][r] for r in reps) if reps else None,
+                         "spec_tok_s": statistics.median(spec[r] for r in reps) if reps else None,
+                         "plain_tok_s": statistics.median(plain[r] for r in reps) if reps else None,
                          "speedup": statistics.median(ratios) if ratios else None,
                          "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None,
                          **mean_ci95(ratios, "speedup")}

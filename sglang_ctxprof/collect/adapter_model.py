@@ -274,6 +274,6 @@ def model_facts(scheduler: Any) -> Optional[dict[str, Any]]:
         facts.update(attention="mla", kv_lora_rank=int(mc.kv_lora_rank), qk_rope_head_dim=int(mc.qk_rope_head_dim))
     else:
         hf = getattr(mc, "hf_text_config", None)
-        kv = getattr(hf, "num_key_value_heads", None) or getattr(hf, "num_attention_heads", 0)
+        kv = getattr(hf, "num_key_value_heads", None) or getattr(hf, "num_attention_heads", None) or 0
         facts.update(attention="gqa", num_kv_heads=int(kv), head_dim=int(getattr(mc, "head_dim", 0)))
     return facts

@@ -84,7 +84,10 @@ class FakeEvent:
                 raise RuntimeError("CUDA error: invalid resource handle")
             if ev.pending or ev.time_ms is None:
                 raise RuntimeError("CUDA error: device not ready (cudaErrorNotReady)")
-        return float(end.time_ms - self.time_ms)
+        start_ms, end_ms = self.time_ms, end.time_ms
+        if start_ms is None or end_ms is None:  # checked above: both events have run
+            raise RuntimeError("CUDA error: device not ready (cudaErrorNotReady)")
+        return float(end_ms - start_ms)
 
     def synchronize(self) -> None:
         self.device.syncs += 1
@@ -228,6 +231,8 @@ class FakeDevice:
 
     def _branch(self, s: FakeStream) -> int:
         g = s.capture
+        if g is None:
+            raise RuntimeError("stream is not capturing")
         return g.streams.index(s)
 
     def _op(self, s: FakeStream, kind: str, arg: Any) -> None:

@@ -39,7 +39,7 @@ def render_text(d: Mapping[str, Any]) -> str:
             out.append(f"  {p:<14} slope {f['ms_per_1k_ctx']:+9.4f} ms/1k  intercept {f['intercept_ms']:9.3f} ms"
                        f"  r² {f['r2']:.2f}  n {f['n']}  ({f['method']})")
     phys = d.get("physics") or {}
-    out += ["", "physics: " + (phys.get("verdict") if phys.get("available") else
+    out += ["", "physics: " + (str(phys.get("verdict") or "") if phys.get("available") else
                                f"unavailable: {phys.get('reason')}")]
     if phys.get("available"):
         out.append(f"  verify_attn {phys['measured_ms_per_1k']:.4f} ms/1k vs roofline "

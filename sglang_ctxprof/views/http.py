@@ -152,7 +152,7 @@ async def get_diagnosis(request: Request):
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
     ref = http_plain.reference()
-    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx, plain=ref and ref.evidence)
+    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx, plain=ref.evidence if ref is not None else None)
     if not d["ledger"].get("available") and ref is None:
         d["ledger"]["reason"] = http_plain.reason(profile)
     if fmt == "json":

@@ -25,6 +25,8 @@ ASK: Optional[Callable[..., Awaitable[list[dict[str, Any]]]]] = None
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
+    if ASK is None:
+        raise RuntimeError("sglang-ctxprof: the control client is not installed (install_routes)")
     return await ASK(cmd, **args)
 
 

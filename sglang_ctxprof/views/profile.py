@@ -185,7 +185,7 @@ def build_profile(snap: Snapshot) -> Profile:
         if sol is not None:
             pts = snap.fit_points.get(p)
             rob = theil_sen(pts.points) if pts is not None and len(pts.points) >= 2 else None
-            robust = None if rob is None else {
+            robust = None if rob is None or pts is None else {
                 "method": FIT_ROBUST_METHOD, "ms_per_1k_ctx": rob["slope"], "intercept_ms": rob["intercept"],
                 "r2": rob["r2"], "n": int(rob["n"]), "sampled_of": pts.seen}
             fits[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]), robust)

@@ -28,8 +28,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def cost_line(ranks) -> str:
     """"profiler cost: 38 µs/step on the scheduler thread (0.2% of the step); ..." from the rank
     that reports the largest cost, or "" when no rank has timed a step yet."""
-    costs = [(r.get("status") or {}).get("cost") for r in ranks if isinstance(r, dict)]
-    costs = [c for c in costs if c and c.get("sampled_steps")]
+    reported = [(r.get("status") or {}).get("cost") for r in ranks if isinstance(r, dict)]
+    costs = [c for c in reported if c and c.get("sampled_steps")]
     if not costs:
         return ""
     c = max(costs, key=lambda c: c["sched_us_per_step"])
