@@ -12,14 +12,16 @@ membership changes as it does on a busy server.  Every step's host facts go to t
 the aggregator (with its audit), the logs, metrics and OTel sinks: the per-record cost is the
 real one.
 
-Per batch size (default 1, 32 and 256), windows of ``--window`` steps alternate (ABBA) between:
+Per batch size (default 1, 32 and 256), windows of ``--window`` steps rotate between three modes:
 
 * **idle**: the drain thread held (``Recorder.stop``); what the window queued is drained after it,
   untimed;
-* **busy**: the drain thread running as it does in the server.
+* **whole**: the drain thread running, each wake-up draining the whole queue under one GIL hold
+  (what ``Recorder.flush`` does; the drain thread did so before ``collect/pacing.py``);
+* **paced**: the drain thread as it runs now (``pacing.Pacer``'s defaults).
 
 The scheduler thread stamps the start of every step; printed per mode are the step-to-step time
-p50 and p99 (ms), the busy/idle ratios side by side, and the added delay (busy - idle) at p50 and
+p50 and p99 (ms), each busy mode's ratios to idle side by side, and the added delay (busy - idle) at p50 and
 p99 as % of the idle p50 step (the goal: p99 ≤ 1%).  The wall time carries the machine's other load
 (run-queue waits); so, per step, the scheduler thread's GIL wait is also printed: the wall time
 less its time on a CPU and in the run queue (``/proc/thread-self/schedstat``; the loop never sleeps),
@@ -243,54 +245,73 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> dict:
+# The busy modes: the drain thread as it was (the whole queue in one go under one GIL hold, as
+# ``Recorder.flush`` does) and as it is (``pacing.Pacer``'s defaults).
+MODES = ("idle", "whole", "paced")
+
+
+def pacer_for(mode: str):
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    return Pacer(slice_ns=2**62, pause_s=0.0) if mode == "whole" else Pacer()
+
+
+def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
     fwd = _Forward()
     sess = session()
     sess.instrument()
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    gil: dict[str, list[float]] = {m: [] for m in MODES}
+    backlog: dict[str, int] = dict.fromkeys(MODES, 0)
+    gc_ms: dict[str, dict[str, float]] = {m: {} for m in MODES}
+    drain: dict[str, list[int]] = {m: [0, 0] for m in MODES}
     try:
         sched, batch = Sched(_Worker(fwd)), Batch(n, a.life)
         rec = sess.profiler.recorder
         run_window(sched, batch, a.window)  # warm-up: binds the profiler, starts the drain thread
         rec.flush()
-        times: dict[str, list[float]] = {"idle": [], "busy": []}
-        cpu: dict[str, list[float]] = {"idle": [], "busy": []}
-        gil: dict[str, list[float]] = {"idle": [], "busy": []}
-        backlog, gc_ms = 0, {"idle": {}, "busy": {}}
         cost = rec.cost
-        drain_ns0, drain_n0 = cost.drain_ns, cost.drain_records
-        for p in range(a.pairs):
-            for mode in (("idle", "busy") if p % 2 == 0 else ("busy", "idle")):
-                if mode == "idle":
-                    rec.stop()
-                else:
+        for r in range(a.rounds):
+            order = MODES[r % 3:] + MODES[:r % 3]  # each mode first, second and third in turn
+            for mode in (order if r % 2 == 0 else order[::-1]):
+                rec.stop()
+                if mode != "idle":
+                    rec.pacer = pacer_for(mode)
                     rec.start()
                 gcp.take()
+                ns0, n0 = cost.drain_ns, cost.drain_records
                 w, c, g = run_window(sched, batch, a.window)
                 times[mode] += w
                 cpu[mode] += c
                 gil[mode] += g
                 for k, v in gcp.take().items():
                     gc_ms[mode][k] = max(gc_ms[mode].get(k, 0.0), v)
-                if mode == "busy":
-                    backlog = max(backlog, len(rec._q))
+                backlog[mode] = max(backlog[mode], len(rec._q))
+                rec.stop()
+                if mode != "idle":
+                    drain[mode][0] += cost.drain_ns - ns0
+                    drain[mode][1] += cost.drain_records - n0
                 rec.flush()
         if rec.dropped:
             raise RuntimeError(f"{rec.dropped} records dropped: the measurement would be short")
-        drain_us = (cost.drain_ns - drain_ns0) / max(1, cost.drain_records - drain_n0) / 1e3
     finally:
         sess.uninstrument()
     i50, i99 = statistics.median(times["idle"]), pct(times["idle"], 0.99)
-    b50, b99 = statistics.median(times["busy"]), pct(times["busy"], 0.99)
     step_cpu = statistics.median(cpu["idle"])
-    g = {m: (statistics.median(gil[m]), pct(gil[m], 0.99)) for m in gil}
-    return {"batch": n, "idle_p50_ms": i50, "idle_p99_ms": i99, "busy_p50_ms": b50, "busy_p99_ms": b99,
-            "p50_ratio": b50 / i50, "p99_ratio": b99 / i99,
-            "p50_delay_pct": (b50 - i50) / i50 * 100, "p99_delay_pct": (b99 - i99) / i50 * 100,
-            "step_cpu_ms": step_cpu, "gil_wait_ms": g,
-            "gil_p50_pct": (g["busy"][0] - g["idle"][0]) / step_cpu * 100,
-            "gil_p99_pct": (g["busy"][1] - g["idle"][1]) / step_cpu * 100,
-            "drain_us_per_record": drain_us, "busy_backlog": backlog, "gc_ms": gc_ms,
-            "steps_per_mode": len(times["idle"])}
+    g = {m: (statistics.median(gil[m]), pct(gil[m], 0.99)) for m in MODES}
+    rows = []
+    for m in MODES[1:]:
+        b50, b99 = statistics.median(times[m]), pct(times[m], 0.99)
+        rows.append({"batch": n, "mode": m, "idle_p50_ms": i50, "idle_p99_ms": i99, "busy_p50_ms": b50,
+                     "busy_p99_ms": b99, "p50_ratio": b50 / i50, "p99_ratio": b99 / i99,
+                     "p50_delay_pct": (b50 - i50) / i50 * 100, "p99_delay_pct": (b99 - i99) / i50 * 100,
+                     "step_cpu_ms": step_cpu, "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
+                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / step_cpu * 100,
+                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / step_cpu * 100,
+                     "drain_us_per_record": drain[m][0] / max(1, drain[m][1]) / 1e3, "busy_backlog": backlog[m],
+                     "gc_ms": gc_ms[m], "steps_per_mode": len(times[m])})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -298,8 +319,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--ops", type=int, default=100, help="GIL-releasing torch ops per forward")
     ap.add_argument("--op-us", type=float, default=100.0, help="target time of one op (µs)")
-    ap.add_argument("--window", type=int, default=200, help="steps per window")
-    ap.add_argument("--pairs", type=int, default=6, help="idle/busy window pairs per batch size")
+    ap.add_argument("--window", type=int, default=100, help="steps per window")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of one window per mode, per batch size")
     ap.add_argument("--life", type=int, default=128, help="steps each request runs before it finishes")
     ap.add_argument("--json", help="write the rows as JSON here")
     a = ap.parse_args(argv)
@@ -308,23 +329,25 @@ def main(argv=None) -> int:
     gcp = GcPauses()
     gc.callbacks.append(gcp)
     print(f"forward: {a.ops} torch matmuls of {_Forward.size}x{_Forward.size} (~{a.op_us:.0f} us each, GIL released); "
-          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.pairs} pairs ABBA")
+          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.rounds} rounds")
     print("step-to-step wall time (ms; a busy machine's run-queue waits included), and the scheduler thread's GIL")
-    print("wait per step (ms; wall - on CPU - run-queue wait), as % of the step's CPU time; busy = drain thread running")
-    print(f"{'batch':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
+    print("wait per step (ms; wall - on CPU - run-queue wait), as % of the step's CPU time.  busy: the drain thread")
+    print("running, 'whole' = the whole queue per GIL hold (as before), 'paced' = collect/pacing.Pacer")
+    print(f"{'batch':>5} {'busy':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
           f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
-          f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | backlog")
+          f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | backlog",
+          flush=True)
     rows = []
     for n in a.batches:
-        r = measure(n, a, gcp)
-        rows.append(r)
-        g, gw = r["gc_ms"]["busy"], r["gil_wait_ms"]
-        print(f"{n:>5} | {r['idle_p50_ms']:8.2f} {r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} {r['busy_p99_ms']:7.2f} | "
-              f"{r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} {r['p99_delay_pct']:6.2f} || "
-              f"{r['step_cpu_ms']:8.2f} | {gw['idle'][0]:17.3f} {gw['idle'][1]:6.3f} | {gw['busy'][0]:8.3f} {gw['busy'][1]:6.3f} | "
-              f"{r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} || "
-              f"{r['drain_us_per_record']:12.0f} | {g.get('scheduler', 0.0):10.1f} / {g.get('ctxprof-recorder', 0.0):8.1f} | "
-              f"{r['busy_backlog']:>7}", flush=True)
+        for r in measure(n, a, gcp):
+            rows.append(r)
+            gc_, gi, gb = r["gc_ms"], r["gil_wait_idle_ms"], r["gil_wait_busy_ms"]
+            print(f"{n:>5} {r['mode']:>5} | {r['idle_p50_ms']:8.2f} {r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} "
+                  f"{r['busy_p99_ms']:7.2f} | {r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} "
+                  f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
+                  f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} || {r['drain_us_per_record']:12.0f} | "
+                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | {r['busy_backlog']:>7}",
+                  flush=True)
     print("goal: p99 delay <= 1% of the step (GIL % p99: the same, with the machine's other load taken out)")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
