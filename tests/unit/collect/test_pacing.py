@@ -77,9 +77,8 @@ def test_items_queued_while_draining_are_consumed_in_order_and_stop_ends_the_dra
         if nxt is not None:
             q.append(nxt)  # the scheduler thread submits while the drain runs
 
-    stopped = {"at": 3}
     p = _pacer(w, slice_ns=200_000)
-    n = p.drain(q, consume, threading.Lock(), stop=lambda: len([x for x in w.log if isinstance(x, int)]) >= stopped["at"])
+    n = p.drain(q, consume, threading.Lock(), stop=lambda: len([x for x in w.log if isinstance(x, int)]) >= 3)
     assert n == 3 and [x for x in w.log if isinstance(x, int)] == [0, 1, 2] and list(q) == [(3, 300_000)]
     assert p.drain(q, consume, threading.Lock()) == 1 and not q
 
