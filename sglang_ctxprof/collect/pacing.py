@@ -15,8 +15,10 @@ waiting thread has woken.  The scheduler thread then waits at most one slice (or
 item takes longer) instead of up to a switch interval.
 
 The drain must keep up: when more than ``backlog`` items wait (the scheduler produces faster than
-paced slices consume), slices run back to back without the pause until the queue is back under it,
-so pacing never turns into dropped records.  Readers (``Recorder.flush``) still drain everything at
+paced slices consume, e.g. on a loaded host where every sleep costs the drain thread a trip through
+the OS scheduler), slices run back to back without the pause until the queue is back under it, so
+pacing never turns into dropped records, nor into a long catch-up for a reader's flush (which a
+control command runs on the scheduler thread itself).  Readers (``Recorder.flush``) still drain everything at
 once, on their own thread.  Clock and sleep are injectable (tests); ``slices`` and ``pauses``
 count what the drain thread did.
 """
@@ -32,7 +34,7 @@ T = TypeVar("T")
 
 SLICE_NS = 200_000  # drain work between two hand-overs of the GIL (0.2 ms)
 PAUSE_S = 50e-6  # the hand-over: a sleep long enough for a waiting thread to wake and take the GIL
-BACKLOG = 256  # items waiting beyond which slices run without the pause (the drain must keep up)
+BACKLOG = 16  # items waiting beyond which slices run without the pause (the drain must keep up)
 
 
 class Pacer(Generic[T]):
