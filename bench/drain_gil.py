@@ -215,7 +215,8 @@ def calibrate(op_us: float) -> int:
 
 def run_window(sched: Sched, batch: Batch, steps: int, pending=None) -> tuple[list[float], list[float], list[float]]:
     """``steps`` steps on a thread of their own (the scheduler thread), then more while ``pending()``
-    (a busy drain thread's backlog: its work counts in the window that made it, never after it).
+    (more than the one record the last step just queued is waiting: a busy drain thread's backlog,
+    whose work counts in the window that made it, never after it).
     Per step, in ms: the step-to-step wall time; the thread's time on a CPU; and the time it was neither on a CPU nor
     waiting for one (the kernel's ``/proc/thread-self/schedstat``): this loop never sleeps, so that
     is the time it waited for the GIL, which a busy machine's run-queue waits do not blur."""
@@ -286,7 +287,7 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
                     rec.start()
                 gcp.take()
                 ns0, n0 = cost.drain_ns, cost.drain_records
-                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 0))
+                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1))
                 backlog[mode] = max(backlog[mode], len(w) - a.window)
                 times[mode] += w
                 cpu[mode] += c
