@@ -3,7 +3,8 @@
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
 facts (``host.HostFacts``) whose record is built here; it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
-milliseconds, drains what is waiting into the aggregator and then into each
+milliseconds and drains what is waiting in bounded slices (``pacing.Pacer``: ~0.2 ms of work, then
+the GIL handed to a waiting scheduler thread), each item into the aggregator and then into each
 :class:`~sglang_ctxprof.model.sinks.RecordSink` of :attr:`Recorder.sinks` (OTel, logs, metrics,
 capture triggers), each under its own fault-guard component, and times each item (``cost.Cost``:
 this thread's CPU time, so waiting for the GIL while the scheduler thread runs is not counted as
@@ -24,6 +25,7 @@ from ..model.records import StepRecord
 from ..model.guard import Guard
 from ..model.sinks import RecordSink
 from .cost import Cost
+from .pacing import Pacer
 
 if TYPE_CHECKING:
     from .host import HostFacts
@@ -38,7 +40,8 @@ POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the que
 
 class Recorder:
     def __init__(self, aggregator: Aggregator, guard: Guard, maxsize: int = 65536,
-                 sinks: Iterable[RecordSink] = (), cost: Optional[Cost] = None) -> None:
+                 sinks: Iterable[RecordSink] = (), cost: Optional[Cost] = None,
+                 pacer: Optional[Pacer[Item]] = None) -> None:
         self.aggregator = aggregator
         self.guard = guard
         self.maxsize = maxsize
@@ -46,6 +49,7 @@ class Recorder:
         self._lock = threading.Lock()  # serialises aggregator access (drain thread vs snapshot)
         self.sinks: list[RecordSink] = list(sinks)  # fed in order, after the aggregator
         self.cost = cost if cost is not None else Cost()
+        self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
         self.submitted = 0
         self.dropped = 0
         self._stop = threading.Event()
@@ -74,7 +78,7 @@ class Recorder:
     def _loop(self) -> None:
         while not self._stop.is_set():
             if self._q:
-                self.flush()
+                self.pacer.drain(self._q, self._consume, self._lock, self._stop.is_set)
             else:
                 self._stop.wait(POLL_S)
 

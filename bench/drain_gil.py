@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""How much the recorder's drain thread delays the scheduler thread through the GIL.
+
+A scheduler thread runs a loop shaped like SGLang's speculative decode (``run_batch`` -> the
+worker's draft + verify -> ``process_batch_result``, hooked by the real profiler session with its
+default exporters), where the forward is ``--ops`` torch matmuls that each release the GIL (as every
+torch op does; one thread, ~``--op-us`` each) with a little Python between them, as a model's
+modules have.  Each request runs ``--life`` steps, then finishes (with the engine's books) and is
+replaced by a new one, so the request history stays at its steady-state size and the batch's
+membership changes as it does on a busy server.  Every step's host facts go to the real
+:class:`~sglang_ctxprof.collect.recorder.Recorder`, whose drain thread builds the record and feeds
+the aggregator (with its audit), the logs, metrics and OTel sinks: the per-record cost is the
+real one.
+
+Per batch size (default 1, 32 and 256), windows of ``--window`` steps rotate between three modes:
+
+* **idle**: the drain thread held (``Recorder.stop``); what the window queued is drained after it,
+  untimed;
+* **whole**: the drain thread running, each wake-up draining the whole queue under one GIL hold
+  (what ``Recorder.flush`` does; the drain thread did so before ``collect/pacing.py``);
+* **paced**: the drain thread as it runs now (``pacing.Pacer``'s defaults).
+
+The scheduler thread stamps the start of every step; printed per mode are the step-to-step time
+p50 and p99 (ms), each busy mode's ratios to idle side by side, and the added delay (busy - idle) at p50 and
+p99 as % of the idle p50 step (the goal: p99 ≤ 1%).  The wall time carries the machine's other load
+(run-queue waits); so, per step, the scheduler thread's GIL wait is also printed: the wall time
+less its time on a CPU and in the run queue (``/proc/thread-self/schedstat``; the loop never sleeps),
+at p50 and p99 for each mode, and busy - idle as % of the step's CPU time.  Then the drain
+thread's own CPU µs per record
+(``Cost``), the longest garbage-collector pause on each thread, and "catch-up": the most steps a busy
+window ran past its planned ones until its records were drained (they are timed with it, so work a
+slow drain defers counts against it).
+``--json FILE`` writes the rows.
+
+A benchmark, not a test: it asserts nothing about timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from sglang_ctxprof.testing.fake_scheduler import FakeScheduler  # noqa: E402
+
+CTX = 2048
+
+
+class _Forward:
+    """``ops`` torch matmuls (each releases the GIL) with a little Python around each, as modules have."""
+
+    ops = 100
+    size = 64
+
+    def __init__(self) -> None:
+        self.a = torch.randn(self.size, self.size)
+        self.b = torch.randn(self.size, self.size)
+
+    def run(self) -> None:
+        a, b, mm = self.a, self.b, torch.mm
+        for i in range(self.ops):
+            c = mm(a, b)
+            if i & 7 == 0:
+                c = c[:1]  # a view: a little more Python, as a module's reshapes are
+
+
+class _Target:
+    def __init__(self, fwd: _Forward) -> None:
+        self.fwd = fwd
+
+    def forward_batch_generation(self, batch, is_verify=False):
+        self.fwd.run()
+
+
+class _Worker:
+    def __init__(self, fwd: _Forward) -> None:
+        self.target = _Target(fwd)
+
+    def forward_batch_generation(self, batch):
+        self.draft(batch)
+        self.target.forward_batch_generation(batch, is_verify=True)
+        return batch.result
+
+    def draft(self, batch):
+        return None
+
+
+class _AcceptLens:
+    is_cpu = True
+
+    def __init__(self, values):
+        self._v = values
+
+    def tolist(self):
+        return list(self._v)
+
+
+class _Req:
+    __slots__ = ("rid", "origin_input_ids", "output_ids", "spec_verify_ct", "finished_len", "finished_reason",
+                 "time_stats", "spec_num_correct_drafts", "life")
+
+    def __init__(self, rid: str, prompt: list, life: int) -> None:
+        self.rid = rid
+        self.origin_input_ids = prompt
+        self.output_ids = [1]
+        self.spec_verify_ct = 0
+        self.finished_len = None
+        self.finished_reason = None
+        self.time_stats = None
+        self.spec_num_correct_drafts = 0
+        self.life = life
+
+    def finished(self):
+        return self.finished_reason is not None
+
+
+class Sched(FakeScheduler):
+    """The fake scheduler, whose requests finish after their ``life`` (SGLang's books set)."""
+
+    def process_batch_result(self, batch, result):
+        out = super().process_batch_result(batch, result)
+        for req, a in zip(batch.reqs, batch.result.accept):
+            req.spec_num_correct_drafts += a - 1
+            if req.spec_verify_ct >= req.life and req.finished_reason is None:
+                req.finished_reason = "length"
+                req.finished_len = len(req.output_ids)
+        return out
+
+
+_MODE = SimpleNamespace(is_decode=lambda: True)
+
+
+class Batch:
+    """A running batch of ``n`` requests; finished ones are replaced before the next step."""
+
+    def __init__(self, n: int, life: int) -> None:
+        self.n, self.life, self.made = n, life, 0
+        self.prompt = [0] * (CTX - 1)
+        accept = [1 + (i % 3) for i in range(n)]
+        self.result = SimpleNamespace(accept_lens=_AcceptLens(accept), accept=accept, speculative_num_draft_tokens=4)
+        # staggered ages, so about n / life requests finish at each step
+        self.reqs = [self._new(life=1 + (i * life) // n) for i in range(n)]
+        self.forward_mode, self.forward_iter = _MODE, 0
+
+    def _new(self, life: int) -> _Req:
+        self.made += 1
+        return _Req(f"r{self.made}", self.prompt, life)
+
+    def refill(self) -> None:
+        reqs = self.reqs
+        if any(r.finished_reason is not None for r in reqs):
+            self.reqs = [self._new(self.life) if r.finished_reason is not None else r for r in reqs]
+
+
+def session():
+    from sglang_ctxprof.collect.adapter import Target
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.views import exporters
+
+    M = __name__
+    return CtxProfSession(CtxProfConfig(), targets=[
+        Target(f"{M}.Sched.run_batch", "run_batch"), Target(f"{M}.Sched.process_batch_result", "process_batch_result"),
+        Target(f"{M}._Target.forward_batch_generation", "verify"), Target(f"{M}._Worker.draft", "draft")],
+        exporters=exporters.install)
+
+
+class GcPauses:
+    """The longest garbage-collector pause seen on each thread (ms), by a gc callback."""
+
+    def __init__(self) -> None:
+        self.t0: dict[int, float] = {}
+        self.longest: dict[str, float] = {}
+
+    def __call__(self, phase: str, info: dict) -> None:
+        tid = threading.get_ident()
+        if phase == "start":
+            self.t0[tid] = time.perf_counter()
+        elif tid in self.t0:
+            ms = (time.perf_counter() - self.t0.pop(tid)) * 1e3
+            name = threading.current_thread().name
+            self.longest[name] = max(self.longest.get(name, 0.0), ms)
+
+    def take(self) -> dict[str, float]:
+        out, self.longest = self.longest, {}
+        return out
+
+
+def calibrate(op_us: float) -> int:
+    """The matmul size whose one op takes about ``op_us`` on this thread."""
+    for size in range(16, 512, 8):
+        a = torch.randn(size, size)
+        best = float("inf")
+        for _ in range(5):  # the fastest of 5 tries: a busy machine only slows an op down
+            t0 = time.perf_counter()
+            for _ in range(20):
+                torch.mm(a, a)
+            best = min(best, (time.perf_counter() - t0) / 20 * 1e6)
+        if best >= op_us:
+            return size
+    return 512
+
+
+def run_window(sched: Sched, batch: Batch, steps: int, pending=None) -> tuple[list[float], list[float], list[float]]:
+    """``steps`` steps on a thread of their own (the scheduler thread), then more while ``pending()``
+    (more than the one record the last step just queued is waiting: a busy drain thread's backlog,
+    whose work counts in the window that made it, never after it).
+    Per step, in ms: the step-to-step wall time; the thread's time on a CPU; and the time it was neither on a CPU nor
+    waiting for one (the kernel's ``/proc/thread-self/schedstat``): this loop never sleeps, so that
+    is the time it waited for the GIL, which a busy machine's run-queue waits do not blur."""
+    stamps: list[tuple[int, int, int]] = []
+
+    def loop() -> None:
+        pc, fd, pread = time.perf_counter_ns, os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.pread
+        try:
+            i = 0
+            while i <= steps or (pending is not None and pending() and i <= 20 * steps):
+                i += 1
+                run, wait = pread(fd, 128, 0).split()[:2]
+                stamps.append((pc(), int(run), int(wait)))
+                batch.refill()
+                sched.process_batch_result(batch, sched.run_batch(batch))
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=loop, name="scheduler")
+    t.start()
+    t.join()
+    wall, cpu, gil = [], [], []
+    for (t0, r0, w0), (t1, r1, w1) in zip(stamps, stamps[1:]):
+        wall.append((t1 - t0) / 1e6)
+        cpu.append((r1 - r0) / 1e6)
+        gil.append(max(0, (t1 - t0) - (r1 - r0) - (w1 - w0)) / 1e6)
+    return wall, cpu, gil
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# The busy modes: the drain thread as it was (the whole queue in one go under one GIL hold, as
+# ``Recorder.flush`` does) and as it is (``pacing.Pacer``'s defaults).
+MODES = ("idle", "whole", "paced")
+
+
+def pacer_for(mode: str):
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    return Pacer(slice_ns=2**62, pause_s=0.0) if mode == "whole" else Pacer()
+
+
+def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
+    fwd = _Forward()
+    sess = session()
+    sess.instrument()
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    gil: dict[str, list[float]] = {m: [] for m in MODES}
+    backlog: dict[str, int] = dict.fromkeys(MODES, 0)
+    gc_ms: dict[str, dict[str, float]] = {m: {} for m in MODES}
+    drain: dict[str, list[int]] = {m: [0, 0] for m in MODES}
+    try:
+        sched, batch = Sched(_Worker(fwd)), Batch(n, a.life)
+        rec = sess.profiler.recorder
+        run_window(sched, batch, a.window)  # warm-up: binds the profiler, starts the drain thread
+        rec.flush()
+        cost = rec.cost
+        for r in range(a.rounds):
+            order = MODES[r % 3:] + MODES[:r % 3]  # each mode first, second and third in turn
+            for mode in (order if r % 2 == 0 else order[::-1]):
+                rec.stop()
+                if mode != "idle":
+                    rec.pacer = pacer_for(mode)
+                    rec.start()
+                gcp.take()
+                ns0, n0 = cost.drain_ns, cost.drain_records
+                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1))
+                backlog[mode] = max(backlog[mode], len(w) - a.window)
+                times[mode] += w
+                cpu[mode] += c
+                gil[mode] += g
+                for k, v in gcp.take().items():
+                    gc_ms[mode][k] = max(gc_ms[mode].get(k, 0.0), v)
+                rec.stop()
+                if mode != "idle":
+                    drain[mode][0] += cost.drain_ns - ns0
+                    drain[mode][1] += cost.drain_records - n0
+                rec.flush()
+        if rec.dropped:
+            raise RuntimeError(f"{rec.dropped} records dropped: the measurement would be short")
+    finally:
+        sess.uninstrument()
+    i50, i99 = statistics.median(times["idle"]), pct(times["idle"], 0.99)
+    step_cpu = statistics.median(cpu["idle"])
+    g = {m: (statistics.median(gil[m]), pct(gil[m], 0.99)) for m in MODES}
+    rows = []
+    for m in MODES[1:]:
+        b50, b99 = statistics.median(times[m]), pct(times[m], 0.99)
+        rows.append({"batch": n, "mode": m, "idle_p50_ms": i50, "idle_p99_ms": i99, "busy_p50_ms": b50,
+                     "busy_p99_ms": b99, "p50_ratio": b50 / i50, "p99_ratio": b99 / i99,
+                     "p50_delay_pct": (b50 - i50) / i50 * 100, "p99_delay_pct": (b99 - i99) / i50 * 100,
+                     "step_cpu_ms": step_cpu, "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
+                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / step_cpu * 100,
+                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / step_cpu * 100,
+                     "drain_us_per_record": drain[m][0] / max(1, drain[m][1]) / 1e3, "busy_backlog": backlog[m],
+                     "gc_ms": gc_ms[m], "steps_per_mode": len(times[m])})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
+    ap.add_argument("--ops", type=int, default=100, help="GIL-releasing torch ops per forward")
+    ap.add_argument("--op-us", type=float, default=100.0, help="target time of one op (µs)")
+    ap.add_argument("--window", type=int, default=100, help="steps per window")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of one window per mode, per batch size")
+    ap.add_argument("--life", type=int, default=128, help="steps each request runs before it finishes")
+    ap.add_argument("--json", help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    _Forward.ops, _Forward.size = a.ops, calibrate(a.op_us)
+    gcp = GcPauses()
+    gc.callbacks.append(gcp)
+    print(f"forward: {a.ops} torch matmuls of {_Forward.size}x{_Forward.size} (~{a.op_us:.0f} us each, GIL released); "
+          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.rounds} rounds")
+    print("step-to-step wall time (ms; a busy machine's run-queue waits included), and the scheduler thread's GIL")
+    print("wait per step (ms; wall - on CPU - run-queue wait), as % of the step's CPU time.  busy: the drain thread")
+    print("running, 'whole' = the whole queue per GIL hold (as before), 'paced' = collect/pacing.Pacer")
+    print(f"{'batch':>5} {'busy':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
+          f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
+          f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | catch-up",
+          flush=True)
+    rows = []
+    for n in a.batches:
+        for r in measure(n, a, gcp):
+            rows.append(r)
+            gc_, gi, gb = r["gc_ms"], r["gil_wait_idle_ms"], r["gil_wait_busy_ms"]
+            print(f"{n:>5} {r['mode']:>5} | {r['idle_p50_ms']:8.2f} {r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} "
+                  f"{r['busy_p99_ms']:7.2f} | {r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} "
+                  f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
+                  f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} || {r['drain_us_per_record']:12.0f} | "
+                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | {r['busy_backlog']:>7}",
+                  flush=True)
+    print("goal: p99 delay <= 1% of the step (GIL % p99: the same, with the machine's other load taken out)")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""collect/pacing: the drain thread works in bounded slices and hands the GIL over between them.
+A fake clock that each item advances by its cost: no timing thresholds."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.collect.pacing import Pacer
+from sglang_ctxprof.collect.recorder import Recorder
+from sglang_ctxprof.model.guard import Guard
+from sglang_ctxprof.model.records import RankId, StepRecord
+
+
+class World:
+    """A clock in ns that consuming an item advances by that item's cost; a log of what happened."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.log: list[object] = []
+
+    def clock(self) -> int:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.log.append(("pause", s))
+
+    def consume(self, item: tuple[int, int]) -> None:
+        i, cost_ns = item
+        self.now += cost_ns
+        self.log.append(i)
+
+
+def _pacer(w: World, **kw) -> Pacer:
+    return Pacer(clock=w.clock, sleep=w.sleep, **kw)
+
+
+def test_a_slice_ends_once_its_budget_is_spent_and_the_drain_pauses_before_the_next():
+    w = World()
+    q = deque((i, 60_000) for i in range(10))  # 60 µs each against a 200 µs slice
+    p = _pacer(w, slice_ns=200_000, pause_s=50e-6)
+    assert p.drain(q, w.consume, threading.Lock()) == 10 and not q
+    pause = ("pause", 50e-6)
+    assert w.log == [0, 1, 2, 3, pause, 4, 5, 6, 7, pause, 8, 9]  # 4 items reach 240 µs >= 200
+    assert (p.slices, p.pauses) == (3, 2)  # no pause after the slice that emptied the queue
+
+
+def test_an_item_longer_than_the_slice_is_a_slice_of_its_own_and_nothing_is_split_or_skipped():
+    w = World()
+    q = deque([(0, 1_000_000), (1, 10_000), (2, 5_000_000), (3, 10_000)])
+    p = _pacer(w, slice_ns=200_000)
+    p.drain(q, w.consume, threading.Lock())
+    pause = ("pause", p.pause_s)
+    assert w.log == [0, pause, 1, 2, pause, 3]  # a hand-over after each slice that a long item ended
+
+
+def test_a_backlog_drains_without_pauses_until_it_is_back_under_the_limit():
+    w = World()
+    q = deque((i, 100_000) for i in range(12))
+    p = _pacer(w, slice_ns=200_000, backlog=6)
+    p.drain(q, w.consume, threading.Lock())
+    assert [x for x in w.log if isinstance(x, int)] == list(range(12))
+    # slices of 2: 10 left, 8 left (no pause: > 6), 6 left (pause), 4 (pause), 2 (pause), 0
+    assert p.pauses == 3 and p.slices == 6
+    assert w.log.index(("pause", p.pause_s)) == 6  # first pause once only 6 wait
+
+
+def test_items_queued_while_draining_are_consumed_in_order_and_stop_ends_the_drain():
+    w = World()
+    q: deque = deque([(0, 300_000)])
+    more = iter([(1, 300_000), (2, 300_000), (3, 300_000)])
+
+    def consume(item):
+        w.consume(item)
+        nxt = next(more, None)
+        if nxt is not None:
+            q.append(nxt)  # the scheduler thread submits while the drain runs
+
+    p = _pacer(w, slice_ns=200_000)
+    n = p.drain(q, consume, threading.Lock(), stop=lambda: len([x for x in w.log if isinstance(x, int)]) >= 3)
+    assert n == 3 and [x for x in w.log if isinstance(x, int)] == [0, 1, 2] and list(q) == [(3, 300_000)]
+    assert p.drain(q, consume, threading.Lock()) == 1 and not q
+
+
+def test_the_lock_is_free_during_each_pause_so_a_reader_can_flush_in_between():
+    w = World()
+    lock = threading.Lock()
+    held: list[bool] = []
+
+    def sleep(s):
+        held.append(lock.locked())
+
+    q = deque((i, 150_000) for i in range(6))
+    Pacer(slice_ns=200_000, clock=w.clock, sleep=sleep).drain(q, w.consume, lock)
+    assert held == [False, False]  # two pauses (after items 1 and 3), the lock free in both
+
+
+def _rec(i: int) -> StepRecord:
+    return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(f"r{i}",),
+                      ctx_lens=(100,), accepted=(2,), committed=(2,), finished=(False,), draft_tokens=4,
+                      step_ms=1.0, phases_ms={"draft": 0.5, "verify": 0.5}, t_start_ns=10**18 + i)
+
+
+class Sink:
+    name = "logs"
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def observe(self, rec: StepRecord) -> None:
+        self.got.append(rec.step_id)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_the_recorders_drain_thread_paces_and_a_reader_flushing_meanwhile_keeps_order_and_counts():
+    """The drain thread drains through its pacer; a reader's flush between two slices takes the rest
+    at once.  Every record is observed exactly once, in order, by the aggregator and by the sink."""
+    agg, sink = Aggregator(), Sink()
+    paused = threading.Event()
+    go = threading.Event()
+
+    def sleep(s):  # the drain thread's first hand-over: let the test read, then go on
+        paused.set()
+        go.wait(10)
+
+    ticks = iter(range(0, 10**12, 150_000))
+    pacer = Pacer(slice_ns=200_000, clock=lambda: next(ticks), sleep=sleep)
+    r = Recorder(agg, Guard(), sinks=[sink], pacer=pacer)
+    for i in range(40):
+        r.submit(_rec(i))
+    r.start()
+    assert paused.wait(10)  # the drain thread took a slice and is handing the GIL over
+    first = sink.got[:]
+    assert 0 < len(first) < 40  # a slice, not the whole queue
+    assert r.with_aggregator(lambda a: a.records) == 40  # the reader's flush takes the rest at once
+    go.set()
+    r.close()
+    assert sink.got == list(range(40)) and agg.records == 40 and pacer.pauses >= 1
