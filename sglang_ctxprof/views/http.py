@@ -33,6 +33,7 @@ Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/f
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -288,8 +289,13 @@ async def get_trace_json(request: Request):
     errors = [p["error"] for p in payloads if "error" in p]
     if errors and len(errors) == len(payloads):
         return _error(503, "; ".join(errors))
-    return await off_loop(lambda: _json(steps_trace([((p.get("status") or {}).get("rank") or i, p.get("steps", []))
-                                                     for i, p in enumerate(payloads) if "steps" in p], n)))
+    return await off_loop(lambda: _json(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
+                                                     for i, p in enumerate(payloads) if "error" not in p], n)))
+
+
+def _steps(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's recent step rows: one JSON string (``steps_json``), or a list from an older rank."""
+    return json.loads(payload["steps_json"]) if "steps_json" in payload else payload.get("steps", [])
 
 
 async def post_fault(request: Request):
