@@ -74,7 +74,27 @@ def main(argv: list[str] | None = None) -> int:
     a, b = statistics.median(t["python"]), statistics.median(t["numpy"])
     print(f"{ns.steps} steps, {fits} robust fits of up to 256 points: build_profile "
           f"python {a:.1f} ms, numpy {b:.1f} ms, ratio {a / b:.1f}x; equal: {bodies['numpy'] == bodies['python']}")
+    served(agg, ns.reps)
     return 0
+
+
+def served(agg: Aggregator, reps: int) -> None:
+    """What one ``GET /ctx_profile`` of a one-rank server builds in the HTTP process: a changed
+    state (a miss: one build) against an unchanged one (served from ``http_build``'s cache)."""
+    from sglang_ctxprof.views import http, http_build
+
+    payload = {"state": agg.state(with_requests=False), "status": {"enabled": True, "pid": 1, "submitted": agg.records}}
+    miss, hit = [], []
+    for r in range(reps):
+        http_build.CACHE.clear()
+        t0 = time.perf_counter()
+        http.served_profile([payload]).to_dict()
+        t1 = time.perf_counter()
+        http.served_profile([payload]).to_dict()
+        miss.append((t1 - t0) * 1e3)
+        hit.append((time.perf_counter() - t1) * 1e3)
+    print(f"served /ctx_profile body (one rank): changed state {statistics.median(miss):.1f} ms, "
+          f"unchanged (cached) {statistics.median(hit):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,10 @@ class Aggregator:
         """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
         return [r.to_dict() for r in self.ring.records(n)]
 
+    def recent_steps_json(self, n: int) -> list[str]:
+        """``recent_steps(n)``, each row as JSON (``RecentSteps.json_rows``: each written once)."""
+        return self.ring.json_rows(n)
+
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:
         """A frozen copy.  ``with_requests=False`` leaves out the per-request list (the snapshot
         behind ``GET /ctx_profile`` only needs its length; requests are served by their own route)."""

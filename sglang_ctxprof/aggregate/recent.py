@@ -4,11 +4,14 @@ Each :class:`RecentStep` holds what the waterfall charges a request's wall time 
 step id, kind, host start and end, measured ms) for the last ``depth`` steps, and the whole
 :class:`~sglang_ctxprof.model.records.StepRecord` for the last ``with_records`` of them (the trace
 export's ``?last=N`` and the capture's step slices); an older row lets go of its record, so memory
-stays bounded by ``depth`` compact rows plus ``with_records`` records.  Pure.
+stays bounded by ``depth`` compact rows plus ``with_records`` records.  :meth:`RecentSteps.json_rows`
+serves the trace export from the scheduler thread cheaply: each record's JSON is written once and
+reused by later reads while the record is among those last read.  Pure.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from itertools import islice
 from typing import Iterator, NamedTuple, Optional
@@ -30,11 +33,12 @@ class RecentStep(NamedTuple):
 
 
 class RecentSteps:
-    __slots__ = ("_ring", "with_records")
+    __slots__ = ("_ring", "with_records", "_json")
 
     def __init__(self, depth: int = TIMELINE_STEPS, with_records: int = MAX_TRACE_STEPS) -> None:
         self._ring: "deque[RecentStep]" = deque(maxlen=max(1, depth))
         self.with_records = max(0, min(with_records, depth))
+        self._json: dict[int, tuple[StepRecord, str]] = {}  # id(record) -> (record, its JSON)
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -56,3 +60,16 @@ class RecentSteps:
         n = self.with_records if n is None else max(0, min(int(n), self.with_records))
         newest = [row.record for row in islice(reversed(self._ring), n) if row.record is not None]
         return newest[::-1]
+
+    def json_rows(self, n: Optional[int] = None) -> list[str]:
+        """``records(n)``, each as the JSON of its ``StepRecord.to_dict()``.  A record's JSON is
+        written once and kept while it is among the rows last served, so a read loop costs the
+        scheduler only the steps since its previous read, and ships strings (cheap to pickle)."""
+        memo, fresh = self._json, {}
+        for rec in self.records(n):
+            hit = memo.get(id(rec))
+            if hit is None or hit[0] is not rec:
+                hit = (rec, json.dumps(rec.to_dict(), separators=(",", ":")))
+            fresh[id(rec)] = hit
+        self._json = fresh
+        return [row for _, row in fresh.values()]

@@ -172,4 +172,4 @@ class ServerClient:
     def require_slowest(self, n: int) -> list[dict]:
         if not 1 <= n <= MAX_SLOWEST:
             raise ClientError(f"--slowest must be between 1 and {MAX_SLOWEST}, got {n}")
-        return list(self._require(f"{names.ROUTE_REQUESTS}?slowest={n}").get("requests") or [])
+        return list(self._require(f"{names.ROUTE_REQUESTS}?slowest={n}&steps=1").get("requests") or [])

@@ -50,9 +50,9 @@ class Cost:
         if events is not None:
             self.events = events
 
-    def add_drain(self, ns: int) -> None:
+    def add_drain(self, ns: int, records: int = 1) -> None:
         self.drain_ns += ns
-        self.drain_records += 1
+        self.drain_records += records
 
     def to_dict(self) -> dict[str, Any]:
         us = self.sched_ns / 1e3 / self.sched_steps if self.sched_steps else 0.0

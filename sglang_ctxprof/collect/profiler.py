@@ -321,6 +321,7 @@ class Profiler:
             "parked": len(self.parked),
             "submitted": self.recorder.submitted,
             "dropped": self.recorder.dropped,
+            "sink_dropped": self.recorder.sink_dropped,  # aggregated, but a stalled sink never saw them
             "pending": len(self.pending),
             "pending_evicted": self.pending_evicted,
             "unresolved": self.unresolved,

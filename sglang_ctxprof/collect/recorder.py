@@ -3,13 +3,18 @@
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
 facts (``host.HostFacts``) whose record is built here; it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
-milliseconds and drains what is waiting in bounded slices (``pacing.Pacer``: ~0.2 ms of work, then
-the GIL handed to a waiting scheduler thread), each item into the aggregator and then into each
-:class:`~sglang_ctxprof.model.sinks.RecordSink` of :attr:`Recorder.sinks` (OTel, logs, metrics,
-capture triggers), each under its own fault-guard component, and times each item (``cost.Cost``:
-this thread's CPU time, so waiting for the GIL while the scheduler thread runs is not counted as
-our cost).  :meth:`flush` drains synchronously, so a snapshot always includes every submitted
-record; :meth:`close` stops the thread, drains, and stops each sink.
+milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
+(``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread), and then,
+outside that lock, into each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
+:attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
+component, in submission order; it times each item (``cost.Cost``: this thread's CPU time, so
+waiting for the GIL while the scheduler thread runs is not counted as our cost).
+:meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
+with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
+aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
+them, counted in ``sink_dropped``), so a stalled sink (a blocked log pipe) delays only the sinks,
+never a read nor the scheduler.  :meth:`flush` drains both synchronously; :meth:`close` stops the
+thread, drains, and stops each sink.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class Recorder:
         self._q: deque[Item] = deque()
         self._lock = threading.Lock()  # serialises aggregator access (drain thread vs snapshot)
         self.sinks: list[RecordSink] = list(sinks)  # fed in order, after the aggregator
+        self._fan: deque[StepRecord] = deque()  # aggregated records the sinks have not seen yet
+        self._sink_lock = threading.Lock()  # one feeder of the sinks at a time (keeps their order)
+        self.sink_dropped = 0  # records the sinks never saw: their backlog was full (a stalled sink)
         self.cost = cost if cost is not None else Cost()
         self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
         self.submitted = 0
@@ -77,8 +85,10 @@ class Recorder:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if self._q:
-                self.pacer.drain(self._q, self._consume, self._lock, self._stop.is_set)
+            if self._q or self._fan:
+                if self._q:
+                    self.pacer.drain(self._q, self._consume, self._lock, self._stop.is_set)
+                self._feed_sinks()
             else:
                 self._stop.wait(POLL_S)
 
@@ -89,20 +99,42 @@ class Recorder:
         rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
         if rec is not None:
             self.guard.run("aggregator", self.aggregator.observe, rec)
-            for sink in self.sinks:
-                self.guard.run(sink.name, sink.observe, rec)
+            if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
+                if len(self._fan) < self.maxsize:
+                    self._fan.append(rec)
+                else:
+                    self.sink_dropped += 1
         self.cost.add_drain(time.thread_time_ns() - t0)
 
-    def flush(self) -> None:
+    def _catch_up(self) -> None:
+        """Feed the aggregator every waiting item, in order (caller holds ``_lock``)."""
         q = self._q
+        while q:
+            self._consume(q.popleft())
+
+    def _feed_sinks(self) -> None:
+        """Feed the sinks what the aggregator took, in the same order, outside the aggregator lock."""
+        fan = self._fan
+        with self._sink_lock:
+            while fan:
+                rec = fan.popleft()
+                t0 = time.thread_time_ns()
+                for sink in self.sinks:
+                    self.guard.run(sink.name, sink.observe, rec)
+                self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+
+    def flush(self) -> None:
+        """Drain everything: the aggregator under the lock, then the sinks outside it."""
         with self._lock:
-            while q:
-                self._consume(q.popleft())
+            self._catch_up()
+        self._feed_sinks()
 
     def with_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
-        """Run ``fn(aggregator)`` after a flush, under the lock (snapshots, resets)."""
-        self.flush()
+        """Run ``fn(aggregator)`` under the lock once the aggregator has caught up with the queue
+        (snapshots, resets).  Sinks are left to the drain thread: a read (on the scheduler thread)
+        neither runs a sink nor waits for a stalled one."""
         with self._lock:
+            self._catch_up()
             return fn(self.aggregator)
 
     def stop(self, timeout: float = 2.0) -> None:

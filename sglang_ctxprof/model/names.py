@@ -148,7 +148,7 @@ CMD_RESET = "reset"
 CMD_ENABLE = "enable"
 CMD_DISABLE = "disable"
 CMD_STATUS = "status"
-CMD_REQUESTS = "requests"  # the slowest N requests, or one by rid, with their steps
+CMD_REQUESTS = "requests"  # the slowest N requests (steps=True: with step rows), or one by rid with them
 CMD_TRACE_POLICY = "trace_policy"  # read or change the tail-sampling policy
 CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAULT=runtime at start)
 CMD_RECENT = "recent"  # the last N step records of a rank (the trace export)

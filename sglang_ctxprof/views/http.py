@@ -9,7 +9,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 
 * ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket;
 * ``POST /ctx_profile/reset``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
-* ``GET  /ctx_profile/requests?slowest=N`` and ``GET /ctx_profile/requests/{rid}``;
+* ``GET  /ctx_profile/requests?slowest=N[&steps=1]`` (step rows only with ``steps=1``) and
+  ``GET /ctx_profile/requests/{rid}`` (with its step rows);
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
 * ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``),
@@ -32,18 +33,21 @@ Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/f
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any, Optional
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ..control.client import ControlClient
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
-from .http_guard import error as _error, guard, guarded as _guarded, reset_strikes
+from .http_build import CACHE, off_loop, pieces_response, versions
+from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
@@ -63,18 +67,25 @@ async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
     return await _CLIENT.ask(cmd, **args)
 
 
+def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile]:
+    """Each answering rank's profile body (None for a rank that answered an error) and the merged
+    profile.  One rank: its profile is the merged one (``merge`` of one snapshot changes nothing)."""
+    snaps = [Snapshot.from_dict(p["state"]) if "state" in p else None for p in payloads]
+    ok = [s for s in snaps if s is not None]
+    if len(ok) == 1:
+        merged = build_profile(ok[0])
+        one = merged.to_dict(envelope=False)
+        return [one if s is not None else None for s in snaps], merged
+    bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
+    return bodies, (build_profile(merge(ok)) if ok else Profile(bucketing={}))
+
+
 def served_profile(payloads: list[dict[str, Any]]) -> Profile:
-    """Merge rank answers into the served profile: merged view at the top, per-rank views in ``ranks``."""
-    ranks: list[dict[str, Any]] = []
-    snaps = []
-    for p in payloads:
-        if "state" not in p:
-            ranks.append({"error": p.get("error", "no answer")})
-            continue
-        snap = Snapshot.from_dict(p["state"])
-        snaps.append(snap)
-        ranks.append({"status": p["status"], "profile": build_profile(snap).to_dict(envelope=False)})
-    merged = build_profile(merge(snaps)) if snaps else Profile(bucketing={})
+    """Merge rank answers into the served profile: merged view at the top, per-rank views in ``ranks``.
+    The build is cached per the ranks' versions (``http_build``); the envelope is read fresh."""
+    bodies, merged = CACHE.get(versions(payloads), lambda: _built(payloads))
+    ranks = [{"status": p["status"], "profile": b} if "state" in p else {"error": p.get("error", "no answer")}
+             for p, b in zip(payloads, bodies)]
     statuses = [p["status"] for p in payloads if "state" in p]
     degraded = [s["degraded"] for s in statuses if s.get("degraded")]
     degraded += [p["degraded"] for p in payloads if "state" not in p and p.get("degraded")]
@@ -105,10 +116,20 @@ async def get_profile(request: Request):
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    if fmt == names.FORMAT_STATE:
-        return served_state(await _ask(names.CMD_SNAPSHOT))
     try:
-        profile = served_profile(await _ask(names.CMD_SNAPSHOT))
+        payloads = await _ask(names.CMD_SNAPSHOT)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
+        return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
+    return await off_loop(_profile_reply, payloads, fmt)  # built and serialized off the event loop
+
+
+def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
+    if fmt == names.FORMAT_STATE:
+        out = served_state(payloads)
+        return out if isinstance(out, Response) else _json(out)
+    try:
+        profile = served_profile(payloads)
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -116,7 +137,7 @@ async def get_profile(request: Request):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered",
                       degraded=profile.degraded)
     if fmt == "json":
-        return profile.to_dict()
+        return _json(profile.to_dict())
     from fastapi.responses import PlainTextResponse
 
     if fmt == "text":
@@ -148,7 +169,15 @@ async def get_diagnosis(request: Request):
             return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx'][:40]!r}")
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
-    profile = served_profile(await _ask(names.CMD_SNAPSHOT))
+    payloads = await _ask(names.CMD_SNAPSHOT)
+    return await off_loop(_diagnosis_reply, payloads, ctx, fmt)  # off the event loop
+
+
+def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
+    from . import http_plain
+    from .diagnosis import diagnose, evidence_from_profile
+
+    profile = served_profile(payloads)
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
     ref = http_plain.reference()
@@ -156,7 +185,7 @@ async def get_diagnosis(request: Request):
     if not d["ledger"].get("available") and ref is None:
         d["ledger"]["reason"] = http_plain.reason(profile)
     if fmt == "json":
-        return {"schema_version": names.SCHEMA_VERSION, **d}
+        return _json({"schema_version": names.SCHEMA_VERSION, **d})
     from fastapi.responses import PlainTextResponse
 
     from .diagnosis_text import render_text
@@ -198,9 +227,11 @@ async def get_status(request: Request):
 
 async def get_requests(request: Request):
     qp = dict(request.query_params)
-    unknown = set(qp) - {"slowest"}
+    unknown = set(qp) - {"slowest", "steps"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    if qp.get("steps", "0") not in ("0", "1"):
+        return _error(400, f"steps must be 0 or 1, got {qp['steps'][:40]!r}")
     raw = qp.get("slowest", "10")
     try:
         n = int(raw)
@@ -208,10 +239,14 @@ async def get_requests(request: Request):
         return _error(400, f"slowest must be an integer, got {raw!r}")
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
-    payloads = await _ask(names.CMD_REQUESTS, slowest=n)
+    payloads = await _ask(names.CMD_REQUESTS, slowest=n, **({"steps": True} if qp.get("steps") == "1" else {}))
+    return await off_loop(_requests_reply, payloads, n)
+
+
+def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
     rows = [r for p in payloads for r in p.get("requests", [])]
     rows.sort(key=lambda r: r.get("decode_tok_s", 0.0))
-    return {"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]}
+    return pieces_response({"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]})
 
 
 async def get_request(request: Request):
@@ -257,8 +292,14 @@ async def get_trace_json(request: Request):
     errors = [p["error"] for p in payloads if "error" in p]
     if errors and len(errors) == len(payloads):
         return _error(503, "; ".join(errors))
-    return steps_trace([((p.get("status") or {}).get("rank") or i, p.get("steps", []))
-                        for i, p in enumerate(payloads) if "steps" in p], n)
+    return await off_loop(lambda: pieces_response(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
+                                                     for i, p in enumerate(payloads) if "error" not in p], n)))
+
+
+def _steps(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's recent step rows: JSON strings (``steps_json``, parsed one by one so the event loop
+    gets the GIL between them), or dicts from an older rank."""
+    return [json.loads(r) for r in payload["steps_json"]] if "steps_json" in payload else payload.get("steps", [])
 
 
 async def post_fault(request: Request):

@@ -5,7 +5,8 @@ abandoned mid-stream by their client) must leave every invariant counter at 0, w
 every step and every finished request.  Then the test-only fault plugin (tests/plugins/ctxprof_fault)
 breaks one invariant at a time, and each fault must raise its own counter - in /ctx_profile/status,
 in SGLang's /metrics (``--enable-metrics``) and in ``?format=prometheus`` - and no other, and the
-diagnosis must flag it.
+diagnosis must flag it.  Last, a stalled record sink (the plugin's ``stall_sink``) stalls neither
+requests nor reads: the sinks run on the drain thread only, outside the aggregator's lock.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from http.client import HTTPConnection
 import pytest
 
 import ctxprof_ref
-from conftest import ROOT, http, path_loaded, rand_ids, start_server
+from conftest import ROOT, generate, http, path_loaded, rand_ids, start_server
 from sglang_ctxprof.model import names
 
 pytestmark = pytest.mark.server
@@ -150,3 +151,34 @@ def test_each_fault_raises_exactly_its_counter(server, soaked, inv):
     assert f'sglang_ctxprof_invariant_violations_total{{invariant="{inv}"}} {a1["violations"][inv]}' in text
     flags = http("GET", server.url + names.ROUTE + "/diagnosis")[1]["flags"]
     assert any(f["kind"] == "invariant_violations" and inv in f["message"] for f in flags)
+
+
+def _metric_steps(url: str) -> float:
+    text = http("GET", url + "/metrics")[1]
+    return sum(float(m.group(1)) for m in re.finditer(r"^sglang_ctxprof_steps_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def test_a_stalled_sink_stalls_neither_requests_nor_reads(server):
+    url = server.url
+    steps0, prof0 = _metric_steps(url), http("GET", url + names.ROUTE)[1]["totals"]["decode_steps"]
+    set_fault(server, "stall_sink")
+    try:  # the drain thread now waits inside the metrics sink at its next record
+        first = generate(url, rand_ids(200, seed=91), 24)
+        st, body = http("GET", url + names.ROUTE, timeout=120)  # a read on the scheduler thread
+        assert st == 200, body
+        grew = body["totals"]["decode_steps"] - prof0
+        assert grew >= first["meta_info"]["spec_verify_ct"] > 0  # the read saw every step
+        second = generate(url, rand_ids(300, seed=92), 24)  # the scheduler still steps after the read
+        assert second["meta_info"]["completion_tokens"] == 24
+        st, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{second['meta_info']['id']}", timeout=120)
+        assert st == 200 and r["steps"] == second["meta_info"]["spec_verify_ct"], r
+        assert _metric_steps(url) - steps0 < grew  # ... while the sink had not seen them: it was stalled
+    finally:
+        set_fault(server, "")
+    want = http("GET", url + names.ROUTE)[1]["totals"]["decode_steps"] - prof0
+    deadline = time.time() + 120  # liveness only
+    while _metric_steps(url) - steps0 < want and time.time() < deadline:
+        time.sleep(0.5)
+    assert _metric_steps(url) - steps0 == want  # released: every step reached the sink exactly once
+    (rank,) = http("GET", url + names.ROUTE_STATUS)[1]["ranks"]
+    assert rank["status"]["sink_dropped"] == 0 and rank["status"]["degraded"] is None

@@ -310,10 +310,13 @@ def test_trace_cli_and_slowest_view(server, traced, capsys):
     rows = [ln for ln in out.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+\s+1\s+4\s", ln)]
     assert len(rows) == traced["slow"]["meta_info"]["spec_verify_ct"]
     assert f"request {traced['rid']}" in out and traced["trace_id"] in out
-    status, body = http("GET", server.url + "/ctx_profile/requests?slowest=2")
+    status, body = http("GET", server.url + "/ctx_profile/requests?slowest=2&steps=1")
     rows = body["requests"]
     assert status == 200 and len(rows) == 2 and rows[0]["decode_tok_s"] <= rows[1]["decode_tok_s"]
     assert all(len(r["step_rows"]) == r["steps"] > 0 for r in rows)  # full step-by-step breakdown
+    status, lean = http("GET", server.url + "/ctx_profile/requests?slowest=2")
+    assert [r["rid"] for r in lean["requests"]] == [r["rid"] for r in rows]
+    assert not any("step_rows" in r for r in lean["requests"])  # by default, no step rows
     status, allr = http("GET", server.url + "/ctx_profile/requests?slowest=1000")
     assert rows[1]["decode_tok_s"] <= min(r["decode_tok_s"] for r in allr["requests"][2:])
     assert main(["trace", "--url", server.url, "--slowest", "1", "--max-steps", "3"]) == 0

@@ -14,6 +14,9 @@
   ``accepted_bound`` - a draft count dropped (``draft_tokens`` = 1);
   ``hook_once`` - the MoE hook unhooked (no time lands in ``verify_moe``; ``verify_rest`` absorbs it);
   ``completion_tokens`` - a committed token lost at each step.
+
+Not an invariant: ``stall_sink`` stalls a record sink (the Prometheus metrics view's ``observe``
+waits while the fault is set), as a blocked log pipe or exporter would.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 ENV = "CTXPROF_FAULT_FILE"
 _STATE = {"mtime": None, "fault": "", "skewed": set()}
@@ -74,6 +78,16 @@ def register() -> None:
         return _record_fault(orig_record(self))
 
     HostFacts.record = record
+    from sglang_ctxprof.views.metrics import MetricsView
+
+    orig_observe = MetricsView.observe
+
+    def observe(self, rec):
+        while fault() == "stall_sink":  # a stalled sink: waits until the test clears the fault
+            time.sleep(0.02)
+        return orig_observe(self, rec)
+
+    MetricsView.observe = observe
     orig_hist = Req.update_spec_correct_drafts_histogram
 
     def update_spec_correct_drafts_histogram(self, num_correct_drafts):

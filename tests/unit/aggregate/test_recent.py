@@ -31,3 +31,20 @@ def test_fewer_steps_than_the_record_window():
     ring = RecentSteps(depth=10, with_records=3)
     ring.add(_rec(1))
     assert ring.records() == [_rec(1)] and list(ring)[0].record == _rec(1)
+
+
+def test_json_rows_write_each_record_once_and_equal_the_records(monkeypatch):
+    import json
+
+    ring = RecentSteps(depth=10, with_records=4)
+    calls: list[int] = []
+    real = StepRecord.to_dict
+    monkeypatch.setattr(StepRecord, "to_dict", lambda self: calls.append(self.step_id) or real(self))
+    for i in range(6):
+        ring.add(_rec(i))
+    assert [json.loads(r) for r in ring.json_rows()] == [real(r) for r in ring.records()]
+    assert calls == [2, 3, 4, 5]
+    ring.add(_rec(6))
+    assert [json.loads(r)["step_id"] for r in ring.json_rows(4)] == [3, 4, 5, 6]
+    assert calls == [2, 3, 4, 5, 6]  # a later read writes only the new step
+    assert ring.json_rows(0) == [] and [json.loads(r) for r in ring.json_rows(2)] == [real(r) for r in ring.records(2)]

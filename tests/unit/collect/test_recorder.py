@@ -1,8 +1,12 @@
 """collect/recorder: the hand-off from the hot path.  Every record reaches the aggregator and then
 each sink in order; a failing sink is disabled alone; a full queue counts its drops; a read
-flushes first; close stops every sink."""
+catches the aggregator up first but runs no sink, and a stalled sink blocks no read; close stops
+every sink."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect.recorder import Recorder
@@ -61,7 +65,7 @@ def test_a_failing_sink_is_disabled_alone_and_the_others_get_every_record():
     assert agg.records == 4 and good.got == [0, 1, 2, 3]
     assert bad.got == [0] and len(bad.seen_by_aggregator) == 2  # failed on record 1, then skipped
     assert set(guard.status()["components"]) == {"exporter"}
-    assert good.seen_by_aggregator == [1, 2, 3, 4]  # the aggregator takes each record first
+    assert good.seen_by_aggregator == [4, 4, 4, 4]  # the aggregator takes what waits first
 
 
 def test_a_full_queue_counts_drops_and_never_blocks():
@@ -75,11 +79,103 @@ def test_a_full_queue_counts_drops_and_never_blocks():
     assert r.submitted == 3 and r.dropped == 3
 
 
-def test_a_read_flushes_first():
+def test_a_read_catches_the_aggregator_up_and_leaves_the_sinks_to_the_drain():
     r, _, _, (sink,) = _recorder(("logs", -1))
     for i in range(3):
         r.submit(_rec(i))
-    assert r.with_aggregator(lambda a: a.records) == 3 and sink.got == [0, 1, 2]
+    assert r.with_aggregator(lambda a: a.records) == 3 and sink.got == []  # no sink on the reader's thread
+    r.submit(_rec(3))
+    r.flush()
+    assert sink.got == [0, 1, 2, 3] and sink.seen_by_aggregator == [4, 4, 4, 4]
+
+
+class Blocking(Sink):
+    """A sink whose first ``observe`` waits until ``release`` is set (a stalled log pipe or exporter)."""
+
+    def __init__(self, agg: Aggregator) -> None:
+        super().__init__("logs", agg)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.threads: set[str] = set()
+
+    def observe(self, rec: StepRecord) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.entered.set()
+        self.release.wait()
+        super().observe(rec)
+
+
+def _wait(cond, what: str, limit_s: float = 60.0) -> None:
+    """Liveness only (a hang would otherwise hang the suite), never a timing threshold."""
+    end = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < end, f"never happened: {what}"
+        time.sleep(0.005)
+
+
+def _read(r: Recorder) -> int:
+    """``with_aggregator`` from another thread (as the scheduler's control handler would); a read
+    that blocks fails the test instead of hanging it."""
+    got: list[int] = []
+    reader = threading.Thread(target=lambda: got.append(r.with_aggregator(lambda a: a.records)), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "the read blocked"
+    return got[0]
+
+
+def test_a_stalled_sink_blocks_no_read_and_later_gets_every_record_once_in_order():
+    agg, guard = Aggregator(), Guard()
+    sink = Blocking(agg)
+    r = Recorder(agg, guard, sinks=[sink])
+    r.start()
+    try:
+        r.submit(_rec(0))
+        assert sink.entered.wait(60)  # the drain thread is now stuck inside the sink
+        for i in range(1, 50):
+            r.submit(_rec(i))
+        assert _read(r) == 50  # answered while the sink was still blocked
+        assert not sink.release.is_set() and sink.got == []
+        for i in range(50, 60):  # more steps after the read, some drained by a second read
+            r.submit(_rec(i))
+        assert _read(r) == 60
+        sink.release.set()
+        _wait(lambda: len(sink.got) == 60, "the sink caught up")
+    finally:
+        sink.release.set()
+        r.close()
+    assert sink.got == list(range(60)) and sink.threads == {"ctxprof-recorder"}
+    assert r.sink_dropped == 0 and agg.records == 60
+
+
+def test_the_drain_thread_feeds_the_sinks_what_a_read_aggregated_with_no_further_step():
+    r, agg, _, (sink,) = _recorder(("logs", -1))
+    r.start()
+    try:
+        for i in range(5):
+            r.submit(_rec(i))
+        assert r.with_aggregator(lambda a: a.records) == 5
+        _wait(lambda: sink.got == [0, 1, 2, 3, 4], "the sinks got what the read aggregated")
+    finally:
+        r.close()
+
+
+def test_a_stalled_sink_backlog_is_bounded_and_counted():
+    agg, guard = Aggregator(), Guard()
+    sink = Blocking(agg)
+    r = Recorder(agg, guard, maxsize=4, sinks=[sink])
+    r.start()
+    try:
+        r.submit(_rec(0))
+        assert sink.entered.wait(60)
+        for k in range(3):  # reads keep the aggregator current; the sinks' backlog stays bounded
+            for i in range(4):
+                r.submit(_rec(1 + 4 * k + i))
+            _read(r)
+        assert agg.records == 13 and r.dropped == 0 and r.sink_dropped == 8
+    finally:
+        sink.release.set()
+        r.close()
+    assert sink.got == [0, 1, 2, 3, 4]
 
 
 def test_host_facts_are_built_on_the_drain_and_a_bad_one_disables_the_recorder():

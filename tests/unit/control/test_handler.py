@@ -4,6 +4,8 @@ nothing (``Profiler.identify``, not ``bind``)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import fakes
@@ -98,4 +100,17 @@ def test_toggle_and_recent(session):
     assert ask(session, names.CMD_ENABLE)["status"]["enabled"] is True and p.active
     p.recorder.submit(_rec(1))
     p.recorder.submit(_rec(2))
-    assert [r["step_id"] for r in ask(session, names.CMD_RECENT, last=1)["steps"]] == [2]
+    assert [r["step_id"] for r in map(json.loads, ask(session, names.CMD_RECENT, last=1)["steps_json"])] == [2]
+
+
+def test_slowest_requests_ship_no_step_rows_unless_asked(session):
+    p = session.profiler
+    for i in range(4):
+        p.recorder.submit(_rec(i, rid="a" if i % 2 else "b"))
+    plain = ask(session, names.CMD_REQUESTS, slowest=10)["requests"]
+    assert {r["rid"] for r in plain} == {"a", "b"} and all(r["steps"] == 2 for r in plain)
+    assert not any("step_rows" in r for r in plain)  # the page's table uses none of them
+    full = ask(session, names.CMD_REQUESTS, slowest=10, steps=True)["requests"]
+    assert all(len(r["step_rows"]) == r["steps"] == 2 for r in full)  # the CLI's trace --slowest
+    one = ask(session, names.CMD_REQUESTS, rid="a")["requests"]
+    assert len(one[0]["step_rows"]) == 2  # one request by rid keeps its rows (the page's drill-down)

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Do reads stall the server?  Chunk gaps of a long streamed generation with and without readers.
+
+One real SGLang server on this CPU (tiny DeepSeek-V3 + the identity EAGLE head, ``--enable-ctx-profile``,
+the flags of ``cli.server.cpu_args``) is warmed with ``--warm`` mixed requests (so the profile, the
+request log and the step ring hold data, as on a server that has been serving), then streams
+``--new`` tokens of one greedy generation per arm and records when each chunk arrives.  Three arms,
+run one after the other on the same server, ``--rounds`` times (the order reverses every other
+round so a drift cancels):
+
+* ``none``: no reader;
+* ``sglang``: one thread looping, back to back, on SGLang's own ``/get_server_info``,
+  ``/get_model_info``, ``/health`` and ``/v1/models``;
+* ``ctxprof``: one thread looping on ``/ctx_profile``, ``/ctx_profile/diagnosis``,
+  ``/ctx_profile/requests?slowest=1000`` and ``/ctx_profile/trace.json?last=2048``.
+
+Printed: per arm the chunk gap p50 / p99 / max (ms), the ratio of the ctxprof arm's p99 to the
+sglang arm's (the goal is at most 1.2), and per read route its count, latency p50 / p99 and body
+size.  Last, ``/ctx_profile`` latency on the idle server (``--idle-reads`` reads: the first after
+the last change builds, the rest may be served from a cache) with the server's decode-step count.
+
+The server's code is whatever ``sglang_ctxprof`` the environment imports (``PYTHONPATH`` wins over
+this checkout), so the same script measures another revision.  ``--url`` measures a running server.
+A benchmark, not a test: it asserts nothing about timing.  ``--out FILE`` writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
+
+SGLANG_READS = ("/get_server_info", "/get_model_info", "/health", "/v1/models")
+CTXPROF_READS = ("/ctx_profile", "/ctx_profile/diagnosis", "/ctx_profile/requests?slowest=1000",
+                 "/ctx_profile/trace.json?last=2048")
+ARMS = {"none": (), "sglang": SGLANG_READS, "ctxprof": CTXPROF_READS}
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(10, 3999) for _ in range(n)]
+
+
+def _get(url: str) -> tuple[int, int, float]:
+    """(status, bytes, ms) of one GET."""
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(url, timeout=300) as r:
+            body, status = r.read(), r.status
+    except urllib.error.HTTPError as exc:
+        body, status = exc.read(), exc.code
+    return status, len(body), (time.perf_counter() - t0) * 1e3
+
+
+def _generate(url: str, n: int, new: int, seed: int) -> None:
+    body = json.dumps({"input_ids": _ids(n, seed),
+                       "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        r.read()
+
+
+def stream(url: str, prompt: int, new: int, seed: int) -> list[float]:
+    """Arrival times (s, monotonic) of the ``data:`` chunks of one streamed greedy generation."""
+    host, port = url.split("//")[1].split(":")
+    c = HTTPConnection(host, int(port), timeout=600)
+    c.request("POST", "/generate", json.dumps({
+        "input_ids": _ids(prompt, seed), "stream": True,
+        "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}),
+        {"Content-Type": "application/json"})
+    resp = c.getresponse()
+    times = []
+    while True:
+        line = resp.fp.readline()
+        if not line or line.startswith(b"data: [DONE]"):
+            break
+        if line.startswith(b"data:"):
+            times.append(time.monotonic())
+    c.close()
+    return times
+
+
+class Reader(threading.Thread):
+    """Loops over ``paths`` back to back until stopped; keeps (status, bytes, ms) per path."""
+
+    def __init__(self, url: str, paths: tuple[str, ...]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.paths = url, paths
+        self.stop_ev = threading.Event()
+        self.seen: dict[str, list[tuple[int, int, float]]] = {p: [] for p in paths}
+
+    def run(self) -> None:
+        while not self.stop_ev.is_set():
+            for p in self.paths:
+                if self.stop_ev.is_set():
+                    break
+                self.seen[p].append(_get(self.url + p))
+
+
+def pct(v: list[float], q: float) -> float:
+    if not v:
+        return float("nan")
+    s = sorted(v)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+def run_arm(url: str, arm: str, ns, seed: int) -> dict:
+    reader = Reader(url, ARMS[arm]) if ARMS[arm] else None
+    if reader is not None:
+        reader.start()
+        time.sleep(0.5)  # the loop is running before the first chunk
+    times = stream(url, ns.prompt, ns.new, seed)
+    if reader is not None:
+        reader.stop_ev.set()
+        reader.join()
+    gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])][ns.skip:]
+    reads = {p: v for p, v in (reader.seen.items() if reader else ())}
+    return {"arm": arm, "chunks": len(times), "gaps_ms": gaps, "reads": reads}
+
+
+def summarize(results: list[dict]) -> dict:
+    arms: dict[str, dict] = {}
+    for arm in ARMS:
+        gaps = [g for r in results if r["arm"] == arm for g in r["gaps_ms"]]
+        reads: dict[str, list] = {}
+        for r in results:
+            if r["arm"] == arm:
+                for p, v in r["reads"].items():
+                    reads.setdefault(p, []).extend(v)
+        arms[arm] = {"chunks": sum(r["chunks"] for r in results if r["arm"] == arm), "gap_p50_ms": pct(gaps, 50),
+                     "gap_p99_ms": pct(gaps, 99), "gap_max_ms": max(gaps) if gaps else float("nan"),
+                     "reads": {p: {"n": len(v), "bad": sum(1 for s, _, _ in v if s != 200),
+                                   "ms_p50": pct([m for _, _, m in v], 50), "ms_p99": pct([m for _, _, m in v], 99),
+                                   "bytes_p50": pct([b for _, b, _ in v], 50)} for p, v in reads.items()}}
+    return {"arms": arms, "ratio_p99_ctxprof_over_sglang": arms["ctxprof"]["gap_p99_ms"] / arms["sglang"]["gap_p99_ms"]}
+
+
+def report(summary: dict, idle: Optional[dict]) -> None:
+    print(f"{'readers':<10}{'chunks':>8}{'gap p50 ms':>12}{'gap p99 ms':>12}{'gap max ms':>12}")
+    for arm, a in summary["arms"].items():
+        print(f"{arm:<10}{a['chunks']:>8}{a['gap_p50_ms']:>12.1f}{a['gap_p99_ms']:>12.1f}{a['gap_max_ms']:>12.1f}")
+    print(f"p99 chunk gap, ctxprof readers / sglang readers: {summary['ratio_p99_ctxprof_over_sglang']:.2f} "
+          "(goal <= 1.2)")
+    for arm in ("sglang", "ctxprof"):
+        for p, r in summary["arms"][arm]["reads"].items():
+            print(f"  {p:<40} n={r['n']:<4} bad={r['bad']:<3} p50 {r['ms_p50']:7.1f} ms  p99 {r['ms_p99']:7.1f} ms  "
+                  f"{r['bytes_p50'] / 1e3:8.1f} kB")
+    if idle:
+        print(f"/ctx_profile on the idle server after {idle['decode_steps']} decode steps "
+              f"({idle['records']} records): first {idle['first_ms']:.1f} ms, then p50 {idle['rest_p50_ms']:.1f} ms")
+
+
+def idle_reads(url: str, n: int) -> dict:
+    first = _get(url + "/ctx_profile")[2]
+    rest = [_get(url + "/ctx_profile")[2] for _ in range(n - 1)]
+    with urllib.request.urlopen(url + "/ctx_profile", timeout=300) as r:
+        tot = json.loads(r.read())["totals"]
+    return {"first_ms": first, "rest_p50_ms": pct(rest, 50), "decode_steps": tot["decode_steps"], "records": tot["records"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=None, help="measure this running server instead of starting one")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens of the streamed request")
+    ap.add_argument("--new", type=int, default=1500, help="tokens the streamed request generates")
+    ap.add_argument("--warm", type=int, default=24, help="warm-up requests before the arms (96 new tokens each)")
+    ap.add_argument("--rounds", type=int, default=1, help="each arm this many times (order reversed every other round)")
+    ap.add_argument("--skip", type=int, default=5, help="first chunk gaps of each stream left out (prefill, start)")
+    ap.add_argument("--idle-reads", type=int, default=5)
+    ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "reader_stall.log"))
+    ap.add_argument("--out", default=None)
+    ns = ap.parse_args(argv)
+    from sglang_ctxprof.cli.server import ServerProcess, cpu_args
+    from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
+    import sglang_ctxprof
+
+    print(f"server code: {Path(sglang_ctxprof.__file__).parent}", flush=True)
+    srv = None
+    url = ns.url
+    if url is None:
+        os.environ.setdefault("CTXPROF_QUIET", "1")
+        m = build(TinyModelArgs(arch="deepseek-v3", out=str(ROOT / ".cache" / "models" / "deepseek-v3-eagle-ha"),
+                                draft="eagle", high_acceptance=True))
+        Path(ns.log).parent.mkdir(parents=True, exist_ok=True)
+        srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
+                            log_path=ns.log, timeout=900)
+        srv.start()
+        url = srv.url
+        print(f"server up in {srv.startup_s:.0f} s", flush=True)
+    try:
+        with cf.ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda i: _generate(url, 40 + 60 * i, 96, 100 + i), range(ns.warm)))
+        results = []
+        order = list(ARMS)
+        for k in range(ns.rounds):
+            for arm in (order if k % 2 == 0 else order[::-1]):
+                r = run_arm(url, arm, ns, seed=9000 + k)
+                print(f"round {k} {arm}: {r['chunks']} chunks, gap p50 {pct(r['gaps_ms'], 50):.1f} ms "
+                      f"p99 {pct(r['gaps_ms'], 99):.1f} ms", flush=True)
+                results.append(r)
+        summary = summarize(results)
+        idle = idle_reads(url, ns.idle_reads) if ns.idle_reads > 0 else None
+    finally:
+        if srv is not None:
+            srv.stop()
+    report(summary, idle)
+    if ns.out:
+        with open(ns.out, "w") as f:
+            json.dump({"summary": summary, "idle": idle, "args": vars(ns)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""Heavy work of the read routes, off SGLang's event loop: one worker thread and a small cache.
+
+SGLang's HTTP process runs the tokenizer manager on the same event loop as our routes, so a
+profile built there (Theil-Sen fits, the rank merge) delays every streamed chunk of every request.
+:func:`off_loop` runs such work on a single worker thread (``ctxprof-build``): at most one build
+at a time, later ones queue behind it.  The event loop only awaits.
+
+:class:`BuildCache` keeps the last few profile builds (the merged profile and each rank's body;
+the formats, the diagnosis and the serving envelope are derived fresh from them, cheaply) per the
+ranks' versions.  A rank's
+version is ``(pid, submitted, records)`` from its answer: the aggregator changes only by observing
+a record (``records`` and ``submitted`` both grow) or by a reset (``records`` drops to 0 while
+``submitted`` stays), so an unchanged version means an unchanged state.  The device facts
+(``hw``) are part of the version too.  An answer without these fields (an error, an old rank) is
+never cached.  So the live page's two builds per refresh cost one build per change of the data,
+however many tabs are open.
+
+A worker thread still shares the GIL with the event loop, which gets it back only between Python
+bytecodes: one ``json.dumps`` of a 2 MB trace is a single C call that holds it throughout.
+:func:`pieces_response` therefore serializes a large reply piece by piece (each item of a long
+list on its own), to the same bytes ``http_guard.json_response`` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+
+_EXEC: Optional[ThreadPoolExecutor] = None
+_EXEC_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _EXEC
+    with _EXEC_LOCK:
+        if _EXEC is None:
+            _EXEC = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxprof-build")
+        return _EXEC
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the build thread; the event loop awaits it (an exception propagates)."""
+    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
+
+
+def versions(payloads: Sequence[Mapping[str, Any]]) -> Optional[tuple]:
+    """The ranks' versions, in answer order, or None when one cannot be told (never cached)."""
+    out = []
+    for p in payloads:
+        st, state = p.get("status"), p.get("state")
+        if not isinstance(st, Mapping) or not isinstance(state, Mapping):
+            return None
+        try:
+            out.append((int(st["pid"]), int(st["submitted"]), int(state["records"]), repr(state.get("hw"))))
+        except (KeyError, TypeError, ValueError):
+            return None
+    return tuple(out)
+
+
+class BuildCache:
+    """The last ``size`` results by key; a key of None is never cached.  Thread-safe: the worker
+    thread builds, and two readers of one key may both build once (the later result is kept)."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._d: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.builds = 0
+
+    def get(self, key: Optional[Hashable], build: Callable[[], T]) -> T:
+        if key is not None:
+            with self._lock:
+                if key in self._d:
+                    self._d.move_to_end(key)
+                    self.hits += 1
+                    return self._d[key]
+        out = build()
+        with self._lock:
+            self.builds += 1
+            if key is not None:
+                self._d[key] = out
+                while len(self._d) > self.size:
+                    self._d.popitem(last=False)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+
+
+CACHE = BuildCache()
+
+PIECE = 64  # lists longer than this are serialized one item at a time
+
+
+def _dumps(obj: Any) -> str:
+    if isinstance(obj, list) and len(obj) > PIECE:
+        return "[" + ",".join(_dumps(v) for v in obj) + "]"
+    if isinstance(obj, dict) and all(type(k) is str for k in obj) and any(
+            isinstance(v, (list, dict)) for v in obj.values()):
+        return "{" + ",".join(json.dumps(k) + ":" + _dumps(v) for k, v in obj.items()) + "}"
+    return json.dumps(obj, allow_nan=False, separators=(",", ":"), default=_default)
+
+
+def pieces_response(content: Any, status: int = 200) -> Any:
+    """``http_guard.json_response(content)``, serialized in pieces (see the module docstring)."""
+    from starlette.responses import Response
+
+    from .http_guard import finite
+
+    try:
+        body = _dumps(content)
+    except ValueError:  # a non-finite float: null, as json_response writes it
+        body = _dumps(finite(content))
+    return Response(content=body.encode(), status_code=status, media_type="application/json")
+
+
+def _default(obj: Any) -> Any:
+    from .http_guard import _default as default
+
+    return default(obj)
