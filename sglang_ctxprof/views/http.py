@@ -46,7 +46,7 @@ from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
-from .http_build import CACHE, off_loop, pieces_response, versions
+from .http_build import CACHE, off_loop, versions
 from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
 
@@ -246,7 +246,7 @@ async def get_requests(request: Request):
 def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
     rows = [r for p in payloads for r in p.get("requests", [])]
     rows.sort(key=lambda r: r.get("decode_tok_s", 0.0))
-    return pieces_response({"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]})
+    return _json({"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]})
 
 
 async def get_request(request: Request):
@@ -292,14 +292,13 @@ async def get_trace_json(request: Request):
     errors = [p["error"] for p in payloads if "error" in p]
     if errors and len(errors) == len(payloads):
         return _error(503, "; ".join(errors))
-    return await off_loop(lambda: pieces_response(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
+    return await off_loop(lambda: _json(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
                                                      for i, p in enumerate(payloads) if "error" not in p], n)))
 
 
 def _steps(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """A rank's recent step rows: JSON strings (``steps_json``, parsed one by one so the event loop
-    gets the GIL between them), or dicts from an older rank."""
-    return [json.loads(r) for r in payload["steps_json"]] if "steps_json" in payload else payload.get("steps", [])
+    """A rank's recent step rows: one JSON string (``steps_json``), or a list from an older rank."""
+    return json.loads(payload["steps_json"]) if "steps_json" in payload else payload.get("steps", [])
 
 
 async def post_fault(request: Request):

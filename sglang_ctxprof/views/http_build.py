@@ -14,18 +14,12 @@ a record (``records`` and ``submitted`` both grow) or by a reset (``records`` dr
 (``hw``) are part of the version too.  An answer without these fields (an error, an old rank) is
 never cached.  So the live page's two builds per refresh cost one build per change of the data,
 however many tabs are open.
-
-A worker thread still shares the GIL with the event loop, which gets it back only between Python
-bytecodes: one ``json.dumps`` of a 2 MB trace is a single C call that holds it throughout.
-:func:`pieces_response` therefore serializes a large reply piece by piece (each item of a long
-list on its own), to the same bytes ``http_guard.json_response`` writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -97,33 +91,3 @@ class BuildCache:
 
 
 CACHE = BuildCache()
-
-PIECE = 64  # lists longer than this are serialized one item at a time
-
-
-def _dumps(obj: Any) -> str:
-    if isinstance(obj, list) and len(obj) > PIECE:
-        return "[" + ",".join(_dumps(v) for v in obj) + "]"
-    if isinstance(obj, dict) and all(type(k) is str for k in obj) and any(
-            isinstance(v, (list, dict)) for v in obj.values()):
-        return "{" + ",".join(json.dumps(k) + ":" + _dumps(v) for k, v in obj.items()) + "}"
-    return json.dumps(obj, allow_nan=False, separators=(",", ":"), default=_default)
-
-
-def pieces_response(content: Any, status: int = 200) -> Any:
-    """``http_guard.json_response(content)``, serialized in pieces (see the module docstring)."""
-    from starlette.responses import Response
-
-    from .http_guard import finite
-
-    try:
-        body = _dumps(content)
-    except ValueError:  # a non-finite float: null, as json_response writes it
-        body = _dumps(finite(content))
-    return Response(content=body.encode(), status_code=status, media_type="application/json")
-
-
-def _default(obj: Any) -> Any:
-    from .http_guard import _default as default
-
-    return default(obj)

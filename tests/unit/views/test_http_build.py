@@ -149,13 +149,3 @@ def test_answers_without_versions_are_never_cached():
     assert [c.get(None, lambda: 1), c.get(None, lambda: 2)] == [1, 2] and c.builds == 2
     assert [c.get("a", lambda: 1), c.get("a", lambda: 9), c.get("b", lambda: 2), c.get("c", lambda: 3),
             c.get("a", lambda: 4)] == [1, 1, 2, 3, 4]  # "a" fell out of the two kept
-
-
-@pytest.mark.parametrize("content", [
-    {"traceEvents": [{"ph": "X", "ts": i / 3, "args": {"n": i}} for i in range(300)], "otherData": {"a": [1, 2]}},
-    {"requests": [{"rid": f"r{i}", "tok_s": float("nan") if i == 7 else i * 1.5} for i in range(100)]},
-    {"k": {1: "int keys"}, "big": list(range(200)), "s": "é\u2028"},
-    [[i, {"x": None}] for i in range(70)],
-])
-def test_replies_serialized_in_pieces_are_the_same_bytes(content):
-    assert http_build.pieces_response(content).body == http_guard.json_response(content).body
