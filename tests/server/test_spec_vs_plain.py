@@ -9,16 +9,24 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    against the same pair's measured speedup (the long request's decode on the server's wall clock):
    the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides come from the
    same steps, so the machine's load cancels: an accounting check, not a timing threshold;
-2. a verify-only attention slowdown growing with context: verify inflation grows with context, the
-   crossover moves to a shorter context and the ledger names the verify attention path;
-3. a constant host delay per step: it shows as overhead (the ledger's overhead of each interleaved
-   pair grows by the planted amount, inside net saved), verify inflation does not change.  Net saved
-   itself is not compared across the two sweeps: on a shared CPU the plain arm's step moves more than
-   the delay between runs;
+2. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
+   thread's CPU clock, ~15x verify attention's own time at the long context, ~1.5x at the short one),
+   so a busy machine stretches it as it stretches the kernel: each spec point's verify attention
+   over its own plain point's decode attention (the pair inflation) grows with context and far
+   above the clean pairs', the ledger names the verify attention path, and per pair at the long
+   context speculation loses to plain decode, so the crossover lies inside the measured range;
+3. a constant host delay per step (a wall-clock busy-wait): in every interleaved pair the spec
+   step's host gap holds all of it, the ledger charges it to overhead (overhead_extra plus the same
+   pair's plain overhead), and the pair's net saved carries it.
 
-Comparisons across sweeps are made per interleaved pair (the two arms' points of one repeat ran back
-to back, so the machine's state is shared), and at the long context where a ratio of attention
-times is more than noise: other tenants of a 2-core machine slowed single repeats 10x.
+Every planted check is a floor, a sign or a ratio within one pair that the plant guarantees with a
+wide margin; the only fixed number a time meets is the planted 20 ms, a floor no machine undercuts.  What the sweeps do not assert, and
+why: on a loaded 2-core machine the pairs' timings move between sweeps minutes apart by more than
+the plants do (pair inflation at the long context: medians 4.5 then 1.2, single pairs 0.25-5.1;
+measured speedup at 2048 per pair 0.41 / 2.42 / 8.15 in one sweep, 0.45-0.58 in another), so
+"the host delay leaves verify inflation unchanged" (20 ms in verify attention would move it ~1.7x)
+and "the crossover moves shorter than the clean run's" (its position between 64 and 2048 rides on
+the short context's speedup, 1.40-6.47 per clean pair) are not checked against another sweep.
 4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
@@ -27,7 +35,6 @@ times is more than noise: other tenants of a 2-core machine slowed single repeat
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import threading
 import urllib.request
@@ -50,6 +57,8 @@ SWEEP = ["--ctx", *CTX, "--short", "4", "--long", "24", "--no-plots"]
 # tenants of a shared machine (seen: 10x).
 CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
+# the host delay's checks are floors that hold in every pair: two repeats
+HOST_REPEATS = 2
 RUNS: dict = {}
 
 
@@ -132,24 +141,26 @@ def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(
     assert rep["crossover"]["how"] in ("measured", "extrapolated", "none")
 
 
-def _pair_inflation(out, ctx):
-    """Verify attention over plain decode attention per interleaved pair (the two arms' points of one
-    repeat, run back to back: the machine's drift between sweeps cancels), median over the pairs."""
-    def attn(arm, phase):
-        return {json.loads(f.read_text())["repeat"]: json.loads(f.read_text())["breakdown"]["phases_ms"][phase]
-                for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json")}
-    va, da = attn("spec", "verify_attn"), attn("plain", "decode_attn")
-    return statistics.median(va[r] / da[r] for r in va if r in da and da[r] > 0)
-
-
-def _pair_overhead(out, ctx):
-    """The ledger's overhead_extra of each interleaved pair (``aggregate.ledger.row`` on the two arms'
-    points of one repeat, as ``sweep --arms`` predicts per pair), median over the pairs."""
+def _pairs(out, ctx):
+    """The interleaved pairs at ``ctx``: {repeat: (spec point, plain point)} - the two arms' points of
+    one repeat, run back to back, so the machine's state is shared (as far as seconds apart can)."""
     def points(arm):
-        return {p["repeat"]: _ledger_point(p) for p in (json.loads(f.read_text())
-                                                        for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json"))}
+        return {p["repeat"]: p for p in (json.loads(f.read_text())
+                                         for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json"))}
     sp, pp = points("spec"), points("plain")
-    return statistics.median(ledger_row(sp[r], [pp[r]])["spent_ms"]["overhead_extra"] for r in sp if r in pp)
+    return {r: (sp[r], pp[r]) for r in sorted(sp) if r in pp}
+
+
+def _pair_inflation(out, ctx):
+    """Verify attention over plain decode attention per interleaved pair, median over the pairs."""
+    return statistics.median(s["breakdown"]["phases_ms"]["verify_attn"] / p["breakdown"]["phases_ms"]["decode_attn"]
+                             for s, p in _pairs(out, ctx).values())
+
+
+def _overhead(pt):
+    """A point's overhead per step as the ledger counts it: unattributed time plus the host gap."""
+    ph = pt["breakdown"]["phases_ms"]
+    return sum(ph.get(k, 0.0) for k in ("overhead", "unattributed")) + (pt["breakdown"]["host_gap_ms"] or 0.0)
 
 
 def _cross(rep):
@@ -161,56 +172,65 @@ def _cross(rep):
     return 0.0 if "slower already" in c["note"] else float("inf")
 
 
-# The two planted sweeps compare whole sweeps run minutes apart: on a 2-core machine shared with
-# other load they failed (a 12 ms host-delay swing; a crossover moved by noise), so they run when asked.
-PLANTED = pytest.mark.skipif(os.environ.get("CTXPROF_ARMS_PLANTED") != "1",
-                             reason="opt-in: CTXPROF_ARMS_PLANTED=1 (whole-sweep comparisons, noisy when shared)")
+# Verify attention's planted extra work per 1k tokens of context, in multiples of the call's own CPU
+# time: at the long context (2048) verify attention runs 1 + 7 x 2.05 ~ 15x as long, at the short one
+# ~1.5x - at any load (the plant is work, which a busy machine stretches as it stretches the kernel).
+VERIFY_WORK_PER_1K = 7.0
+HOST_SPIN_MS = 20.0
 
 
-@PLANTED
-def test_planted_verify_attention_slowdown_is_named_and_moves_the_crossover(servers):
+def test_planted_verify_attention_slowdown_is_named_and_crosses_over_in_range(servers):
     spec, _ = servers
-    # verify only (plain decode never runs a target-verify batch), and large: at the long context it
-    # adds far more than a shared machine's swings; at the short one almost nothing
-    plant(spec, attn_ms_per_1k=12.0)
+    # verify only (plain decode never runs a target-verify batch)
+    plant(spec, attn_work_per_1k=VERIFY_WORK_PER_1K)
     try:
         rep, out = arms(servers, "verify_slow")
     finally:
         plant(spec)
-    hi = int(CTX[-1])
-    infl = [r["verify_inflation"] for r in rep["ledger"]["rows"]]
-    assert infl[-1] > infl[0]  # verify inflation grows with context
-    # per interleaved pair, at the long context, well above the clean run's
-    assert _pair_inflation(out, hi) > 2 * _pair_inflation(spec.dir / "clean", hi)
+    lo, hi = (int(c) for c in CTX)
+    # each spec point against its own plain point: at the long context the planted ~15x dominates the
+    # pair's verify inflation.  Against the clean sweep's pairs, a factor 2 leaves ~7x for the drift
+    # between sweeps minutes apart (seen on a loaded 2-core machine: medians 4.5 -> 1.2, single pairs
+    # 0.25-5.1); the short context moves ~1.5x, far less than the long one
+    infl = {ctx: _pair_inflation(out, ctx) for ctx in (lo, hi)}
+    clean = _pair_inflation(spec.dir / "clean", hi)
+    assert infl[hi] > 2 * clean and infl[hi] > 2 * infl[lo], (infl, clean)
+    rows = [r["verify_inflation"] for r in rep["ledger"]["rows"]]
+    assert rows[-1] > rows[0]  # the ledger's (medians over the repeats): verify inflation grows with context
     a = rep["ledger"]["attention"]
     assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"]
     assert "the verify attention path scales worse" in rep["ledger"]["verdict"]
-    assert _cross(rep) < float("inf") and _cross(rep) <= _cross(RUNS["clean"])
+    # per pair at the long context the planted ~15x verify attention makes speculation lose to plain
+    # decode (the clean pairs' speedup there: ~0.5 on this model, so the planted one is ~0.1; the
+    # drift between pairs seen, up to 5x, cannot lift it past 1): the crossover lies inside the
+    # measured range, interpolated (or speculation is slower already at the short context)
+    speed = [t for t in rep["table"] if t["ctx"] == hi][0]["pairs"]
+    assert statistics.median(p["measured"] for p in speed) < 1.0, speed
+    assert _cross(rep) < hi, (rep["crossover"], "clean:", RUNS["clean"]["crossover"])
 
 
-@PLANTED
-def test_planted_host_delay_is_overhead_and_leaves_verify_inflation(servers):
+def test_planted_host_delay_is_overhead_and_net_saved(servers):
     spec, _ = servers
-    plant(spec, host_spin_ms=20.0)  # busy: a sleep would let other processes cool the core's caches
+    # a wall-clock busy-wait before each step of the spec server (a sleep would let other processes cool
+    # the core's caches): no machine, fast or busy, can make a step's host gap shorter than it
+    plant(spec, host_spin_ms=HOST_SPIN_MS)
     try:
-        rep, out = arms(servers, "host_delay")
+        rep, out = arms(servers, "host_delay", HOST_REPEATS)
     finally:
         plant(spec)
-    clean_out = spec.dir / "clean"
     for ctx, r in _rows(rep).items():
-        # the planted delay is overhead: per interleaved pair (a pair's phases are means over the same
-        # steps, so they add up; medians over repeats, per phase, need not), median over the pairs
-        grew = _pair_overhead(out, ctx) - _pair_overhead(clean_out, ctx)
-        assert grew == pytest.approx(20.0, rel=0.4), (ctx, grew)
-        # and net saved carries it: net = saved - spent, the delay inside spent's overhead
+        pairs = _pairs(out, ctx)
+        assert len(pairs) == HOST_REPEATS
+        for rp, (sp, pp) in pairs.items():
+            # each spec point against its own plain point: the spec step's host gap holds the whole delay,
+            # and the ledger charges it to overhead (the spec step's overhead is the plain one's plus
+            # overhead_extra), none of it lost or put in a forward phase
+            own = ledger_row(_ledger_point(sp), [_ledger_point(pp)])
+            assert sp["breakdown"]["host_gap_ms"] >= HOST_SPIN_MS, (ctx, rp, sp["breakdown"])
+            assert own["spent_ms"]["overhead_extra"] + _overhead(pp) >= HOST_SPIN_MS, (ctx, rp, own["spent_ms"])
+            # and the pair's net saved carries it: net = saved - spent, the delay inside spent's overhead
+            assert own["net_ms"] == pytest.approx(own["saved_ms"] - sum(own["spent_ms"].values()), abs=1e-6)
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
-    # none of it is charged to verify attention: at the long context verify attention (median over
-    # the repeats) moved by far less than the planted 20 ms (a ratio against plain decode attention
-    # measured seconds apart moved 0.9 -> 1.5 between two sweeps on a shared machine)
-    hi = int(CTX[-1])
-    va = [statistics.median(json.loads(f.read_text())["breakdown"]["phases_ms"]["verify_attn"]
-                            for f in (d / "spec").glob(f"point-c{hi:06d}-r*.json")) for d in (out, clean_out)]
-    assert abs(va[0] - va[1]) < 0.5 * 20.0, va
 
 
 def _post_profile(url, body, source):
