@@ -11,10 +11,9 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    same steps, so the machine's load cancels: an accounting check, not a timing threshold;
 2. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
    thread's CPU clock, ~50x verify attention's own time at the long context, ~2.5x at the short one),
-   so a busy machine stretches it as it stretches the kernel: each spec point's verify attention
-   over its own plain point's decode attention (the pair inflation) grows with context and far
-   above the clean pairs', the ledger names the verify attention path, and per pair at the long
-   context speculation loses to plain decode, so the crossover lies inside the measured range;
+   so a busy machine stretches it as it stretches the kernel: within each spec point's own steps
+   verify attention over verify MoE grows with context, far above the clean points', and the ledger
+   names the verify attention path;
 3. a constant host delay per step (a wall-clock busy-wait): in every interleaved pair the spec
    step's host gap holds all of it, the ledger charges it to overhead (overhead_extra plus the same
    pair's plain overhead), and the pair's net saved carries it;
@@ -27,10 +26,15 @@ only fixed number a time meets is the planted 20 ms, a floor no machine undercut
 are separate processes that a busy 2-core machine does not load alike even seconds apart (a pair's
 plain step at 2048: 16-146 ms across saved pairs, pair inflation 0.1-5.1), and sweeps minutes apart
 drift further (per-pair measured speedup at 2048: 0.41 / 2.42 / 8.15 in one sweep, 0.45-0.58 in
-another).  So two claims are not checked against another sweep: "the host delay leaves verify
-inflation unchanged" (20 ms in verify attention would move it ~1.7x, less than the drift), and "the
-crossover moves shorter than the clean run's" (on this model the clean crossover already lies
-between 64 and 2048, where its position rides on the short context's speedup: 1.40-14.2 per pair).
+another).  Under a CPU burner the spec server ran 8-15x slower than the plain one through all the
+short-context points (verify MoE 20-33 ms against 5 clean), so the ledger's verify inflation read
+19.3 at 64 and 23.9 at 2048 with the plant 2.5x and 50x there.  So these claims are not checked:
+verify inflation (a ratio across the two servers) grows with context or beats the clean pairs';
+speculation loses per pair at 2048 under the plant (pairs 0.05 / 0.37 / 1.45, one plain step 10x
+slow) and the crossover moves shorter than the clean run's (on this model the clean crossover
+already lies between 64 and 2048, where it rides on the short context's speedup: 1.40-14.2 per
+pair); the host delay leaves verify inflation unchanged (20 ms in verify attention would move it
+~1.7x, less than the drift).
 """
 
 from __future__ import annotations
@@ -61,7 +65,6 @@ CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
 # the host delay's checks are floors that hold in every pair: two repeats
 HOST_REPEATS = 2
-RUNS: dict = {}
 
 
 def _start_both(spec_args, spec_env, plain_args_):
@@ -110,7 +113,6 @@ def arms(servers, name, repeats=PLANTED_REPEATS, long=LONG):
     assert main(["sweep", "--url", spec.url, "--plain-url", plain.url, "--arms", "spec,plain",
                  "--out", str(out), "--repeat", str(repeats), "--long", str(long)] + SWEEP) == 0
     rep = json.loads((out / "arms.json").read_text())
-    RUNS[name] = rep
     return rep, out
 
 
@@ -153,25 +155,10 @@ def _pairs(out, ctx):
     return {r: (sp[r], pp[r]) for r in sorted(sp) if r in pp}
 
 
-def _pair_inflation(out, ctx):
-    """Verify attention over plain decode attention per interleaved pair, median over the pairs."""
-    return statistics.median(s["breakdown"]["phases_ms"]["verify_attn"] / p["breakdown"]["phases_ms"]["decode_attn"]
-                             for s, p in _pairs(out, ctx).values())
-
-
 def _overhead(pt):
     """A point's overhead per step as the ledger counts it: unattributed time plus the host gap."""
     ph = pt["breakdown"]["phases_ms"]
     return sum(ph.get(k, 0.0) for k in ("overhead", "unattributed")) + (pt["breakdown"]["host_gap_ms"] or 0.0)
-
-
-def _cross(rep):
-    """The crossover as a number: the context, 0 when speculation is slower already at the shortest
-    context measured, infinity when it keeps paying."""
-    c = rep["crossover"]
-    if c.get("ctx") is not None:
-        return c["ctx"]
-    return 0.0 if "slower already" in c["note"] else float("inf")
 
 
 # Verify attention's planted extra work per 1k tokens of context, in multiples of the call's own CPU
@@ -191,7 +178,7 @@ def _within_step(out, ctx):
                              for s, _ in _pairs(out, ctx).values())
 
 
-def test_planted_verify_attention_slowdown_is_named_and_crosses_over_in_range(servers):
+def test_planted_verify_attention_slowdown_is_named(servers):
     spec, _ = servers
     # verify only (plain decode never runs a target-verify batch)
     plant(spec, attn_work_per_1k=VERIFY_WORK_PER_1K)
@@ -200,26 +187,18 @@ def test_planted_verify_attention_slowdown_is_named_and_crosses_over_in_range(se
     finally:
         plant(spec)
     lo, hi = (int(c) for c in CTX)
-    clean = spec.dir / "clean"
-    # within each spec point's own steps the planted ~50x is the dominant term: verify attention over
-    # verify MoE at 2048 rose far above the clean points' (clean: 1.1-2.4 in saved runs, 22-23 with a 15x plant)
-    assert _within_step(out, hi) > 10 * _within_step(clean, hi), (_within_step(out, hi), _within_step(clean, hi))
-    # each spec point against its own plain point (the pair inflation): far above the clean pairs' at
-    # the long context (clean medians seen 0.5-4.5, single pairs 0.1-5.1), and far above its own at the
-    # short context, where the plant is ~2.5x
-    infl = {ctx: _pair_inflation(out, ctx) for ctx in (lo, hi)}
-    assert infl[hi] > 2 * _pair_inflation(clean, hi) and infl[hi] > 2 * infl[lo], (infl, _pair_inflation(clean, hi))
-    rows = [r["verify_inflation"] for r in rep["ledger"]["rows"]]
-    assert rows[-1] > rows[0]  # the ledger's (medians over the repeats): verify inflation grows with context
+    # within each spec point's own steps (the load cancels) the planted ~50x is the dominant term, and
+    # it grows with context: verify attention over verify MoE at 2048 far above the clean points' (saved
+    # runs: clean 1.1-2.4, planted 75-96) and far above its own at 64 (planted 0.95-1.13, ~2.5x there)
+    within = {ctx: _within_step(out, ctx) for ctx in (lo, hi)}
+    clean = _within_step(spec.dir / "clean", hi)
+    assert within[hi] > 10 * clean and within[hi] > 10 * within[lo], (within, clean)
+    # the ledger names the verify attention path: its slope against decode attention's is a difference
+    # of times, where a loaded short-context point weighs little (saved runs under a CPU burner:
+    # +210 against +9 ms per 1k; "scales worse" needs 1.25x)
     a = rep["ledger"]["attention"]
-    assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"]
+    assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"], a
     assert "the verify attention path scales worse" in rep["ledger"]["verdict"]
-    # per pair at the long context speculation loses to plain decode (~1 s planted per spec step against
-    # a plain step of 16-146 ms), so the crossover lies inside the measured range: interpolated, or
-    # speculation is slower already at the short context
-    speed = [t for t in rep["table"] if t["ctx"] == hi][0]["pairs"]
-    assert statistics.median(p["measured"] for p in speed) < 1.0, speed
-    assert _cross(rep) < hi, (rep["crossover"], "clean:", RUNS["clean"]["crossover"])
 
 
 def test_planted_host_delay_is_overhead_and_net_saved(servers):
