@@ -9,25 +9,37 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    against the same pair's measured speedup (the long request's decode on the server's wall clock):
    the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides come from the
    same steps, so the machine's load cancels: an accounting check, not a timing threshold;
-2. a verify-only attention slowdown growing with context: verify inflation grows with context, the
-   crossover moves to a shorter context and the ledger names the verify attention path;
-3. a constant host delay per step: it shows as overhead (the ledger's overhead of each interleaved
-   pair grows by the planted amount, inside net saved), verify inflation does not change.  Net saved
-   itself is not compared across the two sweeps: on a shared CPU the plain arm's step moves more than
-   the delay between runs;
-
-Comparisons across sweeps are made per interleaved pair (the two arms' points of one repeat ran back
-to back, so the machine's state is shared), and at the long context where a ratio of attention
-times is more than noise: other tenants of a 2-core machine slowed single repeats 10x.
+2. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
+   thread's CPU clock, ~50x verify attention's own time at the long context, ~2.5x at the short one),
+   so a busy machine stretches it as it stretches the kernel: within each spec point's own steps
+   verify attention over verify MoE grows with context, far above the clean points', and the ledger
+   names the verify attention path;
+3. a constant host delay per step (a wall-clock busy-wait): in every interleaved pair the spec
+   step's host gap holds all of it, the ledger charges it to overhead (overhead_extra plus the same
+   pair's plain overhead), and the pair's net saved carries it;
 4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
+
+Every planted check is a floor, a sign or a ratio that the plant guarantees with a wide margin; the
+only fixed number a time meets is the planted 20 ms, a floor no machine undercuts.  The two servers
+are separate processes that a busy 2-core machine does not load alike even seconds apart (a pair's
+plain step at 2048: 16-146 ms across saved pairs, pair inflation 0.1-5.1), and sweeps minutes apart
+drift further (per-pair measured speedup at 2048: 0.41 / 2.42 / 8.15 in one sweep, 0.45-0.58 in
+another).  Under a CPU burner the spec server ran 8-15x slower than the plain one through all the
+short-context points (verify MoE 20-33 ms against 5 clean), so the ledger's verify inflation read
+19.3 at 64 and 23.9 at 2048 with the plant 2.5x and 50x there.  So these claims are not checked:
+verify inflation (a ratio across the two servers) grows with context or beats the clean pairs';
+speculation loses per pair at 2048 under the plant (pairs 0.05 / 0.37 / 1.45, one plain step 10x
+slow) and the crossover moves shorter than the clean run's (on this model the clean crossover
+already lies between 64 and 2048, where it rides on the short context's speedup: 1.40-14.2 per
+pair); the host delay leaves verify inflation unchanged (20 ms in verify attention would move it
+~1.7x, less than the drift).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import threading
 import urllib.request
@@ -45,12 +57,14 @@ from sglang_ctxprof.model import names
 pytestmark = pytest.mark.server
 
 CTX = ("64", "2048")
-SWEEP = ["--ctx", *CTX, "--short", "4", "--long", "24", "--no-plots"]
+SWEEP = ["--ctx", *CTX, "--short", "4", "--no-plots"]
+LONG = 24  # new tokens of the long request
 # Three interleaved repeats everywhere: a median of three survives one repeat slowed by the other
 # tenants of a shared machine (seen: 10x).
 CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
-RUNS: dict = {}
+# the host delay's checks are floors that hold in every pair: two repeats
+HOST_REPEATS = 2
 
 
 def _start_both(spec_args, spec_env, plain_args_):
@@ -93,13 +107,12 @@ def servers(tmp_path_factory):
         plain.stop()
 
 
-def arms(servers, name, repeats=PLANTED_REPEATS):
+def arms(servers, name, repeats=PLANTED_REPEATS, long=LONG):
     spec, plain = servers
     out = spec.dir / name
     assert main(["sweep", "--url", spec.url, "--plain-url", plain.url, "--arms", "spec,plain",
-                 "--out", str(out), "--repeat", str(repeats)] + SWEEP) == 0
+                 "--out", str(out), "--repeat", str(repeats), "--long", str(long)] + SWEEP) == 0
     rep = json.loads((out / "arms.json").read_text())
-    RUNS[name] = rep
     return rep, out
 
 
@@ -132,85 +145,84 @@ def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(
     assert rep["crossover"]["how"] in ("measured", "extrapolated", "none")
 
 
-def _pair_inflation(out, ctx):
-    """Verify attention over plain decode attention per interleaved pair (the two arms' points of one
-    repeat, run back to back: the machine's drift between sweeps cancels), median over the pairs."""
-    def attn(arm, phase):
-        return {json.loads(f.read_text())["repeat"]: json.loads(f.read_text())["breakdown"]["phases_ms"][phase]
-                for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json")}
-    va, da = attn("spec", "verify_attn"), attn("plain", "decode_attn")
-    return statistics.median(va[r] / da[r] for r in va if r in da and da[r] > 0)
-
-
-def _pair_overhead(out, ctx):
-    """The ledger's overhead_extra of each interleaved pair (``aggregate.ledger.row`` on the two arms'
-    points of one repeat, as ``sweep --arms`` predicts per pair), median over the pairs."""
+def _pairs(out, ctx):
+    """The interleaved pairs at ``ctx``: {repeat: (spec point, plain point)} - the two arms' points of
+    one repeat, run back to back, so the machine's state is shared (as far as seconds apart can)."""
     def points(arm):
-        return {p["repeat"]: _ledger_point(p) for p in (json.loads(f.read_text())
-                                                        for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json"))}
+        return {p["repeat"]: p for p in (json.loads(f.read_text())
+                                         for f in (out / arm).glob(f"point-c{ctx:06d}-r*.json"))}
     sp, pp = points("spec"), points("plain")
-    return statistics.median(ledger_row(sp[r], [pp[r]])["spent_ms"]["overhead_extra"] for r in sp if r in pp)
+    return {r: (sp[r], pp[r]) for r in sorted(sp) if r in pp}
 
 
-def _cross(rep):
-    """The crossover as a number: the context, 0 when speculation is slower already at the shortest
-    context measured, infinity when it keeps paying."""
-    c = rep["crossover"]
-    if c.get("ctx") is not None:
-        return c["ctx"]
-    return 0.0 if "slower already" in c["note"] else float("inf")
+def _overhead(pt):
+    """A point's overhead per step as the ledger counts it: unattributed time plus the host gap."""
+    ph = pt["breakdown"]["phases_ms"]
+    return sum(ph.get(k, 0.0) for k in ("overhead", "unattributed")) + (pt["breakdown"]["host_gap_ms"] or 0.0)
 
 
-# The two planted sweeps compare whole sweeps run minutes apart: on a 2-core machine shared with
-# other load they failed (a 12 ms host-delay swing; a crossover moved by noise), so they run when asked.
-PLANTED = pytest.mark.skipif(os.environ.get("CTXPROF_ARMS_PLANTED") != "1",
-                             reason="opt-in: CTXPROF_ARMS_PLANTED=1 (whole-sweep comparisons, noisy when shared)")
+# Verify attention's planted extra work per 1k tokens of context, in multiples of the call's own CPU
+# time: at the long context (2048) verify attention runs 1 + 24 x 2.05 ~ 50x as long, at the short
+# one ~2.5x - at any load (the plant is work, which a busy machine stretches as it stretches the
+# kernel).  50x because the plain server, a separate process, is not loaded like the spec server even
+# seconds apart: on a busy 2-core machine a pair's plain step at 2048 read 16-146 ms (9x) while its
+# spec step did not move alike, and each planted check must hold through that.
+VERIFY_WORK_PER_1K = 24.0
+VERIFY_LONG = 12  # new tokens of the long request: fewer ~1 s planted steps, the same checks
+HOST_SPIN_MS = 20.0
 
 
-@PLANTED
-def test_planted_verify_attention_slowdown_is_named_and_moves_the_crossover(servers):
+def _within_step(out, ctx):
+    """Verify attention over verify MoE of each spec point (the same steps: the load cancels), median."""
+    return statistics.median(s["breakdown"]["phases_ms"]["verify_attn"] / s["breakdown"]["phases_ms"]["verify_moe"]
+                             for s, _ in _pairs(out, ctx).values())
+
+
+def test_planted_verify_attention_slowdown_is_named(servers):
     spec, _ = servers
-    # verify only (plain decode never runs a target-verify batch), and large: at the long context it
-    # adds far more than a shared machine's swings; at the short one almost nothing
-    plant(spec, attn_ms_per_1k=12.0)
+    # verify only (plain decode never runs a target-verify batch)
+    plant(spec, attn_work_per_1k=VERIFY_WORK_PER_1K)
     try:
-        rep, out = arms(servers, "verify_slow")
+        rep, out = arms(servers, "verify_slow", long=VERIFY_LONG)
     finally:
         plant(spec)
-    hi = int(CTX[-1])
-    infl = [r["verify_inflation"] for r in rep["ledger"]["rows"]]
-    assert infl[-1] > infl[0]  # verify inflation grows with context
-    # per interleaved pair, at the long context, well above the clean run's
-    assert _pair_inflation(out, hi) > 2 * _pair_inflation(spec.dir / "clean", hi)
+    lo, hi = (int(c) for c in CTX)
+    # within each spec point's own steps (the load cancels) the planted ~50x is the dominant term, and
+    # it grows with context: verify attention over verify MoE at 2048 far above the clean points' (saved
+    # runs: clean 1.1-2.4, planted 75-96) and far above its own at 64 (planted 0.95-1.13, ~2.5x there)
+    within = {ctx: _within_step(out, ctx) for ctx in (lo, hi)}
+    clean = _within_step(spec.dir / "clean", hi)
+    assert within[hi] > 10 * clean and within[hi] > 10 * within[lo], (within, clean)
+    # the ledger names the verify attention path: its slope against decode attention's is a difference
+    # of times, where a loaded short-context point weighs little (saved runs under a CPU burner:
+    # +210 against +9 ms per 1k; "scales worse" needs 1.25x)
     a = rep["ledger"]["attention"]
-    assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"]
+    assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"], a
     assert "the verify attention path scales worse" in rep["ledger"]["verdict"]
-    assert _cross(rep) < float("inf") and _cross(rep) <= _cross(RUNS["clean"])
 
 
-@PLANTED
-def test_planted_host_delay_is_overhead_and_leaves_verify_inflation(servers):
+def test_planted_host_delay_is_overhead_and_net_saved(servers):
     spec, _ = servers
-    plant(spec, host_spin_ms=20.0)  # busy: a sleep would let other processes cool the core's caches
+    # a wall-clock busy-wait before each step of the spec server (a sleep would let other processes cool
+    # the core's caches): no machine, fast or busy, can make a step's host gap shorter than it
+    plant(spec, host_spin_ms=HOST_SPIN_MS)
     try:
-        rep, out = arms(servers, "host_delay")
+        rep, out = arms(servers, "host_delay", HOST_REPEATS)
     finally:
         plant(spec)
-    clean_out = spec.dir / "clean"
     for ctx, r in _rows(rep).items():
-        # the planted delay is overhead: per interleaved pair (a pair's phases are means over the same
-        # steps, so they add up; medians over repeats, per phase, need not), median over the pairs
-        grew = _pair_overhead(out, ctx) - _pair_overhead(clean_out, ctx)
-        assert grew == pytest.approx(20.0, rel=0.4), (ctx, grew)
-        # and net saved carries it: net = saved - spent, the delay inside spent's overhead
+        pairs = _pairs(out, ctx)
+        assert len(pairs) == HOST_REPEATS
+        for rp, (sp, pp) in pairs.items():
+            # each spec point against its own plain point: the spec step's host gap holds the whole delay,
+            # and the ledger charges it to overhead (the spec step's overhead is the plain one's plus
+            # overhead_extra), none of it lost or put in a forward phase
+            own = ledger_row(_ledger_point(sp), [_ledger_point(pp)])
+            assert sp["breakdown"]["host_gap_ms"] >= HOST_SPIN_MS, (ctx, rp, sp["breakdown"])
+            assert own["spent_ms"]["overhead_extra"] + _overhead(pp) >= HOST_SPIN_MS, (ctx, rp, own["spent_ms"])
+            # and the pair's net saved carries it: net = saved - spent, the delay inside spent's overhead
+            assert own["net_ms"] == pytest.approx(own["saved_ms"] - sum(own["spent_ms"].values()), abs=1e-6)
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
-    # none of it is charged to verify attention: at the long context verify attention (median over
-    # the repeats) moved by far less than the planted 20 ms (a ratio against plain decode attention
-    # measured seconds apart moved 0.9 -> 1.5 between two sweeps on a shared machine)
-    hi = int(CTX[-1])
-    va = [statistics.median(json.loads(f.read_text())["breakdown"]["phases_ms"]["verify_attn"]
-                            for f in (d / "spec").glob(f"point-c{hi:06d}-r*.json")) for d in (out, clean_out)]
-    assert abs(va[0] - va[1]) < 0.5 * 20.0, va
 
 
 def _post_profile(url, body, source):

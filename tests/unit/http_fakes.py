@@ -1,19 +1,59 @@
 """Small fake HTTP servers for the sweep and the CLI (no SGLang): a fake "SGLang" answering
 /model_info, /tokenize and /generate (timings proportional to the tokens) and 404 on /ctx_profile,
 like a server started without --enable-ctx-profile; a web server that is not SGLang; and a
-threading server that keeps quiet about clients that gave up."""
+threading server that keeps quiet about clients that gave up.
+
+A real server's long request is slower than its short one by many decode steps (hundreds of ms on
+the CPU), far beyond what a busy machine adds to one HTTP round trip.  The fake's modeled time is a
+few ms, which a loaded machine can swamp on the real clock: with a :class:`FakeClock` attached (and
+the client reading it, :func:`clock_module`), the fake spends its modeled time on that clock instead
+of sleeping, so on the clock the client reads the long request is always the slower one, by exactly
+the modeled difference, whatever the machine's load.  Without one it sleeps (a fake in another
+process)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeClock:
+    """A ``perf_counter`` that only the fake moves (by its modeled time) - and every read by 1 us, so
+    that two reads never agree, as on a real clock."""
+
+    TICK = 1e-6
+
+    def __init__(self) -> None:
+        self._t = 1000.0
+        self._lock = threading.Lock()
+
+    def perf_counter(self) -> float:
+        with self._lock:
+            self._t += self.TICK
+            return self._t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._t += seconds
+
+
+def clock_module(clock: FakeClock) -> types.ModuleType:
+    """A stand-in for the ``time`` module whose ``perf_counter`` is ``clock``'s (all else is ``time``'s)."""
+    mod = types.ModuleType("time")
+    mod.__dict__.update({k: v for k, v in vars(time).items() if not k.startswith("__")})
+    mod.perf_counter = clock.perf_counter
+    return mod
 
 
 class FakeSGLang(BaseHTTPRequestHandler):
     max_len = 8192
     die_after = None  # generate calls before the fake starts failing (server "killed")
     hang_after = None  # generate calls before the fake stops answering (server stuck)
+    clock: FakeClock | None = None  # where the modeled time goes (None: real sleeps)
+    stall_short_s = 0.0  # real seconds a request for under 10 new tokens waits first (a busy machine)
     calls = 0
 
     def log_message(self, *a):
@@ -47,18 +87,24 @@ class FakeSGLang(BaseHTTPRequestHandler):
                 time.sleep(3)
             n = body["sampling_params"]["max_new_tokens"]
             ids = body["input_ids"]
-            time.sleep(len(ids) * 2e-6 + n * 1e-3)
+            if n < 10:
+                time.sleep(cls.stall_short_s)
+            spend = cls.clock.advance if cls.clock is not None else time.sleep
+            prefill_s, per_token_s = len(ids) * 2e-6, 1e-3
             meta = {"id": f"r{cls.calls}", "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0,
                     "spec_accept_length": 3.0, "spec_verify_ct": max(1, n // 3)}
             if body.get("stream"):
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
+                spend(prefill_s)
                 for k in range(1, n + 1, 3):
+                    spend(min(3, n - k + 1) * per_token_s)
                     self.wfile.write(b"data: " + json.dumps({"meta_info": {**meta, "completion_tokens": k}}).encode()
                                      + b"\n\n")
                 self.wfile.write(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\n\ndata: [DONE]\n\n")
                 return
+            spend(prefill_s + n * per_token_s)
             return self._json(200, {"text": "x", "meta_info": meta})
         return self._json(404, {"detail": "Not Found"})
 

@@ -5,6 +5,12 @@ changes, so one server serves every planted case):
 
 * ``attn_ms_per_1k``: extra time in every verify attention call, proportional to the batch's summed
   context (``forward_batch.seq_lens_sum``): an attention slowdown that grows with context;
+* ``attn_work_per_1k``: extra *work* in every verify attention call: a busy-wait on the thread's CPU
+  clock of ``x`` times the call's own CPU time per 1k tokens of the batch's summed context, so the
+  verify attention path runs ``1 + x * ctx / 1000`` times as long as without it.  Proportional to
+  the kernel's own time, it is the same slowdown on a fast machine and a slow one, and a busy
+  machine stretches it as it stretches the kernel (a sleep stays fixed while the steps around it
+  stretch): ratios of the planted path to the others hold at any load;
 * ``acc_len_above``: ``[ctx, acc_len]`` - at batches whose summed context is above ``ctx``, SGLang's
   own ``SGLANG_SIMULATE_ACC_LEN`` is set to ``acc_len`` for the next verify (``eagle_utils`` reads
   ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
@@ -63,6 +69,7 @@ def _wrap_attn(cls, name):
             per_1k = float(c.get("attn_ms_per_1k", 0.0) or 0.0)
             if per_1k > 0:
                 time.sleep(per_1k * ctx / 1000.0 / 1000.0)
+            work = float(c.get("attn_work_per_1k", 0.0) or 0.0) * ctx / 1000.0
             if getattr(layer, "layer_id", None) == 0 and _STATE["stalled"] < int(c.get("stall_steps", 0) or 0):
                 _STATE["stalled"] += 1
                 time.sleep(float(c.get("stall_ms", 0.0) or 0.0) / 1000.0)
@@ -78,6 +85,13 @@ def _wrap_attn(cls, name):
 
                 with torch.profiler.record_function(SLOW_RANGE):
                     time.sleep(float(c["slow_steps"][0]) / 1000.0)
+            if work > 0:
+                t0 = time.thread_time()
+                out = orig(self, q, k, v, layer, forward_batch, *args, **kwargs)
+                end = time.thread_time() + work * (time.thread_time() - t0)
+                while time.thread_time() < end:
+                    pass
+                return out
         return orig(self, q, k, v, layer, forward_batch, *args, **kwargs)
 
     setattr(cls, name, wrapper)

@@ -1,7 +1,9 @@
 """The sweep's failure paths and the no-plugin path against small fake HTTP servers (no SGLang).
 
-A fake "SGLang" answers /model_info, /tokenize and /generate (timings proportional to the tokens)
-and 404 on /ctx_profile, like a server started without --enable-ctx-profile.  Other fakes: nothing
+A fake "SGLang" answers /model_info, /tokenize and /generate (timings proportional to the tokens,
+spent on a fake clock that the sweep's client reads: a long request is the slower one however busy
+the machine is, as on a real server) and 404 on /ctx_profile, like a server started without
+--enable-ctx-profile.  Other fakes: nothing
 listening, a web server that is not SGLang.  The real-server path is tests/server/test_sweep.py.
 """
 
@@ -12,17 +14,22 @@ import threading
 
 import pytest
 
-from http_fakes import FakeSGLang, NotSGLang, QuietServer
+from http_fakes import FakeClock, FakeSGLang, NotSGLang, QuietServer, clock_module
+from sglang_ctxprof.cli import client as client_mod
+from sglang_ctxprof.cli import sweep_point
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import free_port
 
 
 @pytest.fixture
-def fake():
+def fake(monkeypatch):
     made = []
+    clock = FakeClock()
+    for mod in (client_mod, sweep_point):  # the sweep's clocks read the time the fake spends
+        monkeypatch.setattr(mod, "time", clock_module(clock))
 
     def start(handler=FakeSGLang, **attrs):
-        cls = type("H", (handler,), {"calls": 0, **attrs})
+        cls = type("H", (handler,), {"calls": 0, "clock": clock, **attrs})
         srv = QuietServer(("127.0.0.1", 0), cls)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         made.append(srv)
@@ -34,6 +41,7 @@ def fake():
         s.server_close()
 
 
+INVALID = "invalid point: the long request was not slower than the short one"
 SMALL = ["--repeat", "2", "--short", "2", "--long", "20", "--no-plots"]
 
 
@@ -60,6 +68,17 @@ def test_no_plugin_measures_throughput_and_says_no_breakdown(fake, tmp_path, cap
     sus = json.loads((out / "sustained-c000100.json").read_text())
     assert sus["decode_tok_s"] > 0 and sus["windows"] and sus["completion_tokens"] == 12
     assert (out / "summary.csv").read_text().startswith("ctx,")
+
+
+def test_long_request_is_slower_however_busy_the_machine(fake, tmp_path):
+    # a busy machine holds each short request 50 ms of real time (on a real server the long request
+    # is slower by many decode steps; the fake's modeled difference is 18 ms): every point stays valid
+    out = tmp_path / "run"
+    assert main(["sweep", "--url", fake(stall_short_s=0.05), "--ctx", "32", "--out", str(out)] + SMALL) == 0
+    for p in sorted(out.glob("point-*.json")):
+        pt = json.loads(p.read_text())
+        assert pt["t_b"] - pt["t_a"] == pytest.approx(0.018, abs=1e-4), pt
+        assert pt["decode_tok_s"] == pytest.approx(1000.0, rel=0.01) and pt["note"] != INVALID, pt
 
 
 def test_unreachable_url(tmp_path, capsys):
