@@ -22,6 +22,10 @@ times is more than noise: other tenants of a 2-core machine slowed single repeat
 4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
+5. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
+   off here only for speculative algorithms): a request that finished rides along in the next
+   launched step, whose row SGLang skips; each finished request's steps are ``completion_tokens - 1``
+   (one token per plain decode step; the first came from prefill) and the audit stays at 0.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import json
 import os
 import statistics
 import threading
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -299,3 +305,27 @@ def test_planted_slow_steps_are_set_apart(servers):
     b = next(b for b in prof["buckets"] if b["label"] == "64-127")
     assert d["outliers"]["64-127"]["step_ms"] < b["phases"]["step"]["mean_ms"]
     assert "slow steps set apart" in d["headline"] and "64-127" in d["headline"]
+
+
+def test_plain_decode_under_overlap_counts_only_the_steps_sglang_counts(servers):
+    _, plain = servers
+    st, info = http("GET", plain.url + "/get_server_info")
+    assert st == 200 and info.get("disable_overlap_schedule") is False, {
+        k: v for k, v in info.items() if "overlap" in k}  # SGLang's overlap scheduler is on
+    assert http("POST", plain.url + "/ctx_profile/reset")[0] == 200
+    mix = [(60 + 130 * i, (1, 2, 5, 9, 17, 23, 31, 40)[i]) for i in range(8)]  # ends at different steps
+    with ThreadPoolExecutor(len(mix)) as ex:
+        outs = list(ex.map(lambda m: generate(plain.url, rand_ids(m[0], seed=80 + m[1]), m[1]), mix))
+    time.sleep(1.0)
+    got = []
+    for o in outs:
+        mi = o["meta_info"]
+        st, r = http("GET", f"{plain.url}/ctx_profile/requests/{mi['id']}")
+        assert st == 200 and r["finished"] is True, r
+        got.append((mi["completion_tokens"], r["steps"], 1 + r["committed"], r["prompt_tokens"], mi["prompt_tokens"]))
+    print("plain overlap (completion_tokens, steps, 1 + committed, prompt ours, prompt SGLang's):", got)
+    assert all(steps == c - 1 and c1 == c and p == q for c, steps, c1, p, q in got), got
+    st, status = http("GET", plain.url + "/ctx_profile/status")
+    (rank,) = status["ranks"]
+    a = rank["status"]["audit"]
+    assert a["checked"]["requests"] >= len(mix) and a["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), a
