@@ -162,8 +162,7 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
             if max((r["steps"] for r in seen.values() if r), default=0) >= 12:
                 break
             time.sleep(0.3)
-        started = [rid for rid, r in seen.items() if r and r["steps"] > 0]
-        assert len(started) == 3, seen
+        assert all(seen.values()), seen  # all three were prefilled (one batch)
         # a request queued behind the running one, whose client hangs up before its first step
         queued = f"queued-{tag}"
         host, port = url.split("//")[1].split(":")
