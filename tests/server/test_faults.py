@@ -153,7 +153,8 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
     tag = uuid.uuid4().hex[:8]
     rids = [f"wait-{tag}-{k}" for k in "abc"]
     body = {"input_ids": [rand_ids(150 + 40 * k, seed=60 + k) for k in range(3)], "rid": rids,
-            "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": 2500, "temperature": 0, "ignore_eos": True}}
+    # long enough that the one left running outlives the aborts below (300 tokens ended in ~3 s)
     with cf.ThreadPoolExecutor(2) as ex:
         batch = ex.submit(http, "POST", url + "/generate", body)  # one batch: prefilled together
         deadline, seen = time.time() + 120, {}

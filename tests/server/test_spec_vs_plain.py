@@ -23,9 +23,11 @@ times is more than noise: other tenants of a 2-core machine slowed single repeat
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
 5. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
-   off here only for speculative algorithms): a request that finished rides along in the next
-   launched step, whose row SGLang skips; each finished request's steps are ``completion_tokens - 1``
-   (one token per plain decode step; the first came from prefill) and the audit stays at 0.
+   off here only for speculative algorithms): SGLang 0.5.23 keeps a request that finishes by length
+   out of the next launched step (``_reqs_finishing_inflight``), but one that stops on a token rides
+   along in it and SGLang skips its row.  Each finished request, by length and by a stop token, has
+   ``completion_tokens - 1`` steps (one token per plain decode step; the first came from prefill)
+   and the audit stays at 0.
 """
 
 from __future__ import annotations
@@ -325,6 +327,33 @@ def test_plain_decode_under_overlap_counts_only_the_steps_sglang_counts(servers)
         got.append((mi["completion_tokens"], r["steps"], 1 + r["committed"], r["prompt_tokens"], mi["prompt_tokens"]))
     print("plain overlap (completion_tokens, steps, 1 + committed, prompt ours, prompt SGLang's):", got)
     assert all(steps == c - 1 and c1 == c and p == q for c, steps, c1, p, q in got), got
+    # the same prompts again, each stopping on a token of its own greedy output: a finish SGLang
+    # cannot see coming, so the request is already in the next launched step
+    stops = []
+    for (n, mt), o in zip(mix, outs):
+        ids = o["output_ids"]
+        k = next((i for i in range(mt // 2, len(ids) - 1) if ids[i] not in ids[:i]), None)
+        if k is not None:
+            stops.append((n, mt, ids[k]))
+
+    def stop_run(m):
+        st, out = http("POST", plain.url + "/generate", {"input_ids": rand_ids(m[0], seed=80 + m[1]), "sampling_params": {
+            "max_new_tokens": m[1], "temperature": 0, "ignore_eos": True, "stop_token_ids": [m[2]]}})
+        assert st == 200, out
+        return out
+
+    with ThreadPoolExecutor(len(stops)) as ex:
+        outs2 = list(ex.map(stop_run, stops))
+    time.sleep(1.0)
+    by_stop = []
+    for o in outs2:
+        mi = o["meta_info"]
+        r = http("GET", f"{plain.url}/ctx_profile/requests/{mi['id']}")[1]
+        by_stop.append(((mi.get("finish_reason") or {}).get("type"), mi["completion_tokens"], r["steps"],
+                        1 + r["committed"], r["finished"]))
+    print("plain overlap, stopped on a token (finish, completion_tokens, steps, 1 + committed, finished):", by_stop)
+    assert sum(1 for f, *_ in by_stop if f == "stop") >= 2, by_stop
+    assert all(steps == c - 1 and c1 == c and fin for _, c, steps, c1, fin in by_stop), by_stop
     st, status = http("GET", plain.url + "/ctx_profile/status")
     (rank,) = status["ranks"]
     a = rank["status"]["audit"]
