@@ -338,7 +338,7 @@ def test_plain_decode_under_overlap_counts_only_the_steps_sglang_counts(servers)
 
     def stop_run(m):
         st, out = http("POST", plain.url + "/generate", {"input_ids": rand_ids(m[0], seed=80 + m[1]), "sampling_params": {
-            "max_new_tokens": m[1], "temperature": 0, "ignore_eos": True, "stop_token_ids": [m[2]]}})
+            "max_new_tokens": m[1], "temperature": 0, "stop_token_ids": [m[2]]}})  # ignore_eos skips stop ids
         assert st == 200, out
         return out
 
