@@ -14,7 +14,8 @@
 * prefill batches in their own buckets, by prompt length, with the cached part (never mixed into decode),
   and the re-prefills of retracted requests (a prefill bucket's ``committed``: one token each);
 * the one bounded per-request history (``requests``): ``/ctx_profile/requests`` serves it and the
-  exporters read each finished request from it;
+  exporters read each finished request from it; a request aborted while it waited in SGLang's queue
+  ends there too (``end_request``), and is counted (``requests_aborted``);
 * one ring of recent steps (``recent``: typed rows, the last ``MAX_TRACE_STEPS`` with their records),
   from which ``waterfall`` charges a request's wall time and the trace export reads;
 * the live self-audit of every record against the engine's books and our own (``audit``).
@@ -31,7 +32,7 @@ from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
 from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
-from ..model.records import StepRecord
+from ..model.records import RequestEnd, StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .audit import Audit
@@ -143,6 +144,10 @@ class Aggregator:
         if self.audit is not None:
             self.audit.observe(rec, self.requests)
 
+    def end_request(self, end: RequestEnd) -> None:
+        """A request SGLang aborted while it waited (no step will say it finished)."""
+        self.requests.end(end)
+
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""
         if rec.t_start_ns:
@@ -218,6 +223,7 @@ class Aggregator:
             requests=tuple(self.requests.to_state(with_steps=with_request_steps)) if with_requests else (),
             requests_tracked=len(self.requests),
             requests_evicted=self.requests.evicted,
+            requests_aborted=self.requests.aborted,
             acceptance={i: dict(c) for i, c in self.acceptance.items()},
             host_gaps=self.host_gaps.copy(), host_in_step=self.host_in_step.copy(),
             fit_points={p: s.copy() for p, s in self.points.items()},

@@ -9,6 +9,11 @@ when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
+A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
+marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
+retraction; ``"queued"``: it had been prefilled, e.g. between chunks) and counts it in ``aborted``,
+which also counts the requests aborted before their first step (never in the ring).
+
 Pure; imports only the package's record types.
 """
 
@@ -22,7 +27,7 @@ from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 from ..model.names import KIND_DECODE
-from ..model.records import StepRecord, step_end_ns
+from ..model.records import RequestEnd, StepRecord, step_end_ns
 
 
 # Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the
@@ -39,6 +44,7 @@ class RequestLog:
         self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
         self.rows = 0
         self.evicted = 0
+        self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -79,6 +85,16 @@ class RequestLog:
         self.rows += added
         if self.rows > self.max_rows:
             self._shed_rows()
+
+    def end(self, end: RequestEnd) -> None:
+        """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
+        already finished (a rid used again and aborted before its first step) is left as it is."""
+        self.aborted += 1
+        r = self._reqs.get(end.rid)
+        if r is None or r["finished"]:
+            return
+        r["finished"] = True
+        r["aborted"] = "retracted" if end.retracted else "queued"
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = self._new(rid, rec)
@@ -176,6 +192,7 @@ class RequestLog:
             "ctx_last": None,
             "finished": False,
             "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
+            "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
             "steps_truncated": 0,
             "step_rows_dropped": 0,
             "t_first_ns": rec.t_start_ns,
@@ -221,6 +238,7 @@ class RequestLog:
         self._with_rows.clear()
         self.rows = 0
         self.evicted = 0
+        self.aborted = 0
 
 
 class StepRow(NamedTuple):

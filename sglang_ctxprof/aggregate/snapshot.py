@@ -110,6 +110,7 @@ class Snapshot:
     requests: tuple[Mapping[str, Any], ...] = ()
     requests_tracked: int = 0
     requests_evicted: int = 0
+    requests_aborted: int = 0  # aborted while waiting in SGLang's queue (requests.RequestLog.end)
     schema_version: int = SCHEMA_VERSION
     # Per bucket of each request's OWN context: (budget, correct drafts) counts (``acceptance``).
     acceptance: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
@@ -134,6 +135,7 @@ class Snapshot:
             "requests": [dict(r) for r in self.requests],
             "requests_tracked": self.requests_tracked,
             "requests_evicted": self.requests_evicted,
+            "requests_aborted": self.requests_aborted,
             "acceptance": {str(i): dict(c) for i, c in self.acceptance.items()},
             "host_gaps": self.host_gaps.to_state(),
             "host_in_step": self.host_in_step.to_state(),
@@ -158,6 +160,7 @@ class Snapshot:
                 requests=reqs,
                 requests_tracked=int(d.get("requests_tracked", len(reqs))),
                 requests_evicted=int(d.get("requests_evicted", 0)),
+                requests_aborted=int(d.get("requests_aborted", 0)),
                 schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
                 acceptance={int(i): {str(k): int(v) for k, v in c.items()}
                             for i, c in (d.get("acceptance") or {}).items()},
@@ -209,5 +212,6 @@ def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] 
         requests=tuple(r for s in snaps for r in s.requests),
         requests_tracked=sum(s.requests_tracked for s in snaps),
         requests_evicted=sum(s.requests_evicted for s in snaps),
+        requests_aborted=sum(s.requests_aborted for s in snaps),
         acceptance=accept, host_gaps=gaps, host_in_step=in_step, fit_points=points,
     )

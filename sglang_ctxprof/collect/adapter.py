@@ -23,7 +23,9 @@ from typing import Any, Optional
 from ..model.names import CACHED_TOKENS
 from ..model.records import RankId
 from ..model.rids import short_rid
+from . import adapter_ends as _ends
 from . import block_adapter as _block
+from .adapter_ends import ended_request  # noqa: F401
 from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
 from .adapter_releases import _FROZEN_DRAFT, _RB, _S  # noqa: F401
 from .adapter_releases import (  # noqa: F401
@@ -71,7 +73,7 @@ TARGETS: tuple[Target, ...] = (
     Target(f"{_FROZEN_DRAFT}.draft", "draft", required=False),
     Target(f"{_FROZEN_DRAFT}._draft_extend_for_decode", "draft_extend", required=False),
     # block drafters DFLASH, DSPARK, UNO: their map is in block_adapter
-    *(Target(path, hook, required=False) for path, hook in _block.TARGETS),
+    *(Target(path, hook, required=False) for path, hook in _block.TARGETS + _ends.TARGETS),
     Target("sglang.srt.layers.radix_attention.RadixAttention.forward", "attn"),
     Target("sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.forward", "moe"),
     # Whole MoE blocks (gate + top-k + experts + shared experts) of the model families we know.
@@ -127,6 +129,7 @@ SIGNATURES.update({
 })
 
 SIGNATURES.update(_block.SIGNATURES)
+SIGNATURES.update(_ends.SIGNATURES)
 
 
 # ---- batch / request / result accessors ---------------------------------------------------------

@@ -44,6 +44,11 @@ _OVERLAP_LOST = ("Scheduler.is_disable_overlap_for_batch takes (self, batch): no
 for _v in ("0.5.13", "0.5.14", "0.5.15"):
     RELEASE_LIMITS.setdefault(_v, {})[f"{_S}.is_disable_overlap_for_batch"] = _OVERLAP_LOST
 
+# Scheduler.send_abort_output (adapter_ends) is new in 0.5.23; earlier releases report an abort inline.
+_ABORT_LOST = ("no Scheduler.send_abort_output: a request aborted while it waits in SGLang's queue "
+               "stays unfinished in the request history until evicted, and requests_aborted stays 0")
+for _v in SUPPORTED[:SUPPORTED.index("0.5.23")]:
+    RELEASE_LIMITS.setdefault(_v, {})[f"{_S}.send_abort_output"] = _ABORT_LOST
 
 for _v, _lost in _block.release_limits(13).items():
     RELEASE_LIMITS.setdefault(_v, {}).update(_lost)

@@ -349,6 +349,19 @@ def control(original, self, recv_req, *args, **kwargs):
     return adapter.make_control_reply(s.handle_control(rid, self))
 
 
+def request_end(original, self, abort_req, req, *args, **kwargs):
+    """SGLang ended a request outside its steps (aborted while it waited, ``adapter_ends``): the
+    history hears of it through the recorder, as of a step."""
+    out = original(self, abort_req, req, *args, **kwargs)
+    p = profiler()
+    if p is not None and p.active and p.guard.ok("hooks"):
+        try:
+            p.recorder.submit(adapter.ended_request(req))
+        except Exception as exc:  # noqa: BLE001
+            p.guard.fail("hooks", exc)
+    return out
+
+
 # The step hooks (the CUDA-graph hooks are in ``graph_hooks``; ``session.HOOKS`` has both).
 HOOKS = {
     "control": control,
@@ -362,4 +375,5 @@ HOOKS = {
     "block_forward": block_forward,
     "attn": attn,
     "moe": moe,
+    "request_end": request_end,
 }

@@ -1,7 +1,8 @@
 """Hand-off from the hot path to the aggregator: a bounded deque and a daemon drain thread.
 
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
-facts (``host.HostFacts``) whose record is built here; it never blocks (a deque append, no lock)
+facts (``host.HostFacts``) whose record is built here, or with a :class:`RequestEnd` (a request
+aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
 (``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread), and then,
@@ -26,7 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, TypeVar, Union
 
 from ..aggregate.aggregator import Aggregator
-from ..model.records import StepRecord
+from ..model.records import RequestEnd, StepRecord
 from ..model.guard import Guard
 from ..model.sinks import RecordSink
 from .cost import Cost
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Item = Union[StepRecord, "HostFacts"]  # a record, or a step's host facts whose record is built here
+Item = Union[StepRecord, "HostFacts", RequestEnd]  # a record, host facts whose record is built here, an end
 T = TypeVar("T")
 
 POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the queue
@@ -96,6 +97,9 @@ class Recorder:
         if not self.guard.ok("recorder"):
             return
         t0 = time.thread_time_ns()
+        if type(item) is RequestEnd:
+            self.guard.run("aggregator", self.aggregator.end_request, item)
+            return
         rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
         if rec is not None:
             self.guard.run("aggregator", self.aggregator.observe, rec)

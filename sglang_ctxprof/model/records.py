@@ -194,6 +194,17 @@ class StepRecord:
         return cls(**kw)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestEnd:
+    """A request the scheduler ended outside its steps: aborted while it waited in SGLang's queue
+    (before its first step, after a retraction, or between prefill chunks).  No step record will
+    say it finished, so this does (``aggregate.requests.RequestLog.end``).  ``retracted``: it was
+    waiting to be prefilled again after SGLang retracted it."""
+
+    rid: str
+    retracted: bool = False
+
+
 _REQUIRED = object()
 _PER_REQUEST_DEFAULT: dict[str, tuple] = {"accepted": (0,), "committed": (0,), "finished": (False,)}
 # How each declared field type becomes builtins and comes back (a new field of a new type fails at

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 
 class FakeScheduler:
-    """Hook targets: ``PATH + ".run_batch"``, ``".process_batch_result"``, ``".is_disable_overlap_for_batch"``."""
+    """Hook targets: ``PATH + ".run_batch"``, ``".process_batch_result"``, ``".is_disable_overlap_for_batch"``,
+    ``".send_abort_output"``."""
 
     def __init__(self, worker, *, device: str = "cpu", dev=None, streams: bool = False,
                  algorithm: str = "EAGLE", draft_tokens: int = 4) -> None:
@@ -65,6 +66,10 @@ class FakeScheduler:
             req.spec_verify_ct += 1
             req.output_ids.extend([7] * accepted[i])
         return "processed"
+
+    def send_abort_output(self, abort_req, req) -> None:
+        """SGLang reports a request it ended outside its steps (aborted while queued) to the tokenizer."""
+        self.aborted_outputs = getattr(self, "aborted_outputs", 0) + 1
 
     def is_disable_overlap_for_batch(self, batch, last_batch) -> bool:
         return False

@@ -151,9 +151,6 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
 
 async def get_diagnosis(request: Request):
     """The verdict (``views.diagnosis``) of the merged profile; ``?format=text``, ``?ctx=N`` (what-if)."""
-    from . import http_plain
-    from .diagnosis import diagnose, evidence_from_profile
-
     qp = dict(request.query_params)
     unknown = set(qp) - {"format", "ctx"}
     if unknown:

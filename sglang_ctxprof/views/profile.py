@@ -73,6 +73,7 @@ class Totals:
     retractions: int = 0
     requests_tracked: int = 0
     requests_evicted: int = 0
+    requests_aborted: int = 0  # aborted while waiting in SGLang's queue
 
     def to_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -198,6 +199,7 @@ def build_profile(snap: Snapshot) -> Profile:
         retractions=sum(b.committed for b in snap.prefill.values()),
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,
+        requests_aborted=snap.requests_aborted,
     )
     accept = []
     for i in sorted(snap.acceptance):

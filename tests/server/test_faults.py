@@ -9,6 +9,13 @@ must still reconcile with its ``meta_info``: prompt tokens as SGLang reports the
 and our retraction count == ``num_retractions``; the profile counts the retractions per prefill bucket.
 A rid used again after its request ended is a new request, and a client that hangs up mid-stream
 leaves a finished request with its steps.
+
+``SGLANG_TEST_RETRACT_NO_PREFILL_BS=0`` (SGLang's companion switch) admits new prefills only while
+nothing is running, so a retracted request waits in the queue until the others finish: there it can
+be aborted (``POST /abort_request``), and so can a request queued behind running ones whose client
+hangs up before its first step.  Each must end: no aborted request stays unfinished in
+``/ctx_profile/requests``; a retracted one says ``aborted: "retracted"``, and ``totals.requests_aborted``
+counts every request aborted while it waited, also the one that never ran a step.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ MIX = [(96 + 97 * i, 24 + (i * 7) % 20) for i in range(8)]  # (prompt, max_new_t
 @pytest.fixture(scope="module")
 def server():
     srv = start_server("faults-retract", ctxprof_ref.model_args() + [names.CLI_FLAG],
-                       env={"SGLANG_TEST_RETRACT": "1"})
+                       env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_NO_PREFILL_BS": "0"})
     try:
         yield srv
     finally:
@@ -133,3 +140,58 @@ def test_a_client_hanging_up_mid_stream_leaves_a_finished_request(server):
         time.sleep(0.5)
     assert r is not None and r["finished"] is True and r["steps"] >= 3, r
     assert 1 + r["committed"] < 400  # it stopped early
+
+
+def _req(url: str, rid: str):
+    st, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
+    return r if st == 200 else None
+
+
+def test_requests_aborted_while_waiting_end_and_are_counted(server):
+    url = server.url
+    assert http("POST", url + names.ROUTE_RESET)[0] == 200
+    tag = uuid.uuid4().hex[:8]
+    rids = [f"wait-{tag}-{k}" for k in "abc"]
+    body = {"input_ids": [rand_ids(150 + 40 * k, seed=60 + k) for k in range(3)], "rid": rids,
+            "sampling_params": {"max_new_tokens": 2500, "temperature": 0, "ignore_eos": True}}
+    # long enough that the one left running outlives the aborts below (300 tokens ended in ~3 s)
+    with cf.ThreadPoolExecutor(2) as ex:
+        batch = ex.submit(http, "POST", url + "/generate", body)  # one batch: prefilled together
+        deadline, seen = time.time() + 120, {}
+        while time.time() < deadline:  # until one runs on alone: the others were retracted and wait
+            seen = {rid: _req(url, rid) for rid in rids}
+            if max((r["steps"] for r in seen.values() if r), default=0) >= 12:
+                break
+            time.sleep(0.3)
+        assert all(seen.values()), seen  # all three were prefilled (one batch)
+        # a request queued behind the running one, whose client hangs up before its first step
+        queued = f"queued-{tag}"
+        host, port = url.split("//")[1].split(":")
+        c = HTTPConnection(host, int(port), timeout=60)
+        c.request("POST", "/generate", json.dumps({
+            "input_ids": rand_ids(90, seed=64), "rid": queued,
+            "sampling_params": {"max_new_tokens": 50, "temperature": 0, "ignore_eos": True}}),
+            {"Content-Type": "application/json"})
+        time.sleep(1.0)
+        assert _req(url, queued) is None  # still waiting: no step yet
+        c.sock.close()  # hang up while queued: SGLang's tokenizer aborts it within ~4 s
+        c.close()
+        deadline = time.time() + 60
+        while time.time() < deadline and http("GET", url + names.ROUTE)[1]["totals"].get("requests_aborted", 0) < 1:
+            time.sleep(0.5)
+        for rid in rids:  # the retracted ones are popped from the queue, the running one finishes
+            assert http("POST", url + "/abort_request", {"rid": rid})[0] == 200
+        batch.result()
+    time.sleep(1.0)
+    reqs = {rid: _req(url, rid) for rid in rids}
+    print("after abort:", {rid: (r["steps"], r["retractions"], r["finished"], r.get("aborted"))
+                           for rid, r in reqs.items()})
+    assert all(r["finished"] is True for r in reqs.values()), reqs
+    retracted = [rid for rid, r in reqs.items() if r["aborted"] == "retracted"]
+    assert len(retracted) >= 1, reqs  # 3 decoding at once, a retraction every 3 steps: 2 wait
+    assert _req(url, queued) is None
+    totals = http("GET", url + names.ROUTE)[1]["totals"]
+    print("requests_aborted:", totals["requests_aborted"], "retracted then aborted:", len(retracted))
+    assert totals["requests_aborted"] == 1 + sum(1 for r in reqs.values() if r["aborted"]), (totals, reqs)
+    rows = http("GET", f"{url}{names.ROUTE_REQUESTS}?slowest=1000")[1]["requests"]
+    assert [x["rid"] for x in rows if not x["finished"]] == []

@@ -20,6 +20,12 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
 4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
    reference the JSON says why; and a few planted slow steps are set apart from the robust means.
+5. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
+   off here only for speculative algorithms): SGLang 0.5.23 keeps a request that finishes by length
+   out of the next launched step (``_reqs_finishing_inflight``), but one that stops on a token rides
+   along in it and SGLang skips its row.  Each finished request, by length and by a stop token, has
+   ``completion_tokens - 1`` steps (one token per plain decode step; the first came from prefill)
+   and the audit stays at 0.
 
 Every planted check is a floor, a sign or a ratio that the plant guarantees with a wide margin; the
 only fixed number a time meets is the planted 20 ms, a floor no machine undercuts.  The two servers
@@ -42,7 +48,9 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -311,3 +319,54 @@ def test_planted_slow_steps_are_set_apart(servers):
     b = next(b for b in prof["buckets"] if b["label"] == "64-127")
     assert d["outliers"]["64-127"]["step_ms"] < b["phases"]["step"]["mean_ms"]
     assert "slow steps set apart" in d["headline"] and "64-127" in d["headline"]
+
+
+def test_plain_decode_under_overlap_counts_only_the_steps_sglang_counts(servers):
+    _, plain = servers
+    st, info = http("GET", plain.url + "/get_server_info")
+    assert st == 200 and info.get("disable_overlap_schedule") is False, {
+        k: v for k, v in info.items() if "overlap" in k}  # SGLang's overlap scheduler is on
+    assert http("POST", plain.url + "/ctx_profile/reset")[0] == 200
+    mix = [(60 + 130 * i, (1, 2, 5, 9, 17, 23, 31, 40)[i]) for i in range(8)]  # ends at different steps
+    with ThreadPoolExecutor(len(mix)) as ex:
+        outs = list(ex.map(lambda m: generate(plain.url, rand_ids(m[0], seed=80 + m[1]), m[1]), mix))
+    time.sleep(1.0)
+    got = []
+    for o in outs:
+        mi = o["meta_info"]
+        st, r = http("GET", f"{plain.url}/ctx_profile/requests/{mi['id']}")
+        assert st == 200 and r["finished"] is True, r
+        got.append((mi["completion_tokens"], r["steps"], 1 + r["committed"], r["prompt_tokens"], mi["prompt_tokens"]))
+    print("plain overlap (completion_tokens, steps, 1 + committed, prompt ours, prompt SGLang's):", got)
+    assert all(steps == c - 1 and c1 == c and p == q for c, steps, c1, p, q in got), got
+    # the same prompts again, each stopping on a token of its own greedy output: a finish SGLang
+    # cannot see coming, so the request is already in the next launched step
+    stops = []
+    for (n, mt), o in zip(mix, outs):
+        ids = o["output_ids"]
+        k = next((i for i in range(mt // 2, len(ids) - 1) if ids[i] not in ids[:i]), None)
+        if k is not None:
+            stops.append((n, mt, ids[k]))
+
+    def stop_run(m):
+        st, out = http("POST", plain.url + "/generate", {"input_ids": rand_ids(m[0], seed=80 + m[1]), "sampling_params": {
+            "max_new_tokens": m[1], "temperature": 0, "stop_token_ids": [m[2]]}})  # ignore_eos skips stop ids
+        assert st == 200, out
+        return out
+
+    with ThreadPoolExecutor(len(stops)) as ex:
+        outs2 = list(ex.map(stop_run, stops))
+    time.sleep(1.0)
+    by_stop = []
+    for o in outs2:
+        mi = o["meta_info"]
+        r = http("GET", f"{plain.url}/ctx_profile/requests/{mi['id']}")[1]
+        by_stop.append(((mi.get("finish_reason") or {}).get("type"), mi["completion_tokens"], r["steps"],
+                        1 + r["committed"], r["finished"]))
+    print("plain overlap, stopped on a token (finish, completion_tokens, steps, 1 + committed, finished):", by_stop)
+    assert sum(1 for f, *_ in by_stop if f == "stop") >= 2, by_stop
+    assert all(steps == c - 1 and c1 == c and fin for _, c, steps, c1, fin in by_stop), by_stop
+    st, status = http("GET", plain.url + "/ctx_profile/status")
+    (rank,) = status["ranks"]
+    a = rank["status"]["audit"]
+    assert a["checked"]["requests"] >= len(mix) and a["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), a

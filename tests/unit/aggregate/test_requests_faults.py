@@ -63,3 +63,20 @@ def test_reuse_and_row_shedding_stay_consistent():
         log.observe(decode(10 * k + 2, "x", 12, 1, fin=True))
     assert log.rows <= 3
     assert sorted((r["use"], r["steps"]) for r in log.totals()) == [(0, 2), (1, 2), (2, 2), (3, 2)]
+
+
+def test_an_abort_while_waiting_ends_the_request():
+    from sglang_ctxprof.model.records import RequestEnd
+
+    log = RequestLog()
+    log.observe(prefill(1, "r", 100))
+    log.observe(decode(2, "r", 101, 2))
+    log.end(RequestEnd("r", retracted=True))  # retracted, then aborted before its re-prefill
+    log.end(RequestEnd("q"))  # aborted before its first step: counted, not kept
+    r = log.get("r")
+    assert r["finished"] is True and r["aborted"] == "retracted" and r["steps"] == 1
+    assert log.get("q") is None and log.aborted == 2
+    log.observe(prefill(3, "r", 50))  # the rid again: a new request, not the aborted one
+    assert log.get("r")["use"] == 1 and log.get("r")["aborted"] == ""
+    log.end(RequestEnd("r"))  # the new use aborted between prefill chunks: it had been prefilled
+    assert log.get("r")["aborted"] == "queued"

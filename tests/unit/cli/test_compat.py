@@ -104,8 +104,9 @@ def test_supported_range_is_every_release_since_the_framework():
     assert len(adapter.SUPPORTED) == 11 and "0.5.12" in adapter.UNSUPPORTED
     assert adapter.release_limits("0.5.23") == []
     assert any("overlap gate" in line for line in adapter.release_limits("0.5.14"))
-    # graphs, eager fallback, FrozenKV MTP, overlap, and no DFLASH / DSPARK / UNO worker yet
-    assert len(adapter.release_limits("0.5.13")) == 7
+    # graphs, eager fallback, FrozenKV MTP, overlap, no DFLASH / DSPARK / UNO worker yet, no send_abort_output
+    assert len(adapter.release_limits("0.5.13")) == 8
+    assert any("send_abort_output" in line for line in adapter.release_limits("0.5.22"))
     assert "the UNO worker does not exist yet" in adapter.release_limits("0.5.19")
     assert not any("DFLASH worker" in line for line in adapter.release_limits("0.5.14"))
 

@@ -66,7 +66,8 @@ def _check_json(out: str, p: Profile) -> None:
     assert body["buckets"][0]["accepted_per_step"] == pytest.approx(7 / 3)
     assert Profile.from_dict(body) == p  # nothing lost on the way through JSON
     assert body["totals"] == {"records": 5, "decode_steps": 4, "prefill_batches": 1, "accepted": 12,
-                              "committed": 7, "retractions": 0, "requests_tracked": 2, "requests_evicted": 0}
+                              "committed": 7, "retractions": 0, "requests_tracked": 2, "requests_evicted": 0,
+                              "requests_aborted": 0}
 
 
 def _check_text(out: str, p: Profile) -> None:
