@@ -15,7 +15,6 @@ exit code 1 on a regression, for CI) are :mod:`sglang_ctxprof.model.noise`'s, sh
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ..model.noise import PHASES, compare, fit  # noqa: F401 - the noise model, shared with diagnose
 from . import sweep_results as res

@@ -1,10 +1,13 @@
 """``sglang-ctxprof demo`` (``make demo``): the whole story on this machine's CPU in a few minutes.
 
 Builds the tiny DeepSeek-V3 (MLA + MoE, the Kimi-K2 architecture) with a draft, then runs
-``sglang-ctxprof sweep --launch``: a real SGLang server on the CPU with speculative decoding and
-``--enable-ctx-profile``, two-point decode at 64, 1024 and 3072 tokens of context (exact-length
-natural-text prompts), a sustained streamed generation per context, the per-phase table, the
-summary files and the PNG plots in ``--out``; the server is stopped at the end.
+``sglang-ctxprof sweep --launch --arms spec,plain``: two real SGLang servers on the CPU, started side by
+side, the same model with speculative decoding and without (both ``--enable-ctx-profile``), two-point
+decode at 64, 1024 and 3072 tokens of context (exact-length natural-text prompts) interleaved between
+them; it prints the speculative arm's per-phase table, the speedup per context with the crossover,
+the speculation ledger, and last the servers' own diagnosis (the plain server's profile as the
+speculative one's baseline).  ``--arms spec`` runs the speculative server alone, with a sustained
+streamed generation per context and the PNG plots.  The servers are stopped at the end.
 
 ``--draft eagle`` (default) uses the identity EAGLE head on a pure-bigram target for realistic
 acceptance (~3.7 of 4); ``--draft eagle3`` runs the Kimi-K2-style EAGLE-3 path (acceptance ~1).
@@ -30,9 +33,11 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--models", default=".cache/models", help="tiny-model cache directory")
     ap.add_argument("--out", default=".cache/demo-sweep", help="results, summary and plots (replaced)")
     ap.add_argument("--log", default=".cache/demo-server.log")
-    ap.add_argument("--arms", default="", metavar="spec,plain",
-                    help="also run plain decode on a second server, interleaved, and print the speedup per "
-                         "context, the crossover and the speculation ledger (two-point only: no sustained run)")
+    ap.add_argument("--arms", default="spec,plain", metavar="spec,plain",
+                    help="spec,plain (default): plain decode on a second server too, started alongside and "
+                         "interleaved; prints the speedup per context, the crossover and the speculation "
+                         "ledger (two-point only: no sustained run, no plots).  spec: the speculative server "
+                         "alone, with the sustained run and the plots")
 
 
 def run(ns) -> int:
@@ -42,6 +47,11 @@ def run(ns) -> int:
         raise ModuleNotFoundError("No module named 'sglang'", name="sglang")
     if any(c < 2 or c + max(ns.long, ns.sustained) > 8192 for c in ns.ctx):
         raise CliError("--ctx values plus new tokens must fit the tiny model's 8192-token context")
+    arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
+    if sorted(arms) not in (["spec"], ["plain", "spec"]):
+        raise CliError(f"--arms takes spec,plain or spec, not {ns.arms!r}")
+    if arms == ["spec"]:
+        arms = []
     ha = ns.draft == "eagle"
     os.environ.setdefault("CTXPROF_QUIET", "1")
     paths = build(TinyModelArgs(arch="deepseek-v3", draft=ns.draft, high_acceptance=ha,
@@ -49,9 +59,8 @@ def run(ns) -> int:
     alg = "EAGLE3" if ns.draft == "eagle3" else "EAGLE"
     print(f"tiny DeepSeek-V3 (MLA+MoE) + {alg} draft on CPU; sweep at ctx {' '.join(map(str, ns.ctx))}",
           flush=True)
-    if os.path.isfile(os.path.join(ns.out, "meta.json")):  # a previous demo sweep: start afresh
-        shutil.rmtree(ns.out)
-    arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
+    if any(os.path.isfile(os.path.join(ns.out, f)) for f in ("meta.json", "arms.json", "spec/meta.json")):
+        shutil.rmtree(ns.out)  # a previous demo sweep (one arm or both): start afresh
     args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
         ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=0 if arms else ns.sustained, window=64,

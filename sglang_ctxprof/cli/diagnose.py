@@ -50,7 +50,7 @@ def run(ns) -> int:
     from ..views.diagnosis import diagnose, evidence_from_profile
     from ..views.diagnosis_text import render_text
     from ..views.profile import Profile
-    from .main import CliError, read_json_object
+    from .main import CliError
 
     if (ns.url is None) == (ns.path is None):
         raise CliError("give either --url URL or a saved PATH, not both and not neither")

@@ -24,8 +24,6 @@ def add_cli_args(ap) -> None:
 def run(ns) -> int:
     import json
 
-    from rich.console import Console
-
     if (Path(ns.dir) / "spec").is_dir() and (Path(ns.dir) / "plain").is_dir():  # a sweep --arms directory
         from .sweep_arms import arms_report, render_arms
 
@@ -38,9 +36,7 @@ def run(ns) -> int:
     if ns.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
         return 0
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
+    console = res.screen_console()
     console.print(f"run {_shown(ns.dir)}", highlight=False, soft_wrap=True)  # a path may be any length
     console.print(f"model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
                   f"{len(sust)} sustained", highlight=False)

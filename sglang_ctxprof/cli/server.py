@@ -68,6 +68,7 @@ class ServerProcess:
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        self._t0 = 0.0
         self._log: "IO[str] | int | None" = None
 
     def __enter__(self) -> "ServerProcess":
@@ -78,16 +79,24 @@ class ServerProcess:
         self.stop()
 
     def start(self) -> None:
+        self.spawn()
+        self.ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (``ready()`` waits): two servers start side by side."""
         self._log = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
-        t0 = time.time()
+        self._t0 = time.time()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
+
+    def ready(self) -> None:
+        """Wait until the spawned server answers; stop it and raise ``ServerError`` if it cannot."""
         try:
-            self.wait_ready(t0)
+            self.wait_ready(self._t0)
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.time() - t0
+        self.startup_s = time.time() - self._t0
 
     def wait_ready(self, t0: float) -> None:
         proc = self.proc

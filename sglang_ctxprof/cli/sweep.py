@@ -262,9 +262,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     if out is not None:
         _, done_points, done_sus = res.load_run(out)
     rows = res.summarize(done_points, done_sus)
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=200)
+    con = res.screen_console()
     res.render_table(rows, meta, con)
     if out is not None:
         res.write_summary(out, meta, rows)

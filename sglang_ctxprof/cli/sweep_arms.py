@@ -78,18 +78,19 @@ def run_arms(args: Any, after: Optional[Callable[..., None]] = None) -> int:
         return rc
     servers: dict[str, Any] = {}
     try:
-        for arm in ARMS:
+        for arm in ARMS:  # both start at once: their start-ups overlap
             sargs = list(args.server_args) if arm == "spec" else plain_args(args.server_args)
             if not args.no_profile and "--enable-ctx-profile" not in sargs:
                 sargs.append("--enable-ctx-profile")
             log = str(out / f"{arm}-server.log")
             print(f"starting the {arm} server: {' '.join(sargs)} (log: {log})", file=sys.stderr, flush=True)
-            srv = ServerProcess(sargs, log_path=log)
+            servers[arm] = ServerProcess(sargs, log_path=log)
+            servers[arm].spawn()
+        for arm, srv in servers.items():
             try:
-                srv.start()
+                srv.ready()
             except ServerError as exc:
-                raise CliError(f"{arm} server: {str(exc).splitlines()[0]} (see {log})") from None
-            servers[arm] = srv
+                raise CliError(f"{arm} server: {str(exc).splitlines()[0]} (see {srv.log_path})") from None
             print(f"{arm} server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
         clients = {arm: ServerClient(s.url, args.api_key, args.timeout) for arm, s in servers.items()}
         rc = sweep_arms(args, clients)
@@ -147,6 +148,13 @@ def sweep_arms(args: Any, clients: dict[str, Any]) -> int:
                 res.write_json(dirs[arm] / res.point_name(ctx, rep), r)
             done += 1
             print(f"ctx {ctx} repeat {rep + 1}/{args.repeat} ({done}/{total}) done", file=sys.stderr, flush=True)
+    for arm, d in dirs.items():  # each arm's folder is an ordinary sweep directory, summary included
+        meta, points, _ = res.load_run(d)
+        rows = res.summarize(points)
+        res.write_summary(d, meta, rows)
+        if arm == "spec":
+            print(f"\nthe speculative arm ({d}):", flush=True)
+            res.render_table(rows, meta, res.screen_console())
     report = arms_report(Path(args.out))
     res.write_json(Path(args.out) / "arms.json", report)
     print("\n".join(render_arms(report)), flush=True)

@@ -192,6 +192,14 @@ def _table(rows: list[dict], full: bool):
     return t
 
 
+def screen_console():
+    """A console for the tables: the terminal's, or 200 columns when piped (``render_table`` caps it)."""
+    from rich.console import Console
+
+    con = Console()
+    return con if con.is_terminal else Console(width=200)
+
+
 def render_table(rows: list[dict], meta: dict, console=None) -> None:
     """The end-of-sweep table (also printed by ``report``), at most ``SCREEN_COLUMNS`` wide."""
     from rich.console import Console

@@ -62,6 +62,7 @@ CASES = [
     (["demo", "--ctx", "-5"], None),
     (["demo", "--ctx", "100000000"], None),
     (["demo", "--draft", "medusa"], "invalid choice"),
+    (["demo", "--arms", "plain"], "--arms takes spec,plain or spec"),
     (["tiny-model"], "required"),
     (["tiny-model", "--out", "/tmp/ctxprof-never-written", "--arch", "gpt9"], "invalid choice"),
     (["tiny-model", "--out", "/tmp/ctxprof-never-written", "--draft", "eagle3", "--high-acceptance"],

@@ -1,0 +1,56 @@
+"""``demo``'s arms: both by default (what ``make demo`` runs), ``--arms spec`` alone, and a re-run that
+replaces the previous demo's folder, whichever kind it was.  The server-launching parts are replaced:
+these check what the demo asks of the sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from sglang_ctxprof.cli import demo
+
+
+def _ns(tmp_path, *argv):
+    ap = argparse.ArgumentParser()
+    demo.add_cli_args(ap)
+    return ap.parse_args(["--out", str(tmp_path / "sweep"), "--models", str(tmp_path / "models"), *argv])
+
+
+@pytest.fixture
+def asked(monkeypatch, tmp_path):
+    got = {}
+    monkeypatch.setattr(demo, "build", lambda a: {"target": str(tmp_path / "t"), "draft": str(tmp_path / "d")})
+
+    def fake_run_args(args, after=None):
+        got["args"], got["after"] = args, after
+        return 0
+
+    monkeypatch.setattr(demo, "run_args", fake_run_args)
+    return got
+
+
+def test_default_runs_both_arms_without_the_sustained_run(tmp_path, asked):
+    assert demo.run(_ns(tmp_path)) == 0
+    a = asked["args"]
+    assert a.arms == ["spec", "plain"] and a.sustained == 0 and not a.plots and a.launch
+    assert "--speculative-algorithm" in a.server_args
+    assert asked["after"] is demo._servers_ledger
+
+
+def test_spec_alone_keeps_the_sustained_run_and_the_plots(tmp_path, asked):
+    assert demo.run(_ns(tmp_path, "--arms", "spec")) == 0
+    a = asked["args"]
+    assert a.arms == [] and a.sustained == 256 and a.plots
+    assert asked["after"] is demo._server_profile
+
+
+@pytest.mark.parametrize("left", ["meta.json", "arms.json", "spec/meta.json"])
+def test_a_rerun_replaces_the_previous_demo_folder(tmp_path, asked, left):
+    old = tmp_path / "sweep" / left
+    old.parent.mkdir(parents=True)
+    old.write_text(json.dumps({}))
+    (tmp_path / "sweep" / "point-c000064-r00.json").write_text("{}")
+    assert demo.run(_ns(tmp_path)) == 0
+    assert not (tmp_path / "sweep").exists()
