@@ -353,7 +353,11 @@ def test_every_view_counts_and_names_aborted_requests_the_same():
     # the request history and the snapshot's total
     assert {r: agg.request(r)["aborted"] for r in ("ret", "chunk")} == {"ret": "retracted", "chunk": "queued"}
     assert agg.request("never") is None and agg.request("ok")["aborted"] == ""
-    assert build_profile(agg.snapshot()).totals.requests_aborted == len(ends)
+    prof = build_profile(agg.snapshot())
+    assert prof.totals.requests_aborted == len(ends) and prof.totals.aborted_by_kind() == by_kind
+    assert Profile.from_dict(prof.to_dict(envelope=False)).totals.aborted_by_kind() == by_kind
+    assert _sum_by_bucket(prometheus.render(prof), names.METRIC_REQUESTS_ABORTED + "_total",
+                          names.LABEL_ABORT_KIND) == by_kind
     # the live Prometheus counter, by kind, every kind exported (0 is an answer)
     live = _sum_by_bucket(generate_latest(reg).decode(), names.METRIC_REQUESTS_ABORTED + "_total",
                           names.LABEL_ABORT_KIND)
