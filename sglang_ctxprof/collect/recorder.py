@@ -8,8 +8,9 @@ milliseconds and drains what is waiting into the aggregator (under ``_lock``) in
 (``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread), and then,
 outside that lock, into each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
-component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``); it times each item (``cost.Cost``: this thread's CPU time, so
-waiting for the GIL while the scheduler thread runs is not counted as our cost).
+component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
+it times each item (``cost.Cost``: this thread's CPU time, so waiting for the GIL while the
+scheduler thread runs is not counted as our cost).
 :meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
 with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss

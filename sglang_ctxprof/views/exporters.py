@@ -110,11 +110,7 @@ class RequestSink:
                 req = self.facts.history(rid)
                 if req is None:
                     continue
-                key = (rid, req.get("use", 0))
-                if key not in self._decided:  # a reused rid is a new request
-                    self._decided[key] = None
-                    if len(self._decided) > MAX_DECIDED:
-                        self._decided.popitem(last=False)
+                if self._first(rid, req):
                     self.finish(req)
 
     def end(self, end: RequestEnd) -> None:
@@ -123,15 +119,20 @@ class RequestSink:
         if not self._tracking() or not self.facts.primary:
             return
         req = self.facts.history(end.rid)
-        if req is not None and req.get("aborted") == end.kind:
-            key = (end.rid, req.get("use", 0))
-            if key not in self._decided:
-                self._decided[key] = None
-                if len(self._decided) > MAX_DECIDED:
-                    self._decided.popitem(last=False)
-                self.finish(req)
-                return
-        self.finish(aborted_summary(end))
+        if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
+            self.finish(req)
+        else:
+            self.finish(aborted_summary(end))
+
+    def _first(self, rid: str, req: Mapping[str, Any]) -> bool:
+        """Whether this request (a reused rid is a new one: ``use``) is decided for the first time."""
+        key = (rid, req.get("use", 0))
+        if key in self._decided:
+            return False
+        self._decided[key] = None
+        if len(self._decided) > MAX_DECIDED:
+            self._decided.popitem(last=False)
+        return True
 
     def finish(self, req: Mapping[str, Any]) -> None:
         self.finished += 1
