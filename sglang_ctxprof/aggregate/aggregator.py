@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
+from ..model.names import ABORT_RETRACTED, KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
 from ..model.records import RequestEnd, StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
@@ -224,6 +224,7 @@ class Aggregator:
             requests_tracked=len(self.requests),
             requests_evicted=self.requests.evicted,
             requests_aborted=self.requests.aborted,
+            requests_aborted_retracted=self.requests.aborted_by[ABORT_RETRACTED],
             acceptance={i: dict(c) for i, c in self.acceptance.items()},
             host_gaps=self.host_gaps.copy(), host_in_step=self.host_in_step.copy(),
             fit_points={p: s.copy() for p, s in self.points.items()},

@@ -12,7 +12,8 @@ when the request is read (``_totals``).  This is what
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
 retraction; ``"queued"``: it had been prefilled, e.g. between chunks) and counts it in ``aborted``,
-which also counts the requests aborted before their first step (never in the ring).
+which also counts the requests aborted before their first step (never in the ring), by kind in
+``aborted_by``; ``aborted_summary`` is what the exporters export for one of those.
 
 Pure; imports only the package's record types.
 """
@@ -26,7 +27,7 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
-from ..model.names import KIND_DECODE
+from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, step_end_ns
 
 
@@ -45,6 +46,7 @@ class RequestLog:
         self.rows = 0
         self.evicted = 0
         self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
+        self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)  # the same, by how they waited (RequestEnd.kind)
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -90,14 +92,15 @@ class RequestLog:
         """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
         already finished (a rid used again and aborted before its first step) is left as it is."""
         self.aborted += 1
+        self.aborted_by[end.kind] += 1
         r = self._reqs.get(end.rid)
         if r is None or r["finished"]:
             return
         r["finished"] = True
-        r["aborted"] = "retracted" if end.retracted else "queued"
+        r["aborted"] = end.kind
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
-        r = self._reqs[rid] = self._new(rid, rec)
+        r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
         if len(self._reqs) > self.capacity:
             old_rid, old = self._reqs.popitem(last=False)
             self._forget_rows(old_rid, old)
@@ -177,7 +180,7 @@ class RequestLog:
             r["step_rows"] = []
 
     @staticmethod
-    def _new(rid: str, rec: StepRecord) -> dict[str, Any]:
+    def _new(rid: str, t_ns: int) -> dict[str, Any]:
         return {
             "rid": rid,
             "use": 0,  # how many earlier requests used this rid (SGLang allows reuse once finished)
@@ -195,8 +198,8 @@ class RequestLog:
             "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
             "steps_truncated": 0,
             "step_rows_dropped": 0,
-            "t_first_ns": rec.t_start_ns,
-            "t_end_ns": rec.t_start_ns,
+            "t_first_ns": t_ns,
+            "t_end_ns": t_ns,
             "trace_parent": "",
             "step_rows": [],
             "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
@@ -239,6 +242,15 @@ class RequestLog:
         self.rows = 0
         self.evicted = 0
         self.aborted = 0
+        self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
+
+
+def aborted_summary(end: RequestEnd) -> dict[str, Any]:
+    """The summary of a request ``end`` ended that the history does not hold as aborted (it was
+    aborted before its first step): no steps, finished and aborted at ``end.t_ns``."""
+    r = RequestLog._new(end.rid, end.t_ns)
+    r["finished"], r["aborted"] = True, end.kind
+    return summarize(r, with_steps=True)
 
 
 class StepRow(NamedTuple):

@@ -16,6 +16,7 @@ else calls it.  The hook (``hooks.request_end``) turns each call into a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..model.records import RequestEnd
@@ -30,6 +31,6 @@ SIGNATURES: dict[str, tuple[str, ...]] = {f"{_S}.send_abort_output": ("self", "a
 
 
 def ended_request(req: Any) -> RequestEnd:
-    """The end of ``req`` as the history records it (the rid the profiler keeps, and whether it
-    was waiting to be prefilled again after a retraction)."""
-    return RequestEnd(short_rid(req.rid), getattr(req, "is_retracted", False) is True)
+    """The end of ``req`` as the history records it (the rid the profiler keeps, whether it was
+    waiting to be prefilled again after a retraction, and now on the host clock of step records)."""
+    return RequestEnd(short_rid(req.rid), getattr(req, "is_retracted", False) is True, time.time_ns())

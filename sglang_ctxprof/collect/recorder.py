@@ -8,8 +8,9 @@ milliseconds and drains what is waiting into the aggregator (under ``_lock``) in
 (``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread), and then,
 outside that lock, into each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
-component, in submission order; it times each item (``cost.Cost``: this thread's CPU time, so
-waiting for the GIL while the scheduler thread runs is not counted as our cost).
+component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
+it times each item (``cost.Cost``: this thread's CPU time, so waiting for the GIL while the
+scheduler thread runs is not counted as our cost).
 :meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
 with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
@@ -54,7 +55,7 @@ class Recorder:
         self._q: deque[Item] = deque()
         self._lock = threading.Lock()  # serialises aggregator access (drain thread vs snapshot)
         self.sinks: list[RecordSink] = list(sinks)  # fed in order, after the aggregator
-        self._fan: deque[StepRecord] = deque()  # aggregated records the sinks have not seen yet
+        self._fan: deque[Union[StepRecord, RequestEnd]] = deque()  # aggregated, not yet seen by the sinks
         self._sink_lock = threading.Lock()  # one feeder of the sinks at a time (keeps their order)
         self.sink_dropped = 0  # records the sinks never saw: their backlog was full (a stalled sink)
         self.cost = cost if cost is not None else Cost()
@@ -97,18 +98,21 @@ class Recorder:
         if not self.guard.ok("recorder"):
             return
         t0 = time.thread_time_ns()
+        rec: Optional[Union[StepRecord, RequestEnd]]
         if type(item) is RequestEnd:
+            rec = item
             self.guard.run("aggregator", self.aggregator.end_request, item)
-            return
-        rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
+        else:
+            rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
+            if rec is not None:
+                self.guard.run("aggregator", self.aggregator.observe, rec)
         if rec is not None:
-            self.guard.run("aggregator", self.aggregator.observe, rec)
             if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
                 if len(self._fan) < self.maxsize:
                     self._fan.append(rec)
                 else:
                     self.sink_dropped += 1
-        self.cost.add_drain(time.thread_time_ns() - t0)
+        self.cost.add_drain(time.thread_time_ns() - t0, records=int(type(item) is not RequestEnd))
 
     def _catch_up(self) -> None:
         """Feed the aggregator every waiting item, in order (caller holds ``_lock``)."""
@@ -123,8 +127,14 @@ class Recorder:
             while fan:
                 rec = fan.popleft()
                 t0 = time.thread_time_ns()
-                for sink in self.sinks:
-                    self.guard.run(sink.name, sink.observe, rec)
+                if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
+                    for sink in self.sinks:
+                        end = getattr(sink, "end", None)
+                        if end is not None:
+                            self.guard.run(sink.name, end, rec)
+                else:
+                    for sink in self.sinks:
+                        self.guard.run(sink.name, sink.observe, rec)
                 self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def flush(self) -> None:

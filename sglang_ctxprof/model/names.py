@@ -234,6 +234,7 @@ ATTR_SLOW_REASON = "ctxprof.slow_reason"
 ATTR_LAYOUT = "ctxprof.phase_layout"  # "sequential": phase spans laid back to back (see views/otel.py)
 ATTR_DECODE_MS = "ctxprof.decode_ms"
 ATTR_FINISHED = "ctxprof.finished"
+ATTR_ABORTED = "ctxprof.aborted"  # an ABORT_KINDS value: SGLang aborted the request while it waited
 
 # ---- Prometheus metrics ----------------------------------------------------------------------
 METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"
@@ -251,6 +252,13 @@ METRIC_INVARIANT_VIOLATIONS = "sglang_ctxprof_invariant_violations"  # the self-
 AUDIT_INVARIANTS: tuple[str, ...] = ("leaf_sum", "verify_ct", "completion_tokens", "accepted_bound",
                                      "hook_once", "accept_metric")
 LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model
+METRIC_REQUESTS_ABORTED = "sglang_ctxprof_requests_aborted"  # label ``kind`` (ABORT_KINDS)
+LABEL_ABORT_KIND = "kind"
+# How a request SGLang aborted while it waited had been waiting (records.RequestEnd.kind): queued
+# (before its first step, or between prefill chunks), or retracted and waiting to be prefilled again.
+ABORT_QUEUED = "queued"
+ABORT_RETRACTED = "retracted"
+ABORT_KINDS: tuple[str, ...] = (ABORT_QUEUED, ABORT_RETRACTED)
 MAX_POSITION_LABEL = 32  # draft positions above this are not labelled (bounded cardinality)
 
 # ---- log events ------------------------------------------------------------------------------
@@ -258,3 +266,4 @@ LOGGER_NAME = "sglang_ctxprof.events"
 EVENT_SLOW_STEP = "slow_step"
 EVENT_SLOW_REQUEST = "slow_request"
 EVENT_SUMMARY = "ctx_profile_summary"
+EVENT_REQUEST_ABORTED = "request_aborted"  # one per request SGLang aborted while it waited

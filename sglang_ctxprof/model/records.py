@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Callable, Mapping
 
-from .names import KIND_DECODE, KIND_PREFILL, LEAF_PHASES, Phase
+from .names import ABORT_QUEUED, ABORT_RETRACTED, KIND_DECODE, KIND_PREFILL, LEAF_PHASES, Phase
 
 
 def _same(v: Any) -> Any:
@@ -199,10 +199,17 @@ class RequestEnd:
     """A request the scheduler ended outside its steps: aborted while it waited in SGLang's queue
     (before its first step, after a retraction, or between prefill chunks).  No step record will
     say it finished, so this does (``aggregate.requests.RequestLog.end``).  ``retracted``: it was
-    waiting to be prefilled again after SGLang retracted it."""
+    waiting to be prefilled again after SGLang retracted it; ``t_ns``: host clock (``time.time_ns``)
+    when SGLang aborted it, 0 = unknown."""
 
     rid: str
     retracted: bool = False
+    t_ns: int = 0
+
+    @property
+    def kind(self) -> str:
+        """How it had been waiting (``names.ABORT_KINDS``): every view names the abort by this."""
+        return ABORT_RETRACTED if self.retracted else ABORT_QUEUED
 
 
 _REQUIRED = object()

@@ -8,13 +8,15 @@ component (its ``name``):
   with its step rows, from the aggregator's one request history, takes the tail-based decision
   (``views/policy``) -> OTel spans (``views/otel``) and the ``slow_request`` log event
   (``views/logs``).  A request that was in flight across a ``/ctx_profile/reset`` is exported with
-  the steps recorded since the reset.  It owns the tail-sampling policy, which can be changed at
+  the steps recorded since the reset.  A request SGLang aborted while it waited (a ``RequestEnd``,
+  ``end``) is decided the same way, from the history or as one of no steps, and gets its
+  ``request_aborted`` event.  It owns the tail-sampling policy, which can be changed at
   run time (``set_policy``, reached through the control channel); the OTel provider is then built
   on first need;
 * :class:`StepLogSink` (``logs``): ``slow_step`` events and the window counters of
   ``ctx_profile_summary``;
-* :class:`MetricsSink` (``metrics``): the live Prometheus histogram and counters
-  (``views/metrics``), only when SGLang runs with ``--enable-metrics``.
+* :class:`MetricsSink` (``metrics``): the live Prometheus histogram and counters (``views/metrics``),
+  the aborted requests' counter from each ``RequestEnd``, only when SGLang runs with ``--enable-metrics``.
 
 What they need from the process (the rank, the served model, ``--enable-metrics``, the request
 history, the drop count, the guard's status) reaches them in one
@@ -33,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from ..model import names
 from ..model.buckets import Bucketing
 from ..model.config import DEFAULT_OTEL_QUEUE, CtxProfConfig
-from ..model.records import StepRecord
+from ..aggregate.requests import aborted_summary
+from ..model.records import RequestEnd, StepRecord
 from ..model.sinks import BindFacts, RecordSink
 from .policy import TracePolicy
 
@@ -107,12 +110,29 @@ class RequestSink:
                 req = self.facts.history(rid)
                 if req is None:
                     continue
-                key = (rid, req.get("use", 0))
-                if key not in self._decided:  # a reused rid is a new request
-                    self._decided[key] = None
-                    if len(self._decided) > MAX_DECIDED:
-                        self._decided.popitem(last=False)
+                if self._first(rid, req):
                     self.finish(req)
+
+    def end(self, end: RequestEnd) -> None:
+        """A request SGLang aborted while it waited: exported like any finished request, from the
+        history (with its steps) or, aborted before its first step, as a request of no steps."""
+        if not self._tracking() or not self.facts.primary:
+            return
+        req = self.facts.history(end.rid)
+        if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
+            self.finish(req)
+        else:
+            self.finish(aborted_summary(end))
+
+    def _first(self, rid: str, req: Mapping[str, Any]) -> bool:
+        """Whether this request (a reused rid is a new one: ``use``) is decided for the first time."""
+        key = (rid, req.get("use", 0))
+        if key in self._decided:
+            return False
+        self._decided[key] = None
+        if len(self._decided) > MAX_DECIDED:
+            self._decided.popitem(last=False)
+        return True
 
     def finish(self, req: Mapping[str, Any]) -> None:
         self.finished += 1
@@ -124,6 +144,8 @@ class RequestSink:
             traced = True
         if self.logs is not None:
             self.logs.on_request(req, reason, traced)
+            if req.get("aborted"):
+                self.logs.on_abort(req, traced)
 
     def dropped(self) -> int:
         return int(self.otel.stats.dropped) if self.otel is not None else 0
@@ -162,7 +184,7 @@ class MetricsSink:
         self.view: Optional[MetricsView] = None
         self._checked = False
 
-    def observe(self, rec: StepRecord) -> None:
+    def _view(self) -> Optional[MetricsView]:
         if not self._checked:
             self._checked = True
             f = self.facts
@@ -171,8 +193,17 @@ class MetricsSink:
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
                                          degraded=f.degraded, audit=f.audit)
-        if self.view is not None:
-            self.view.observe(rec)
+        return self.view
+
+    def observe(self, rec: StepRecord) -> None:
+        view = self._view()
+        if view is not None:
+            view.observe(rec)
+
+    def end(self, end: RequestEnd) -> None:
+        view = self._view()
+        if view is not None:
+            view.on_abort(end.kind)
 
     def stop(self) -> None:
         return None

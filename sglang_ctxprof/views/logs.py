@@ -6,6 +6,8 @@ Events (names in ``names.py``):
   ``slow_step_ms``; rate-limited (``SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN``, default 6), the next
   emitted event says how many were ``suppressed``;
 * ``slow_request``: when a request the policy calls slow finishes, with its summary and the reason;
+* ``request_aborted``: one per request SGLang aborted while it waited (``aborted``: ``queued`` or
+  ``retracted``, as ``/ctx_profile/requests`` says), with its steps, whatever the policy;
 * ``ctx_profile_summary``: every ``SGLANG_CTXPROF_LOG_SUMMARY_S`` seconds (default 60, 0 = off) the
   window's steps, requests, slow counts, step times and tok/s; at ``debug`` level when idle.
 
@@ -83,7 +85,8 @@ class LogView:
         self._allow = float(cfg.slow_steps_per_min)  # token bucket, refilled per minute
         self._allow_t = clock()
         self.suppressed = 0
-        self.emitted = {names.EVENT_SLOW_STEP: 0, names.EVENT_SLOW_REQUEST: 0, names.EVENT_SUMMARY: 0}
+        self.emitted = {names.EVENT_SLOW_STEP: 0, names.EVENT_SLOW_REQUEST: 0, names.EVENT_SUMMARY: 0,
+                        names.EVENT_REQUEST_ABORTED: 0}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -140,6 +143,14 @@ class LogView:
             max_step_ms=round(max_step_ms(req), 3),
             trace_parent=req.get("trace_parent") or None)
         self.emitted[names.EVENT_SLOW_REQUEST] += 1
+
+    def on_abort(self, req: Mapping[str, Any], traced: bool) -> None:
+        """One ``request_aborted`` event per request SGLang aborted while it waited."""
+        self.log.warning(names.EVENT_REQUEST_ABORTED, rid=req["rid"], aborted=req["aborted"], traced=traced,
+                         steps=req.get("steps"), retractions=req.get("retractions"),
+                         prompt_tokens=req.get("prompt_tokens"), committed=req.get("committed"),
+                         trace_parent=req.get("trace_parent") or None)
+        self.emitted[names.EVENT_REQUEST_ABORTED] += 1
 
     # ---- periodic summary -----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

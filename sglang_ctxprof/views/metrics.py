@@ -24,7 +24,9 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
   failure, else 0 (updated as records drain; ``livemax`` over the scheduler processes);
 * ``sglang_ctxprof_invariant_violations_total`` counter, label ``invariant``: the self-audit's broken
-  invariants (``aggregate.audit``; every invariant exported from the start, 0 is an answer).
+  invariants (``aggregate.audit``; every invariant exported from the start, 0 is an answer);
+* ``sglang_ctxprof_requests_aborted_total`` counter, label ``kind`` (``queued``, ``retracted``):
+  requests SGLang aborted while they waited, one per ``RequestEnd`` as ``requests_aborted`` counts.
 
 Every family carries ``model_name`` (the served model, the label SGLang's own ``sglang:*`` metrics use),
 so one Prometheus scraping a fleet can select by model and by ``instance``.
@@ -41,7 +43,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
-from ..model.names import (KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
+from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
                            METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase, METRIC_CACHED_TOKENS)
@@ -94,6 +96,10 @@ class MetricsView:
                                   [m, "invariant"], registry=reg)
         for inv in AUDIT_INVARIANTS:
             self.violations.labels(model, inv).inc(0)
+        self.aborted = Counter(METRIC_REQUESTS_ABORTED, "Requests SGLang aborted while they waited, by how they waited.",
+                               [m, LABEL_ABORT_KIND], registry=reg)
+        for kind in ABORT_KINDS:
+            self.aborted.labels(model, kind).inc(0)
         self._audit_seen: dict[str, int] = {}
         self.dropped.labels(model).inc(0)  # exported from the start: 0 is an answer
         self._dropped_seen = 0
@@ -116,6 +122,10 @@ class MetricsView:
             if n > seen:
                 self.violations.labels(self.model, inv).inc(n - seen)
             self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
+
+    def on_abort(self, kind: str) -> None:
+        """A request SGLang aborted while it waited (``RequestEnd.kind``)."""
+        self.aborted.labels(self.model, kind).inc()
 
     def observe(self, rec: StepRecord) -> None:
         self._update_health()

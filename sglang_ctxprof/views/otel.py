@@ -22,6 +22,10 @@ interleave layer by layer.  On GPU this anchors the
 event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
 carries ``ctxprof.phase_layout = "sequential"`` to say so.
 
+A request SGLang aborted while it waited is exported the same way, its root span named by
+``ctxprof.aborted`` (``names.ABORT_KINDS``); one aborted before its first step is a root span alone,
+at the time of the abort.
+
 The request span names the deep captures that covered its steps (``sglang.ctxprof.capture.*``: id,
 trigger, where to fetch it, the trace file, the steps covered; see ``views.capture_refs``), when
 the request summary lists them (``captures``).
@@ -267,6 +271,8 @@ class OtelView:
             attrs[names.ATTR_STEPS_TRUNCATED] = int(req["steps_truncated"])
         if slow_reason:
             attrs[names.ATTR_SLOW_REASON] = slow_reason
+        if req.get("aborted"):  # SGLang aborted it while it waited: names.ABORT_KINDS
+            attrs[names.ATTR_ABORTED] = str(req["aborted"])
         if req.get("ctx_last") is not None:
             attrs[names.ATTR_CTX_LEN] = int(req["ctx_last"])
         if req.get("captures"):  # deep captures that covered its steps: views.capture_refs

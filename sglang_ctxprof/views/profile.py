@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 from ..aggregate.snapshot import Snapshot
 from ..model.buckets import Bucketing
-from ..model.names import LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
+from ..model.names import ABORT_QUEUED, ABORT_RETRACTED, LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
 from ..model.roofline import bucket_roofline
 from ..model.names import FIT_ROBUST_METHOD
 from ..model.stats import DurationStats, theil_sen
@@ -74,6 +74,12 @@ class Totals:
     requests_tracked: int = 0
     requests_evicted: int = 0
     requests_aborted: int = 0  # aborted while waiting in SGLang's queue
+    requests_aborted_retracted: int = 0  # of those, retracted (the others: names.ABORT_QUEUED)
+
+    def aborted_by_kind(self) -> dict[str, int]:
+        """``requests_aborted`` by ``names.ABORT_KINDS``, as the live counter labels it."""
+        r = self.requests_aborted_retracted
+        return {ABORT_QUEUED: self.requests_aborted - r, ABORT_RETRACTED: r}
 
     def to_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -200,6 +206,7 @@ def build_profile(snap: Snapshot) -> Profile:
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,
         requests_aborted=snap.requests_aborted,
+        requests_aborted_retracted=snap.requests_aborted_retracted,
     )
     accept = []
     for i in sorted(snap.acceptance):

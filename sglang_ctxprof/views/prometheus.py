@@ -14,7 +14,8 @@ It uses the same family names and labels as the live metrics of ``views/metrics.
 * ``sglang_ctxprof_position_accepted_total{ctx_bucket, position}`` and
   ``sglang_ctxprof_position_observed_total{ctx_bucket, position}`` from ``acceptance_by_ctx`` (the
   request's own context, as the live counters): their ratio is ``/ctx_profile``'s ``p_i``;
-* ``sglang_ctxprof_invariant_violations_total{invariant}``: the ranks' self-audit (``audit_view``).
+* ``sglang_ctxprof_invariant_violations_total{invariant}``: the ranks' self-audit (``audit_view``);
+* ``sglang_ctxprof_requests_aborted_total{kind}``: ``totals.requests_aborted`` by how they waited.
 
 Labels are bounded: ``phase`` comes from the closed phase vocabulary and ``ctx_bucket`` from the
 configured bucket ranges, never raw lengths.  Values are totals since the last reset; the counters
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.names import (MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
+from ..model.names import (LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
                            METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
 from .audit_view import prometheus_lines
 from .profile import Profile
@@ -73,5 +74,9 @@ def render(profile: Profile) -> str:
                 if o and i <= MAX_POSITION_LABEL:
                     out.append(f'{name}_total{{ctx_bucket="{_esc(a["label"])}",position="{i}"}} '
                                f'{h if key == "accepted" else o}')
+    m = METRIC_REQUESTS_ABORTED + "_total"
+    out += [f"# HELP {m} Requests SGLang aborted while they waited, by how they waited.", f"# TYPE {m} counter"]
+    for kind, n in profile.totals.aborted_by_kind().items():
+        out.append(f'{m}{{{LABEL_ABORT_KIND}="{kind}"}} {n}')
     out += prometheus_lines(profile.ranks)
     return "\n".join(out) + "\n"

@@ -15,7 +15,10 @@ nothing is running, so a retracted request waits in the queue until the others f
 be aborted (``POST /abort_request``), and so can a request queued behind running ones whose client
 hangs up before its first step.  Each must end: no aborted request stays unfinished in
 ``/ctx_profile/requests``; a retracted one says ``aborted: "retracted"``, and ``totals.requests_aborted``
-counts every request aborted while it waited, also the one that never ran a step.
+counts every request aborted while it waited, also the one that never ran a step.  Every exporter
+says the same (the server runs with ``--enable-metrics``, every request traced to an OTLP receiver in
+the test, JSON log events to a file): ``sglang_ctxprof_requests_aborted_total{kind}``, one
+``request_aborted`` event and one root span with ``ctxprof.aborted`` per aborted request.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import uuid
 import pytest
 
 import ctxprof_ref
-from conftest import http, rand_ids, start_server
+from conftest import LOG_DIR, http, rand_ids, start_server
+from otlp_receiver import Receiver
 from sglang_ctxprof.model import names
 from http.client import HTTPConnection
 
@@ -37,14 +41,29 @@ pytestmark = pytest.mark.server
 MIX = [(96 + 97 * i, 24 + (i * 7) % 20) for i in range(8)]  # (prompt, max_new_tokens), 8 at once
 
 
+EVENTS = LOG_DIR / "faults-events.jsonl"
+RECEIVER: Receiver = None  # type: ignore[assignment]  # set by the module fixture
+
+
 @pytest.fixture(scope="module")
 def server():
-    srv = start_server("faults-retract", ctxprof_ref.model_args() + [names.CLI_FLAG],
-                       env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_NO_PREFILL_BS": "0"})
+    global RECEIVER
+    RECEIVER = Receiver()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    EVENTS.unlink(missing_ok=True)
+    # every exporter on, every request traced: the aborted ones must reach each of them
+    srv = start_server("faults-retract", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics"],
+                       env={"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_NO_PREFILL_BS": "0",
+                            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": RECEIVER.endpoint,
+                            "OTEL_BSP_SCHEDULE_DELAY": "200", "SGLANG_CTXPROF_TRACE": "all",
+                            "SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": str(EVENTS),
+                            "SGLANG_CTXPROF_LOG_SUMMARY_S": "0"})
     try:
         yield srv
     finally:
         srv.stop()
+        RECEIVER.stop()
 
 
 def gen(url: str, ids: list[int], n: int, rid: str | None = None) -> dict:
@@ -150,6 +169,7 @@ def _req(url: str, rid: str):
 def test_requests_aborted_while_waiting_end_and_are_counted(server):
     url = server.url
     assert http("POST", url + names.ROUTE_RESET)[0] == 200
+    before = _aborted_counter(url)
     tag = uuid.uuid4().hex[:8]
     rids = [f"wait-{tag}-{k}" for k in "abc"]
     body = {"input_ids": [rand_ids(150 + 40 * k, seed=60 + k) for k in range(3)], "rid": rids,
@@ -195,3 +215,56 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
     assert totals["requests_aborted"] == 1 + sum(1 for r in reqs.values() if r["aborted"]), (totals, reqs)
     rows = http("GET", f"{url}{names.ROUTE_REQUESTS}?slowest=1000")[1]["requests"]
     assert [x["rid"] for x in rows if not x["finished"]] == []
+    # every exporter says the same: the /metrics counter (by kind, since this test's start), one
+    # request_aborted event and one root span named by its kind per aborted request
+    want = {rid: r["aborted"] for rid, r in reqs.items() if r["aborted"]}
+    want[queued] = names.ABORT_QUEUED
+    kinds = {k: sum(1 for v in want.values() if v == k) for k in names.ABORT_KINDS}
+    assert totals["requests_aborted"] == len(want) and totals["requests_aborted_retracted"] == kinds["retracted"]
+    after = _aborted_counter(url)
+    print("requests_aborted_total by kind:", {k: after[k] - before[k] for k in after})
+    assert {k: after[k] - before[k] for k in names.ABORT_KINDS} == kinds
+    ev = _wait(lambda: (lambda e: e if set(e) >= set(want) else None)(_abort_events()), "request_aborted events")
+    print("request_aborted events:", {r: ev[r] for r in want})
+    assert {r: ev[r]["aborted"] for r in want} == want
+    assert all(ev[r]["steps"] == reqs[r]["steps"] for r in want if r in reqs)
+    roots = _wait(lambda: (lambda s: s if set(s) >= set(want) else None)(
+        {sp["attrs"][names.ATTR_RID]: sp for sp in RECEIVER.ours() if sp["attrs"][names.ATTR_RID] in want}),
+        "the aborted requests' root spans")
+    print("root spans:", {r: (s["attrs"].get(names.ATTR_ABORTED), s["attrs"][names.ATTR_STEPS]) for r, s in roots.items()})
+    assert {r: s["attrs"].get(names.ATTR_ABORTED) for r, s in roots.items()} == want
+    for rid, sp in roots.items():
+        mine = [x for x in RECEIVER.spans if x["trace_id"] == sp["trace_id"] and x["scope"] == names.TRACER_NAME]
+        steps = [x for x in mine if x["name"] == names.SPAN_STEP]
+        assert len(steps) == sp["attrs"][names.ATTR_STEPS] == (reqs[rid]["steps"] if rid in reqs else 0)
+        assert all(x["parent"] == sp["span_id"] for x in steps) and sp["end"] >= max((x["end"] for x in mine))
+    assert [x for x in RECEIVER.spans if x["trace_id"] == roots[queued]["trace_id"]] == [roots[queued]]
+
+
+def _aborted_counter(url: str) -> dict[str, float]:
+    """``sglang_ctxprof_requests_aborted_total`` by kind, as SGLang's /metrics serves it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(names.ABORT_KINDS, 0.0)
+    for fam in text_string_to_metric_families(http("GET", url + "/metrics")[1]):
+        for smp in fam.samples:
+            if smp.name == names.METRIC_REQUESTS_ABORTED + "_total":
+                out[smp.labels[names.LABEL_ABORT_KIND]] += smp.value
+    return out
+
+
+def _abort_events() -> dict[str, dict]:
+    if not EVENTS.exists():
+        return {}
+    evs = (json.loads(ln) for ln in EVENTS.read_text().splitlines() if ln.strip())
+    return {e["rid"]: e for e in evs if e.get("event") == names.EVENT_REQUEST_ABORTED}
+
+
+def _wait(pred, what: str, limit_s: float = 60.0):
+    deadline = time.time() + limit_s
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -103,3 +103,22 @@ def test_the_audit_can_be_left_out():
     agg = Aggregator(audit=False)
     agg.observe(_decode("x", 1))
     assert agg.audit is None and agg.records == 1
+
+
+def test_an_aborted_request_is_no_violation_and_hides_none_of_a_normal_one():
+    """A request SGLang aborted while it waited ends with no books (its steps need not match any
+    spec_verify_ct); the audit checks it for nothing, and the next normal request's fault still counts."""
+    from sglang_ctxprof.model.records import RequestEnd
+
+    agg = _run(fault="verify_ct", rid="normal")
+    agg.observe(_prefill("ab", 10))
+    for i in range(11, 14):
+        agg.observe(_decode("ab", i))
+    agg.end_request(RequestEnd("ab", retracted=True, t_ns=99))
+    agg.end_request(RequestEnd("never-ran", t_ns=100))
+    agg.observe(_prefill("ab", 20))  # the rid used again: a new request, checked as any other
+    agg.observe(_decode("ab", 21, fin=True, books=((2, 4, 2),)))  # one step, SGLang says 2
+    st = agg.audit.status()
+    assert st["violations"] == {k: 2 * int(k == "verify_ct") for k in AUDIT_INVARIANTS}, st
+    assert [v["rid"] for v in st["latest"]] == ["normal", "ab"] and st["checked"]["requests"] == 2
+    assert agg.snapshot().requests_aborted == 2

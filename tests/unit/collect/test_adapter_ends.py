@@ -7,6 +7,7 @@ before its first step (counted only), both end; a failure of ours never fails SG
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import fakes
@@ -41,7 +42,9 @@ def test_ended_request_reads_rid_and_retraction():
     req = SimpleNamespace(rid="x" * 300, is_retracted=True)
     end = adapter.ended_request(req)
     assert end.retracted is True and end.rid == adapter.req_ids((SimpleNamespace(rid=req.rid, origin_input_ids=[]),))[0][0]
-    assert adapter.ended_request(SimpleNamespace(rid="q")) == RequestEnd("q", False)
+    t0 = time.time_ns()
+    q = adapter.ended_request(SimpleNamespace(rid="q"))
+    assert (q.rid, q.retracted, q.kind) == ("q", False, "queued") and t0 <= q.t_ns <= time.time_ns()
 
 
 def test_retracted_then_aborted_and_aborted_before_any_step_both_end():

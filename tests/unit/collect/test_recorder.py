@@ -199,3 +199,31 @@ def test_the_drain_thread_delivers_and_close_stops_every_sink_even_a_disabled_on
     assert agg.records == 3 and good.got == [0, 1, 2]
     assert not guard.ok("exporter") and bad.stopped == good.stopped == 1
     assert r._thread is None
+
+
+def test_a_request_end_reaches_the_aggregator_then_only_the_sinks_that_end_requests_in_order():
+    from sglang_ctxprof.model.records import RequestEnd
+
+    class Ends(Sink):
+        def __init__(self, *a) -> None:
+            super().__init__(*a)
+            self.order: list = []
+
+        def observe(self, rec: StepRecord) -> None:
+            super().observe(rec)
+            self.order.append(rec.step_id)
+
+        def end(self, end: RequestEnd) -> None:
+            self.order.append((end.rid, end.kind, self.agg.snapshot().requests_aborted))
+
+    agg, guard = Aggregator(), Guard()
+    plain, ends = Sink("capture", agg), Ends("exporter", agg)
+    r = Recorder(agg, guard, sinks=[plain, ends])
+    r.submit(_rec(0))
+    r.submit(RequestEnd("r0", retracted=True))
+    r.submit(_rec(1))
+    r.submit(RequestEnd("gone"))
+    r.flush()
+    assert plain.got == [0, 1] and guard.status() is None  # a sink without ``end`` is passed over
+    assert ends.order == [0, ("r0", "retracted", 2), 1, ("gone", "queued", 2)]
+    assert agg.request("r0")["aborted"] == "retracted" and r.cost.drain_records == 2

@@ -115,3 +115,29 @@ def test_sinks_are_registered_in_order_and_get_their_facts_at_bind():
         assert exp.status()["requests_finished"] == 1  # the request sink decided the finished request
         assert facts.dropped() == 0 and facts.degraded() is None
     assert exp.steps.logs._thread is None  # uninstrument stopped the log view's summary thread
+
+
+def test_an_aborted_request_is_logged_under_any_policy_and_traced_by_it_on_the_primary_only():
+    from structlog.testing import LogCapture
+
+    from sglang_ctxprof.model.records import RequestEnd
+    from sglang_ctxprof.views.logs import LogView, make_logger
+
+    def run(policy, primary):
+        s, exp = _sinks(policy, primary=primary)
+        cap, cfg = LogCapture(), LogSettings(fmt="json", summary_s=0)
+        s.attach_logs(LogView(cfg, s.requests.current_policy,
+                              logger=make_logger(cfg, renderer=cap, file=open("/dev/null", "w"))))
+        for rec in _steps("slowpoke", 2, 50.0):
+            s.requests.observe(replace(rec, finished=(False,)))  # runs two slow steps, never finishes
+        s.requests.end(RequestEnd("never", t_ns=5))
+        return exp, [(e["rid"], e["aborted"], e["traced"]) for e in cap.entries
+                     if e["event"] == names.EVENT_REQUEST_ABORTED], s
+
+    exp, ev, s = run(TracePolicy(mode="off"), True)
+    assert ev == [("never", "queued", False)] and _exported(exp) == []
+    exp, ev, s = run(TracePolicy(mode="slow", slow_tok_s=0, slow_step_ms=10), True)
+    assert ev == [("never", "queued", False)] and _exported(exp) == []  # no steps: not slow
+    assert s.status()["logs"]["emitted"][names.EVENT_REQUEST_ABORTED] == 1
+    exp, ev, s = run(TracePolicy(mode="all"), False)
+    assert ev == [] and _exported(exp) == []  # only the primary rank emits

@@ -109,3 +109,34 @@ def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, reques
     assert d["spans_exported"] == sum(spans[r] for r in exported) == len(exp.spans)
     assert d["spans_dropped"] == sum(n for r, n in spans.items() if r not in exported)
     view.shutdown()
+
+
+def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
+    """A request aborted after its steps (too big for the queue) is dropped whole and counted; one
+    aborted before its first step is one root span, which fits."""
+    from sglang_ctxprof.aggregate.requests import aborted_summary
+    from sglang_ctxprof.model.records import RequestEnd
+
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=16)
+    view = OtelView(prov, stats)
+    log = RequestLog()
+    for i in range(4):  # prefill + 3 decode steps = 26 spans, never finished by a step
+        dec = i > 0
+        log.observe(StepRecord(step_id=i, kind="decode" if dec else "prefill", algorithm="EAGLE", rank=RankId(),
+                               rids=("big",), ctx_lens=(100 + i,), accepted=(3 * dec,), committed=(3 * dec,),
+                               finished=(False,), draft_tokens=4, step_ms=5.0, phases_ms=PH if dec else {},
+                               t_start_ns=T0 + i * 10**7))
+    log.end(RequestEnd("big", retracted=True, t_ns=T0 + 10**9))
+    big = log.get("big")
+    assert big["aborted"] == names.ABORT_RETRACTED and big["steps"] == 3
+    view.export_request(big)
+    view.export_request(aborted_summary(RequestEnd("never", t_ns=T0 + 2 * 10**9)))
+    view.flush()
+    assert [(s.name, s.attributes[names.ATTR_RID], s.attributes[names.ATTR_ABORTED]) for s in exp.spans] == \
+        [(names.SPAN_REQUEST, "never", names.ABORT_QUEUED)]
+    d = stats.to_dict()
+    assert d["requests_exported"] == 1 and d["requests_dropped"] == 1
+    assert d["spans_exported"] == 1 and d["spans_dropped"] == 2 + 3 * SPANS_PER_STEP
+    view.shutdown()

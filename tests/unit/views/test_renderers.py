@@ -67,7 +67,7 @@ def _check_json(out: str, p: Profile) -> None:
     assert Profile.from_dict(body) == p  # nothing lost on the way through JSON
     assert body["totals"] == {"records": 5, "decode_steps": 4, "prefill_batches": 1, "accepted": 12,
                               "committed": 7, "retractions": 0, "requests_tracked": 2, "requests_evicted": 0,
-                              "requests_aborted": 0}
+                              "requests_aborted": 0, "requests_aborted_retracted": 0}
 
 
 def _check_text(out: str, p: Profile) -> None:

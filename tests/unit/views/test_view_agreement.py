@@ -293,3 +293,90 @@ def test_every_view_ends_a_step_in_the_same_place(views):
     phases = sorted((s.name[len(names.SPAN_PHASE_PREFIX):], s.start_time, s.end_time) for s in spans
                     if s.name[len(names.SPAN_PHASE_PREFIX):] in PH)
     assert phases and phases == sorted(e for e in ours if e[0] in PH)
+
+
+# ---- requests SGLang aborted while they waited: every view counts and names them the same ---------
+def _aborts():
+    """(items in submission order, the RequestEnds): one request retracted after two decode steps
+    and aborted, one aborted between prefill chunks, one aborted before any step, and a normal one."""
+    from sglang_ctxprof.model.records import RequestEnd
+
+    def pre(i, rid):
+        return StepRecord(step_id=i, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                          ctx_lens=(300,), accepted=(0,), committed=(0,), finished=(False,), draft_tokens=0,
+                          step_ms=4.0, t_start_ns=1_000_000 * (i + 1))
+
+    def dec(i, rid, fin=False):
+        return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                          ctx_lens=(300 + i,), accepted=(2,), committed=(2,), finished=(fin,), draft_tokens=4,
+                          step_ms=6.0, phases_ms=PH, t_start_ns=1_000_000 * (i + 1))
+
+    ends = [RequestEnd("ret", retracted=True, t_ns=90_000_000), RequestEnd("chunk", t_ns=91_000_000),
+            RequestEnd("never", t_ns=92_000_000)]
+    items = [pre(0, "ret"), dec(1, "ret"), dec(2, "ret"), pre(3, "chunk"), pre(4, "ok"), dec(5, "ok"),
+             dec(6, "ok", fin=True), *ends]
+    return items, ends
+
+
+def test_every_view_counts_and_names_aborted_requests_the_same():
+    from structlog.testing import LogCapture
+
+    from sglang_ctxprof.collect.recorder import Recorder
+    from sglang_ctxprof.model.config import LogSettings
+    from sglang_ctxprof.model.guard import Guard
+    from sglang_ctxprof.model.sinks import BindFacts
+    from sglang_ctxprof.views.exporters import Exporters
+    from sglang_ctxprof.views.logs import LogView, make_logger
+    from sglang_ctxprof.views.policy import TracePolicy
+
+    bk = Bucketing.parse("pow2")
+    agg = Aggregator(bk)
+    spans = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(spans))
+    pol = TracePolicy(mode="all", slow_tok_s=0, slow_step_ms=0)
+    exp = Exporters(bk, pol, facts=BindFacts(history=agg.request, metrics_enabled=True), env={},
+                    otel=OtelView(prov))
+    cap, cfg = LogCapture(), LogSettings(fmt="json", summary_s=0)
+    exp.attach_logs(LogView(cfg, exp.requests.current_policy,
+                            logger=make_logger(cfg, renderer=cap, file=open("/dev/null", "w"))))
+    reg = CollectorRegistry()
+    exp.metrics.view, exp.metrics._checked = MetricsView(bk, reg), True
+    rec = Recorder(agg, Guard(), sinks=exp.sinks)
+    items, ends = _aborts()
+    for it in items:
+        rec.submit(it)
+    rec.flush()
+    want = {e.rid: e.kind for e in ends}
+    assert want == {"ret": names.ABORT_RETRACTED, "chunk": names.ABORT_QUEUED, "never": names.ABORT_QUEUED}
+    by_kind = {k: sum(1 for v in want.values() if v == k) for k in names.ABORT_KINDS}
+    # the request history and the snapshot's total
+    assert {r: agg.request(r)["aborted"] for r in ("ret", "chunk")} == {"ret": "retracted", "chunk": "queued"}
+    assert agg.request("never") is None and agg.request("ok")["aborted"] == ""
+    prof = build_profile(agg.snapshot())
+    assert prof.totals.requests_aborted == len(ends) and prof.totals.aborted_by_kind() == by_kind
+    assert Profile.from_dict(prof.to_dict(envelope=False)).totals.aborted_by_kind() == by_kind
+    assert _sum_by_bucket(prometheus.render(prof), names.METRIC_REQUESTS_ABORTED + "_total",
+                          names.LABEL_ABORT_KIND) == by_kind
+    # the live Prometheus counter, by kind, every kind exported (0 is an answer)
+    live = _sum_by_bucket(generate_latest(reg).decode(), names.METRIC_REQUESTS_ABORTED + "_total",
+                          names.LABEL_ABORT_KIND)
+    assert live == by_kind and sum(live.values()) == len(ends)
+    # the structlog events: one per aborted request, named the same
+    ev = [e for e in cap.entries if e["event"] == names.EVENT_REQUEST_ABORTED]
+    assert {e["rid"]: e["aborted"] for e in ev} == want and len(ev) == len(ends)
+    # the OTel root spans: each aborted request's root ended, named the same; nothing left open
+    got = spans.get_finished_spans()
+    roots = {s.attributes[names.ATTR_RID]: s for s in got if s.name == names.SPAN_REQUEST}
+    assert set(roots) == {"ret", "chunk", "never", "ok"}
+    assert {r: s.attributes.get(names.ATTR_ABORTED) for r, s in roots.items() if r != "ok"} == want
+    assert names.ATTR_ABORTED not in roots["ok"].attributes
+    ret = agg.request("ret")
+    assert roots["ret"].end_time == ret["t_end_ns"] and roots["ret"].attributes[names.ATTR_STEPS] == 2
+    assert len([s for s in got if s.name == names.SPAN_STEP and s.parent.span_id ==
+                roots["ret"].context.span_id]) == 2
+    assert (roots["never"].start_time, roots["never"].end_time) == (92_000_000, 92_000_000)
+    assert [s for s in got if s.context.trace_id == roots["never"].context.trace_id] == [roots["never"]]
+    st = exp.requests.otel.stats.to_dict()
+    assert st["requests_exported"] == 4 and st["requests_dropped"] == 0
+    assert exp.status()["requests_finished"] == 4
