@@ -58,7 +58,7 @@ from conftest import generate, http, rand_ids, start_server, tiny
 from plant_rig import plant, planted_env
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import cpu_args
-from sglang_ctxprof.aggregate.ledger import row as ledger_row
+from sglang_ctxprof.aggregate.ledger import crossover, row as ledger_row
 from sglang_ctxprof.cli.sweep_arms import _ledger_point, plain_args
 from sglang_ctxprof.model import names
 
@@ -71,8 +71,9 @@ LONG = 24  # new tokens of the long request
 # tenants of a shared machine (seen: 10x).
 CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
-# the host delay's checks are floors that hold in every pair: two repeats
-HOST_REPEATS = 2
+# the host delay's floors hold in every pair; its inflation check is a median over the pairs
+HOST_REPEATS = 3
+THREAD_REPEATS = 3  # the clean sweep on the thread clock, the planted sweeps' reference
 
 
 def _start_both(spec_args, spec_env, plain_args_):
@@ -128,7 +129,17 @@ def _rows(rep):
     return {round(r["ctx"]): r for r in rep["ledger"]["rows"]}
 
 
+def _clock(servers, clock):
+    """Both servers' profiles emptied and timed on ``clock`` from now on (``reset?clock=``)."""
+    for srv in servers:
+        st, body = http("POST", f"{srv.url}{names.ROUTE_RESET}?clock={clock}")
+        assert st == 200 and [r["clock"] for r in body["ranks"]] == [clock], body
+
+
 def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(servers, capsys):
+    # the wall clock: the measured side is the long request's step span on the server's wall clock,
+    # so both sides are on it and the machine's load cancels
+    _clock(servers, names.CLOCK_WALL)
     rep, out = arms(servers, "clean", CLEAN_REPEATS)
     printed = capsys.readouterr().out
     assert "speculative vs plain decode" in printed and "speculation ledger" in printed
@@ -177,7 +188,7 @@ def _overhead(pt):
 # spec step did not move alike, and each planted check must hold through that.
 VERIFY_WORK_PER_1K = 24.0
 VERIFY_LONG = 12  # new tokens of the long request: fewer ~1 s planted steps, the same checks
-HOST_SPIN_MS = 20.0
+HOST_SPIN_MS = 50.0
 
 
 def _within_step(out, ctx):
@@ -186,8 +197,51 @@ def _within_step(out, ctx):
                              for s, _ in _pairs(out, ctx).values())
 
 
-def test_planted_verify_attention_slowdown_is_named(servers):
+@pytest.fixture(scope="module")
+def thread_clean(servers):
+    """Both servers on the thread clock (``reset?clock=thread``), and a clean sweep on it: the reference
+    the planted sweeps are held against.  On the thread clock a step's phases are the scheduler thread's
+    own CPU time (OMP_NUM_THREADS=1: it runs every kernel), so what other tenants take of the two cores
+    stays out of both servers' numbers, and a ratio across the two servers means what it says."""
     spec, _ = servers
+    st, err = http("POST", f"{spec.url}{names.ROUTE_RESET}?clock=cpu")
+    assert st == 400 and "clock must be one of wall, thread" in err["error"], (st, err)
+    _clock(servers, names.CLOCK_THREAD)
+    rep, out = arms(servers, "clean_thread", THREAD_REPEATS, long=VERIFY_LONG)
+    for srv in servers:
+        assert http("GET", srv.url + "/ctx_profile")[1]["timing"] == names.TIMING_CPU_THREAD
+    return rep, out
+
+
+def _pair_median(out, ctx, f):
+    """The median over the interleaved pairs at ``ctx`` of ``f(spec point, plain point)``."""
+    return statistics.median(f(sp, pp) for sp, pp in _pairs(out, ctx).values())
+
+
+def _inflation(out, ctx):
+    """Verify inflation, pair by pair: the spec point's verify attention over its plain point's decode attention."""
+    return _pair_median(out, ctx, lambda sp, pp: sp["breakdown"]["phases_ms"]["verify_attn"]
+                        / pp["breakdown"]["phases_ms"]["decode_attn"])
+
+
+def _speedup(out, ctx):
+    """The ledger's speedup from each pair's own points (``aggregate.ledger.row``), median over the pairs."""
+    return _pair_median(out, ctx, lambda sp, pp: ledger_row(_ledger_point(sp), [_ledger_point(pp)])["speedup"])
+
+
+def _crossover(out):
+    """Where the pairs' median ledger speedup falls below 1 (``aggregate.ledger.crossover``): a context,
+    0 when speculation is slower already at the shortest one, inf when it pays at both."""
+    rows = [{"ctx": float(c), "label": c, "speedup": _speedup(out, int(c)), "al": 1.0} for c in CTX]
+    x = crossover(rows, [], [])
+    if x["ctx"] is not None:
+        return x["ctx"], rows
+    return (0.0 if rows[0]["speedup"] < 1.0 else float("inf")), rows
+
+
+def test_planted_verify_attention_slowdown_is_named(servers, thread_clean):
+    spec, _ = servers
+    _, clean_out = thread_clean
     # verify only (plain decode never runs a target-verify batch)
     plant(spec, attn_work_per_1k=VERIFY_WORK_PER_1K)
     try:
@@ -195,27 +249,41 @@ def test_planted_verify_attention_slowdown_is_named(servers):
     finally:
         plant(spec)
     lo, hi = (int(c) for c in CTX)
-    # within each spec point's own steps (the load cancels) the planted ~50x is the dominant term, and
-    # it grows with context: verify attention over verify MoE at 2048 far above the clean points' (saved
-    # runs: clean 1.1-2.4, planted 75-96) and far above its own at 64 (planted 0.95-1.13, ~2.5x there)
+    # within each spec point's own steps the planted ~50x is the dominant term, and it grows with
+    # context: verify attention over verify MoE at 2048 far above the clean points' and its own at 64
     within = {ctx: _within_step(out, ctx) for ctx in (lo, hi)}
-    clean = _within_step(spec.dir / "clean", hi)
+    clean = _within_step(clean_out, hi)
     assert within[hi] > 10 * clean and within[hi] > 10 * within[lo], (within, clean)
+    # verify inflation across the two servers, on the thread clock, median over the interleaved pairs:
+    # the plant makes verify attention 1 + 24 x ctx/1k times as long (~2.9x at 64, ~50x at 2048), so the
+    # inflation at 2048 is far above the clean one, and its growth from 64 to 2048 far above the clean growth
+    inf_p = {c: _inflation(out, c) for c in (lo, hi)}
+    inf_c = {c: _inflation(clean_out, c) for c in (lo, hi)}
+    print("verify inflation, thread clock (planted, clean):", inf_p, inf_c)
+    assert inf_p[hi] > 10 * inf_c[hi] and inf_p[hi] > inf_p[lo], (inf_p, inf_c)
+    assert inf_p[hi] / inf_p[lo] > 4 * inf_c[hi] / inf_c[lo], (inf_p, inf_c)
+    # the crossover moves to a shorter context: the plant only adds time to spec steps, which lowers
+    # the speedup at both contexts, and the interpolated crossing falls with both; the speedup at 2048
+    # drops far (its verify attention is ~50x)
+    x_p, rows_p = _crossover(out)
+    x_c, rows_c = _crossover(clean_out)
+    print("crossover, thread clock (planted, clean):", x_p, rows_p, x_c, rows_c)
+    assert x_p < x_c and rows_p[1]["speedup"] < 0.5 * rows_c[1]["speedup"], (x_p, rows_p, x_c, rows_c)
     # the ledger names the verify attention path: its slope against decode attention's is a difference
-    # of times, where a loaded short-context point weighs little (saved runs under a CPU burner:
-    # +210 against +9 ms per 1k; "scales worse" needs 1.25x)
+    # of times (saved runs under a CPU burner: +210 against +9 ms per 1k; "scales worse" needs 1.25x)
     a = rep["ledger"]["attention"]
     assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"], a
     assert "the verify attention path scales worse" in rep["ledger"]["verdict"]
 
 
-def test_planted_host_delay_is_overhead_and_net_saved(servers):
+def test_planted_host_delay_is_overhead_and_net_saved(servers, thread_clean):
     spec, _ = servers
+    _, clean_out = thread_clean
     # a wall-clock busy-wait before each step of the spec server (a sleep would let other processes cool
-    # the core's caches): no machine, fast or busy, can make a step's host gap shorter than it
+    # the core's caches): no machine, fast or busy, can make a step's host gap (wall clock) shorter than it
     plant(spec, host_spin_ms=HOST_SPIN_MS)
     try:
-        rep, out = arms(servers, "host_delay", HOST_REPEATS)
+        rep, out = arms(servers, "host_delay", HOST_REPEATS, long=VERIFY_LONG)
     finally:
         plant(spec)
     for ctx, r in _rows(rep).items():
@@ -231,6 +299,17 @@ def test_planted_host_delay_is_overhead_and_net_saved(servers):
             # and the pair's net saved carries it: net = saved - spent, the delay inside spent's overhead
             assert own["net_ms"] == pytest.approx(own["saved_ms"] - sum(own["spent_ms"].values()), abs=1e-6)
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
+        # verify inflation does not change (thread clock, median over the pairs): the delay sits between
+        # steps.  Had it landed in verify attention, the inflation would have moved by ``would``; the
+        # change measured is less than half of that (in log terms), and ``would`` is large enough to see
+        va = _pair_median(clean_out, ctx, lambda sp, pp: sp["breakdown"]["phases_ms"]["verify_attn"])
+        da = _pair_median(clean_out, ctx, lambda sp, pp: pp["breakdown"]["phases_ms"]["decode_attn"])
+        inf_h, inf_c = _inflation(out, ctx), _inflation(clean_out, ctx)
+        would = ((va + HOST_SPIN_MS) / da) / inf_c
+        moved = max(inf_h / inf_c, inf_c / inf_h)
+        print(f"verify inflation at {ctx}, thread clock: host delay {inf_h:.3f}, clean {inf_c:.3f}, "
+              f"moved x{moved:.3f}; {HOST_SPIN_MS} ms in verify attention would move it x{would:.2f}")
+        assert would > 2.0 and moved < would ** 0.5, (ctx, inf_h, inf_c, would)
 
 
 def _post_profile(url, body, source):
