@@ -2,25 +2,37 @@
 
 Two servers of the tiny DeepSeek-V3 (MLA + MoE), started side by side: one with the identity EAGLE
 head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same attention backend).
-``sweep --arms spec,plain`` runs the same prompts on both, interleaved, at two contexts:
+``sweep --arms spec,plain`` runs the same prompts on both, interleaved, at two contexts.  Each test
+picks the profiler's CPU clock with ``POST /ctx_profile/reset?clock=`` on both servers:
 
-1. clean: the plain arm is profiled (decode attention / MoE / rest); per context and interleaved pair,
-   the ledger's speedup from that pair's own steps (accepted tokens per step, step time, host gap)
-   against the same pair's measured speedup (the long request's decode on the server's wall clock):
-   the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides come from the
-   same steps, so the machine's load cancels: an accounting check, not a timing threshold;
-2. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
-   thread's CPU clock, ~50x verify attention's own time at the long context, ~2.5x at the short one),
-   so a busy machine stretches it as it stretches the kernel: within each spec point's own steps
-   verify attention over verify MoE grows with context, far above the clean points', and the ledger
-   names the verify attention path;
-3. a constant host delay per step (a wall-clock busy-wait): in every interleaved pair the spec
-   step's host gap holds all of it, the ledger charges it to overhead (overhead_extra plus the same
-   pair's plain overhead), and the pair's net saved carries it;
-4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
+1. clean, wall clock: the plain arm is profiled (decode attention / MoE / rest); per context and
+   interleaved pair, the ledger's speedup from that pair's own steps (accepted tokens per step, step
+   time, host gap) against the same pair's measured speedup (the long request's decode on the server's
+   wall clock): the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides
+   come from the same steps on the same clock, so the machine's load cancels: an accounting check;
+2. the thread clock (``thread_time``: with OMP_NUM_THREADS=1 the scheduler thread runs every kernel,
+   so a step's phases are its own CPU time, and what other tenants take of the two cores stays out).
+   The two servers are separate processes that a busy 2-core machine does not load alike even seconds
+   apart: on the wall clock a pair's plain step at 2048 read 16-146 ms, and under a CPU burner the
+   ledger's verify inflation read 19.3 at 64 and 23.9 at 2048 with a plant of 2.5x and 50x there.  On
+   the thread clock a ratio across the two servers means what it says.  A clean sweep on it is the
+   reference (fixture ``thread_clean``);
+3. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
+   thread's CPU clock, ~50x verify attention's own time at the long context, ~2.9x at the short one):
+   within each spec point's steps verify attention over verify MoE grows with context; verify
+   inflation (verify attention / the pair's plain decode attention, median over the pairs) at 2048 is
+   over 10x the clean one and grows from 64 to 2048 over 4x as much as the clean one; the crossover
+   (where the pairs' median speedup on the thread clock's step times falls below 1) moves to a shorter
+   context, and the ledger names the verify attention path;
+4. a constant host delay per step (a 50 ms wall-clock busy-wait before each spec step): in every
+   pair the spec step's host gap (wall clock) holds all of it, the ledger charges it to overhead and
+   the pair's net saved carries it; and verify inflation does not change: it moves by less than half
+   (in log terms) of what the 50 ms would move it had it landed in verify attention;
+5. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
-   reference the JSON says why; and a few planted slow steps are set apart from the robust means.
-5. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
+   reference the JSON says why; and a few planted slow steps (sleeps: the wall clock, since the
+   thread clock leaves a sleep out) are set apart from the robust means;
+6. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
    off here only for speculative algorithms): SGLang 0.5.23 keeps a request that finishes by length
    out of the next launched step (``_reqs_finishing_inflight``), but one that stops on a token rides
    along in it and SGLang skips its row.  Each finished request, by length and by a stop token, has
@@ -28,19 +40,9 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    and the audit stays at 0.
 
 Every planted check is a floor, a sign or a ratio that the plant guarantees with a wide margin; the
-only fixed number a time meets is the planted 20 ms, a floor no machine undercuts.  The two servers
-are separate processes that a busy 2-core machine does not load alike even seconds apart (a pair's
-plain step at 2048: 16-146 ms across saved pairs, pair inflation 0.1-5.1), and sweeps minutes apart
-drift further (per-pair measured speedup at 2048: 0.41 / 2.42 / 8.15 in one sweep, 0.45-0.58 in
-another).  Under a CPU burner the spec server ran 8-15x slower than the plain one through all the
-short-context points (verify MoE 20-33 ms against 5 clean), so the ledger's verify inflation read
-19.3 at 64 and 23.9 at 2048 with the plant 2.5x and 50x there.  So these claims are not checked:
-verify inflation (a ratio across the two servers) grows with context or beats the clean pairs';
-speculation loses per pair at 2048 under the plant (pairs 0.05 / 0.37 / 1.45, one plain step 10x
-slow) and the crossover moves shorter than the clean run's (on this model the clean crossover
-already lies between 64 and 2048, where it rides on the short context's speedup: 1.40-14.2 per
-pair); the host delay leaves verify inflation unchanged (20 ms in verify attention would move it
-~1.7x, less than the drift).
+only fixed number a time meets is the planted 50 ms, a floor no machine undercuts.  Still unchecked:
+the sweep's own crossover (from the wall-clock tok/s of separate servers) and the ledger's speedup
+with host gaps in it, both on the wall clock, which the load of other tenants moves.
 """
 
 from __future__ import annotations
