@@ -1,4 +1,5 @@
-"""Interval clocks: a monotonic CPU clock and a CUDA-event clock, behind one interface.
+"""Interval clocks: a monotonic CPU clock (the wall clock, or the scheduler thread's own CPU time:
+:func:`cpu_clock`) and a CUDA-event clock, behind one interface.
 
 ``mark()`` returns an opaque token taken "now" (on the CPU, or on the current CUDA stream);
 ``elapsed_ms(a, b)`` returns the time between two tokens, or ``None`` if the device has not
