@@ -1,4 +1,5 @@
-"""Interval clocks: a monotonic CPU clock and a CUDA-event clock, behind one interface.
+"""Interval clocks: a monotonic CPU clock (the wall clock, or the scheduler thread's own CPU time:
+:func:`cpu_clock`) and a CUDA-event clock, behind one interface.
 
 ``mark()`` returns an opaque token taken "now" (on the CPU, or on the current CUDA stream);
 ``elapsed_ms(a, b)`` returns the time between two tokens, or ``None`` if the device has not
@@ -23,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from ..model.config import GraphSettings
-from ..model.names import TIMING_CPU, TIMING_CUDA_EVENTS
+from ..model.names import CLOCK_THREAD, CLOCK_WALL, CLOCKS, TIMING_CPU, TIMING_CPU_THREAD, TIMING_CUDA_EVENTS
 
 if TYPE_CHECKING:
     from .graph_clock import GraphTimer
@@ -45,12 +46,14 @@ class Clock(Protocol):
 
 
 class CpuClock:
-    """Monotonic nanoseconds from ``now`` (default ``time.perf_counter_ns``; a test passes a fake)."""
+    """Monotonic nanoseconds from ``now`` (default ``time.perf_counter_ns``; a test passes a fake).
+    ``mode`` labels the records (``cpu``: wall clock; ``cpu_thread``: :func:`cpu_clock` ``thread``)."""
 
     mode = TIMING_CPU
 
-    def __init__(self, now: Callable[[], int] = time.perf_counter_ns) -> None:
+    def __init__(self, now: Callable[[], int] = time.perf_counter_ns, mode: str = TIMING_CPU) -> None:
         self.mark = now  # the hot path calls the clock function itself: no extra frame
+        self.mode = mode
 
     @staticmethod
     def elapsed_ms(a: int, b: int) -> Optional[float]:
@@ -99,8 +102,22 @@ class CudaEventClock:
             self._pool.append(token)
 
 
-def make_clock(device: str | None) -> Clock:
-    """CUDA events when the model runs on a CUDA device, else the monotonic CPU clock."""
+def cpu_clock(name: str = CLOCK_WALL) -> CpuClock:
+    """The CPU clock named ``name`` (``names.CLOCKS``): ``wall`` reads ``perf_counter_ns``; ``thread``
+    reads ``thread_time_ns``, the calling thread's own CPU time.  Every mark of a CPU step is taken on
+    the scheduler's forward thread, so on the thread clock a step and each of its phases are that
+    thread's CPU time: time the OS gave to other processes, and GIL waits, are left out.  With
+    ``OMP_NUM_THREADS=1`` that thread runs all of the step's kernels (with more OpenMP threads their
+    work would be missed), so on a shared machine the phases read the kernels' own cost."""
+    if name == CLOCK_THREAD:
+        return CpuClock(time.thread_time_ns, TIMING_CPU_THREAD)
+    if name != CLOCK_WALL:
+        raise ValueError(f"unknown clock {name!r}: use one of {', '.join(CLOCKS)}")
+    return CpuClock()
+
+
+def make_clock(device: str | None, cpu: str = CLOCK_WALL) -> Clock:
+    """CUDA events when the model runs on a CUDA device, else the CPU clock named ``cpu``."""
     if device and str(device).startswith("cuda"):
         try:
             import torch
@@ -109,7 +126,7 @@ def make_clock(device: str | None) -> Clock:
                 return CudaEventClock()
         except Exception:  # noqa: BLE001 - fall back to CPU timing, never break start-up
             pass
-    return CpuClock()
+    return cpu_clock(cpu)
 
 
 def make_graph_timer(device: str | None, settings: Optional[GraphSettings] = None) -> "Optional[GraphTimer]":

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Optional
 from . import adapter
 from ..aggregate.aggregator import Aggregator
 from ..model.config import CtxProfConfig
-from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION, TIMING_CPU,
+from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION,
                            TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
 from ..model.sinks import BindFacts, ExporterSet, Policy
 from .capture import Capture, CaptureSink
@@ -46,7 +46,7 @@ from .recorder import Recorder
 from ..model.guard import Guard
 from .step import StepBuilder, release, resolve, timing_label
 from ..model.records import RankId
-from .clocks import Clock, CpuClock, Parked, make_clock, make_graph_timer
+from .clocks import Clock, CpuClock, Parked, cpu_clock, make_clock, make_graph_timer
 from .graph_clock import GraphTimer
 
 logger = logging.getLogger(__name__)
@@ -71,8 +71,8 @@ class Serving:
 
 
 class Profiler:
-    """``clock``: the interval clock of every mark (default: chosen by the device at bind, the
-    monotonic CPU clock until then); a test passes a fake one instead of patching ``time``."""
+    """``clock``: the interval clock of every mark (default: chosen by the device at bind, the CPU
+    clock ``config.clock`` names until then); a test passes a fake one instead of patching ``time``."""
 
     def __init__(self, config: CtxProfConfig, clock: Optional[Clock] = None) -> None:
         self.config = config
@@ -82,7 +82,8 @@ class Profiler:
         self.ids = IdCache()  # request ids of the last batch (drain thread)
         self.recorder = Recorder(self.aggregator, self.guard, maxsize=config.queue_size, cost=self.cost)
         self._clock_given = clock is not None
-        self.clock: Clock = clock if clock is not None else CpuClock()
+        self.clock_name = config.clock  # names.CLOCKS: the CPU clock (a CUDA device times with events)
+        self.clock: Clock = clock if clock is not None else cpu_clock(config.clock)
         self.tls = threading.local()
         self.pending: "OrderedDict[int, StepBuilder]" = OrderedDict()
         self.pending_evicted = 0
@@ -120,7 +121,7 @@ class Profiler:
         self.serving = Serving.of(adapter.algorithm_name(getattr(scheduler, "server_args", None)),
                                   adapter.rank_of(scheduler))
         if not self._clock_given:
-            self.clock = make_clock(adapter.device_of(scheduler))
+            self.clock = make_clock(adapter.device_of(scheduler), self.clock_name)
         try:
             from ..model.roofline import hw_meta
 
@@ -253,7 +254,7 @@ class Profiler:
         host.t_start_ns = b.t_start_ns
         if type(self.clock) is CpuClock:  # plain integers: resolved on the drain thread (host.record)
             host.builder, host.full_phases = b, self.serving.full_phases
-            host.timing = TIMING_CPU
+            host.timing = self.clock.mode  # cpu, or cpu_thread on the thread clock
             span = b.span  # never None here: _host made no facts for a step without one
             if b.cost_ns >= 0 and span is not None:
                 self.cost.add_step((span[1] - span[0]) / 1e6, None)
@@ -317,6 +318,7 @@ class Profiler:
             "rank": self.serving.rank.to_dict() if self.serving.rank else None,
             "algorithm": self.serving.algorithm,
             "timing": self.timing_mode(),
+            "clock": self.clock_name if type(self.clock) is CpuClock else None,  # names.CLOCKS, CPU only
             "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
             "parked": len(self.parked),
             "submitted": self.recorder.submitted,
@@ -357,5 +359,14 @@ class Profiler:
         st = snap.with_hw(self.hw).to_dict()
         return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st}
 
-    def reset(self) -> None:
+    def reset(self, clock: Optional[str] = None) -> None:
+        """Empty the profile; with ``clock`` (names.CLOCKS), time the steps from now on on that CPU clock
+        (called between steps, on the scheduler thread that marks them: no step mixes two clocks; the
+        steps still waiting for their results are dropped, so the new profile holds only its own)."""
+        if clock is not None and clock != self.clock_name:
+            if type(self.clock) is not CpuClock:
+                raise ValueError(f"this rank times its steps with {self.clock.mode}; the clock choice is for CPU servers")
+            new = cpu_clock(clock)  # ValueError on an unknown name, before anything changes
+            self.drop_pending()
+            self.clock, self.clock_name = new, clock
         self.recorder.with_aggregator(lambda a: a.reset())

@@ -25,7 +25,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Optional
 
-from ..model.names import FORWARD_SPLIT, TIMING_CPU, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
+from ..model.names import FORWARD_SPLIT, TIMING_CPU_MODES, TIMING_CUDA_GRAPH, TIMING_CUDA_GRAPH_EVENTS, Phase
 
 _D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
 _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
@@ -135,13 +135,13 @@ def resolve(b: StepBuilder, clock: Clock, full_phases: bool) -> Optional[tuple[f
 
 
 def timing_label(b: StepBuilder, clock_mode: str) -> str:
-    """How this step's numbers were obtained, from what ran: ``cpu`` (CPU clock);
+    """How this step's numbers were obtained, from what ran: ``cpu`` / ``cpu_thread`` (CPU clock);
     ``cuda_graph_events`` (verify replayed a timed graph copy and its split was read);
     ``cuda_graph`` (verify ran in a CUDA graph, full or piecewise, whose split was not read: the
     phases come from CUDA events around it, the split is left out); else ``cuda_events``
     (eager: every phase and block from plain CUDA events)."""
-    if clock_mode == TIMING_CPU:
-        return TIMING_CPU
+    if clock_mode in TIMING_CPU_MODES:
+        return clock_mode
     if b.split is SplitState.READ:
         return TIMING_CUDA_GRAPH_EVENTS
     if b.graph_ran or b.split is SplitState.UNAVAILABLE:

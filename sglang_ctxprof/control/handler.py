@@ -9,7 +9,7 @@ SGLang: the tokenizer manager waits for exactly one reply per rank, so we always
 undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing; a failure of our
 own code disables the ``control`` component.
 
-Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
+Commands: ``snapshot`` (state + status), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``, ``disable``, ``status``,
 ``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid`` with them), ``recent`` (the last N step records, as one JSON string ``steps_json``), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
 ``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
@@ -95,7 +95,11 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
     if cmd == CMD_STATUS:
         return {"status": p.status()}
     if cmd == CMD_RESET:
-        p.reset()
+        clock = req.get("clock")  # optional: time the steps from now on on this CPU clock (names.CLOCKS)
+        try:
+            p.reset(None if clock is None else str(clock))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         return {"status": p.status(), "reset": True}
     if cmd == CMD_ENABLE:
         session.enable()

@@ -253,6 +253,7 @@ class CtxProfConfig:
     graph: GraphSettings = field(default_factory=GraphSettings)
     roofline: RooflineSettings = field(default_factory=RooflineSettings)
     capture: CaptureSettings = field(default_factory=CaptureSettings)
+    clock: str = names.CLOCK_WALL  # a CPU server's phase clock (names.CLOCKS); CUDA uses its events
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "CtxProfConfig":
@@ -292,6 +293,7 @@ class CtxProfConfig:
             roofline=RooflineSettings(
                 hbm_gbps=None if hbm is None else parse_float(names.ENV_HBM_GBPS, hbm, positive=True)),
             capture=_capture(env),
+            clock=_choice(env, names.ENV_CLOCK, names.CLOCK_WALL, names.CLOCKS),
         )
         cfg = replace(cfg, **overrides) if overrides else cfg
         cfg.bucketing()  # validate early: a bad spec is a clear error at start-up

@@ -76,8 +76,17 @@ TIMING_CPU = "cpu"
 TIMING_CUDA_EVENTS = "cuda_events"
 TIMING_CUDA_GRAPH_EVENTS = "cuda_graph_events"
 TIMING_CUDA_GRAPH = "cuda_graph"  # verify ran in a CUDA graph; its attention/MoE split was not read
+TIMING_CPU_THREAD = "cpu_thread"  # the CPU clock is the scheduler thread's own CPU time (CLOCK_THREAD)
+TIMING_CPU_MODES = (TIMING_CPU, TIMING_CPU_THREAD)
 # A profile's one ``timing`` is the most informative label among its records (later wins on ties).
-TIMING_RANK = {TIMING_CPU: 0, TIMING_CUDA_EVENTS: 1, TIMING_CUDA_GRAPH: 2, TIMING_CUDA_GRAPH_EVENTS: 3}
+TIMING_RANK = {TIMING_CPU: 0, TIMING_CPU_THREAD: 0, TIMING_CUDA_EVENTS: 1, TIMING_CUDA_GRAPH: 2,
+               TIMING_CUDA_GRAPH_EVENTS: 3}
+# The clock of a CPU server's step phases (config ``clock``, ``POST /ctx_profile/reset?clock=``): the wall
+# clock (perf_counter), or the scheduler thread's CPU time (thread_time: what other processes preempt
+# and GIL waits are left out; with OMP_NUM_THREADS=1 all of a CPU step's compute runs on that thread).
+CLOCK_WALL = "wall"
+CLOCK_THREAD = "thread"
+CLOCKS = (CLOCK_WALL, CLOCK_THREAD)
 
 # Execution modes of a step's verify forward (StepRecord.exec_mode; counted per bucket).
 EXEC_GRAPH = "graph"
@@ -125,6 +134,7 @@ ENV_LOG_SLOW_STEP_PER_MIN = "SGLANG_CTXPROF_LOG_SLOW_STEPS_PER_MIN"
 ENV_GRAPH_SAMPLE_EVERY = "SGLANG_CTXPROF_GRAPH_SAMPLE_EVERY"  # read the in-graph attn/MoE events every K-th step
 ENV_GRAPH_FALLBACK = "SGLANG_CTXPROF_GRAPH_FALLBACK"  # off | eager (without Event(external=True))
 ENV_GRAPH_TIMED_SHAPES = "SGLANG_CTXPROF_GRAPH_TIMED_SHAPES"  # all | none | every:N | sizes "1,8,32"
+ENV_CLOCK = "SGLANG_CTXPROF_CLOCK"  # wall | thread: the CPU clock of the step phases (names.CLOCKS)
 ENV_HBM_GBPS = "SGLANG_CTXPROF_HBM_GBPS"  # override of the device's memory bandwidth, GB/s
 ENV_CAPTURE_DIR = "SGLANG_CTXPROF_CAPTURE_DIR"  # where deep captures are written
 ENV_CAPTURE_INTERVAL_S = "SGLANG_CTXPROF_CAPTURE_INTERVAL_S"  # at most one capture per interval

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-from ..model.names import Phase
+from ..model.names import TIMING_CPU, TIMING_CPU_MODES, Phase
 from ..model.noise import compare
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
@@ -69,7 +69,7 @@ def _phases(ev: Evidence) -> dict[str, Any]:
 
 def _physics(ev: Evidence) -> dict[str, Any]:
     hw = ev.hw or {}
-    if (ev.timing or "cpu") == "cpu":
+    if (ev.timing or TIMING_CPU) in TIMING_CPU_MODES:
         return {"available": False, "reason": "CPU run: there is no HBM roofline to hold the attention "
                                               "slope against; the verdict rests on the slopes and the baseline"}
     gbps, per_tok = hw.get("hbm_gbps"), hw.get("kv_bytes_per_token")

@@ -8,7 +8,7 @@ Routes (read routes use SGLang's NORMAL auth level: ``--api-key`` protects them;
 ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects them):
 
 * ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket;
-* ``POST /ctx_profile/reset``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
+* ``POST /ctx_profile/reset[?clock=wall|thread]``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N[&steps=1]`` (step rows only with ``steps=1``) and
   ``GET /ctx_profile/requests/{rid}`` (with its step rows);
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
@@ -190,13 +190,16 @@ def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
     return PlainTextResponse(render_text(d))
 
 
-async def _command(request: Request, cmd: str):
-    if request.query_params:
+async def _command(request: Request, cmd: str, **args: Any):
+    if request.query_params and not args:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(request.query_params))}")
     try:
-        payloads = await _ask(cmd)
+        payloads = await _ask(cmd, **args)
     except Exception as exc:  # noqa: BLE001
         return _error(500, f"ctx profile command failed: {type(exc).__name__}")
+    bad = [p["error"] for p in payloads if p.get("bad_request")]
+    if bad:  # e.g. a clock a rank cannot use
+        return _error(400, "; ".join(bad))
     errors = [p["error"] for p in payloads if "error" in p]
     if errors:
         return _error(503, "; ".join(errors))
@@ -204,7 +207,15 @@ async def _command(request: Request, cmd: str):
 
 
 async def post_reset(request: Request):
-    return await _command(request, names.CMD_RESET)
+    """``?clock=wall|thread`` (optional): empty the profile and time the steps on that CPU clock from now on."""
+    qp = dict(request.query_params)
+    if set(qp) - {"clock"}:
+        return _error(400, f"unexpected query parameter(s): {', '.join(sorted(set(qp) - {'clock'}))}")
+    if "clock" not in qp:
+        return await _command(request, names.CMD_RESET)
+    if qp["clock"] not in names.CLOCKS:
+        return _error(400, f"clock must be one of {', '.join(names.CLOCKS)}, got {qp['clock'][:40]!r}")
+    return await _command(request, names.CMD_RESET, clock=qp["clock"])
 
 
 async def post_enable(request: Request):

@@ -2,25 +2,37 @@
 
 Two servers of the tiny DeepSeek-V3 (MLA + MoE), started side by side: one with the identity EAGLE
 head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same attention backend).
-``sweep --arms spec,plain`` runs the same prompts on both, interleaved, at two contexts:
+``sweep --arms spec,plain`` runs the same prompts on both, interleaved, at two contexts.  Each test
+picks the profiler's CPU clock with ``POST /ctx_profile/reset?clock=`` on both servers:
 
-1. clean: the plain arm is profiled (decode attention / MoE / rest); per context and interleaved pair,
-   the ledger's speedup from that pair's own steps (accepted tokens per step, step time, host gap)
-   against the same pair's measured speedup (the long request's decode on the server's wall clock):
-   the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides come from the
-   same steps, so the machine's load cancels: an accounting check, not a timing threshold;
-2. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
-   thread's CPU clock, ~50x verify attention's own time at the long context, ~2.5x at the short one),
-   so a busy machine stretches it as it stretches the kernel: within each spec point's own steps
-   verify attention over verify MoE grows with context, far above the clean points', and the ledger
-   names the verify attention path;
-3. a constant host delay per step (a wall-clock busy-wait): in every interleaved pair the spec
-   step's host gap holds all of it, the ledger charges it to overhead (overhead_extra plus the same
-   pair's plain overhead), and the pair's net saved carries it;
-4. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
+1. clean, wall clock: the plain arm is profiled (decode attention / MoE / rest); per context and
+   interleaved pair, the ledger's speedup from that pair's own steps (accepted tokens per step, step
+   time, host gap) against the same pair's measured speedup (the long request's decode on the server's
+   wall clock): the median over the pairs of |predicted / measured - 1| is at most 10%.  Both sides
+   come from the same steps on the same clock, so the machine's load cancels: an accounting check;
+2. the thread clock (``thread_time``: with OMP_NUM_THREADS=1 the scheduler thread runs every kernel,
+   so a step's phases are its own CPU time, and what other tenants take of the two cores stays out).
+   The two servers are separate processes that a busy 2-core machine does not load alike even seconds
+   apart: on the wall clock a pair's plain step at 2048 read 16-146 ms, and under a CPU burner the
+   ledger's verify inflation read 19.3 at 64 and 23.9 at 2048 with a plant of 2.5x and 50x there.  On
+   the thread clock a ratio across the two servers means what it says.  A clean sweep on it is the
+   reference (fixture ``thread_clean``);
+3. a verify-only attention slowdown growing with context, planted as *work* (a busy-wait on the
+   thread's CPU clock, ~50x verify attention's own time at the long context, ~2.9x at the short one):
+   within each spec point's steps verify attention over verify MoE grows with context; verify
+   inflation (verify attention / the pair's plain decode attention, median over the pairs) at 2048 is
+   over 10x the clean one and grows from 64 to 2048 over 4x as much as the clean one; the crossover
+   (where the pairs' median speedup on the thread clock's step times falls below 1) moves to a shorter
+   context, and the ledger names the verify attention path;
+4. a constant host delay per step (a 50 ms wall-clock busy-wait before each spec step): in every
+   pair the spec step's host gap (wall clock) holds all of it, the ledger charges it to overhead and
+   the pair's net saved carries it; and verify inflation does not change: it moves by less than half
+   (in log terms) of what the 50 ms would move it had it landed in verify attention;
+5. the live server's ledger: the plain server's profile registered with ``POST /ctx_profile/plain``
    puts the ledger in ``/ctx_profile/diagnosis``, equal to ``diagnose --plain URL``'s; without a
-   reference the JSON says why; and a few planted slow steps are set apart from the robust means.
-5. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
+   reference the JSON says why; and a few planted slow steps (sleeps: the wall clock, since the
+   thread clock leaves a sleep out) are set apart from the robust means;
+6. plain decode under SGLang's overlap scheduler (on for the plain server on this CPU: SGLang turns it
    off here only for speculative algorithms): SGLang 0.5.23 keeps a request that finishes by length
    out of the next launched step (``_reqs_finishing_inflight``), but one that stops on a token rides
    along in it and SGLang skips its row.  Each finished request, by length and by a stop token, has
@@ -28,19 +40,9 @@ head and the test-only ``ctxprof_plant`` plugin, one plain (no speculation, same
    and the audit stays at 0.
 
 Every planted check is a floor, a sign or a ratio that the plant guarantees with a wide margin; the
-only fixed number a time meets is the planted 20 ms, a floor no machine undercuts.  The two servers
-are separate processes that a busy 2-core machine does not load alike even seconds apart (a pair's
-plain step at 2048: 16-146 ms across saved pairs, pair inflation 0.1-5.1), and sweeps minutes apart
-drift further (per-pair measured speedup at 2048: 0.41 / 2.42 / 8.15 in one sweep, 0.45-0.58 in
-another).  Under a CPU burner the spec server ran 8-15x slower than the plain one through all the
-short-context points (verify MoE 20-33 ms against 5 clean), so the ledger's verify inflation read
-19.3 at 64 and 23.9 at 2048 with the plant 2.5x and 50x there.  So these claims are not checked:
-verify inflation (a ratio across the two servers) grows with context or beats the clean pairs';
-speculation loses per pair at 2048 under the plant (pairs 0.05 / 0.37 / 1.45, one plain step 10x
-slow) and the crossover moves shorter than the clean run's (on this model the clean crossover
-already lies between 64 and 2048, where it rides on the short context's speedup: 1.40-14.2 per
-pair); the host delay leaves verify inflation unchanged (20 ms in verify attention would move it
-~1.7x, less than the drift).
+only fixed number a time meets is the planted 50 ms, a floor no machine undercuts.  Still unchecked:
+the sweep's own crossover (from the wall-clock tok/s of separate servers) and the ledger's speedup
+with host gaps in it, both on the wall clock, which the load of other tenants moves.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from conftest import generate, http, rand_ids, start_server, tiny
 from plant_rig import plant, planted_env
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.cli.server import cpu_args
-from sglang_ctxprof.aggregate.ledger import row as ledger_row
+from sglang_ctxprof.aggregate.ledger import crossover, row as ledger_row
 from sglang_ctxprof.cli.sweep_arms import _ledger_point, plain_args
 from sglang_ctxprof.model import names
 
@@ -71,8 +73,9 @@ LONG = 24  # new tokens of the long request
 # tenants of a shared machine (seen: 10x).
 CLEAN_REPEATS = 3
 PLANTED_REPEATS = 3
-# the host delay's checks are floors that hold in every pair: two repeats
-HOST_REPEATS = 2
+# the host delay's floors hold in every pair; its inflation check is a median over the pairs
+HOST_REPEATS = 3
+THREAD_REPEATS = 3  # the clean sweep on the thread clock, the planted sweeps' reference
 
 
 def _start_both(spec_args, spec_env, plain_args_):
@@ -128,7 +131,17 @@ def _rows(rep):
     return {round(r["ctx"]): r for r in rep["ledger"]["rows"]}
 
 
+def _clock(servers, clock):
+    """Both servers' profiles emptied and timed on ``clock`` from now on (``reset?clock=``)."""
+    for srv in servers:
+        st, body = http("POST", f"{srv.url}{names.ROUTE_RESET}?clock={clock}")
+        assert st == 200 and [r["clock"] for r in body["ranks"]] == [clock], body
+
+
 def test_clean_arms_plain_profiled_and_the_ledger_predicts_the_measured_speedup(servers, capsys):
+    # the wall clock: the measured side is the long request's step span on the server's wall clock,
+    # so both sides are on it and the machine's load cancels
+    _clock(servers, names.CLOCK_WALL)
     rep, out = arms(servers, "clean", CLEAN_REPEATS)
     printed = capsys.readouterr().out
     assert "speculative vs plain decode" in printed and "speculation ledger" in printed
@@ -177,7 +190,7 @@ def _overhead(pt):
 # spec step did not move alike, and each planted check must hold through that.
 VERIFY_WORK_PER_1K = 24.0
 VERIFY_LONG = 12  # new tokens of the long request: fewer ~1 s planted steps, the same checks
-HOST_SPIN_MS = 20.0
+HOST_SPIN_MS = 50.0
 
 
 def _within_step(out, ctx):
@@ -186,8 +199,60 @@ def _within_step(out, ctx):
                              for s, _ in _pairs(out, ctx).values())
 
 
-def test_planted_verify_attention_slowdown_is_named(servers):
+@pytest.fixture(scope="module")
+def thread_clean(servers):
+    """Both servers on the thread clock (``reset?clock=thread``), and a clean sweep on it: the reference
+    the planted sweeps are held against.  On the thread clock a step's phases are the scheduler thread's
+    own CPU time (OMP_NUM_THREADS=1: it runs every kernel), so what other tenants take of the two cores
+    stays out of both servers' numbers, and a ratio across the two servers means what it says."""
     spec, _ = servers
+    st, err = http("POST", f"{spec.url}{names.ROUTE_RESET}?clock=cpu")
+    assert st == 400 and "clock must be one of wall, thread" in err["error"], (st, err)
+    _clock(servers, names.CLOCK_THREAD)
+    rep, out = arms(servers, "clean_thread", THREAD_REPEATS, long=VERIFY_LONG)
+    for srv in servers:
+        assert http("GET", srv.url + "/ctx_profile")[1]["timing"] == names.TIMING_CPU_THREAD
+    return rep, out
+
+
+def _pair_median(out, ctx, f):
+    """The median over the interleaved pairs at ``ctx`` of ``f(spec point, plain point)``."""
+    return statistics.median(f(sp, pp) for sp, pp in _pairs(out, ctx).values())
+
+
+def _inflation(out, ctx):
+    """Verify inflation, pair by pair: the spec point's verify attention over its plain point's decode attention."""
+    return _pair_median(out, ctx, lambda sp, pp: sp["breakdown"]["phases_ms"]["verify_attn"]
+                        / pp["breakdown"]["phases_ms"]["decode_attn"])
+
+
+def _on_clock(pt):
+    """A point in the ledger's shape with only what the profiler's clock timed: the host gap between steps
+    (on the wall clock whatever the clock; another tenant's load lands in it) left out."""
+    lp = _ledger_point(pt)
+    lp["phases"].pop("host_gap", None)
+    return lp
+
+
+def _speedup(out, ctx):
+    """The ledger's speedup (``aggregate.ledger.row``: AL x T_plain / T_step) from each pair's own points on
+    the profiler's clock, median over the pairs."""
+    return _pair_median(out, ctx, lambda sp, pp: ledger_row(_on_clock(sp), [_on_clock(pp)])["speedup"])
+
+
+def _crossover(out):
+    """Where the pairs' median ledger speedup falls below 1 (``aggregate.ledger.crossover``): a context,
+    0 when speculation is slower already at the shortest one, inf when it pays at both."""
+    rows = [{"ctx": float(c), "label": c, "speedup": _speedup(out, int(c)), "al": 1.0} for c in CTX]
+    x = crossover(rows, [], [])
+    if x["ctx"] is not None:
+        return x["ctx"], rows
+    return (0.0 if rows[0]["speedup"] < 1.0 else float("inf")), rows
+
+
+def test_planted_verify_attention_slowdown_is_named(servers, thread_clean):
+    spec, _ = servers
+    _, clean_out = thread_clean
     # verify only (plain decode never runs a target-verify batch)
     plant(spec, attn_work_per_1k=VERIFY_WORK_PER_1K)
     try:
@@ -195,27 +260,45 @@ def test_planted_verify_attention_slowdown_is_named(servers):
     finally:
         plant(spec)
     lo, hi = (int(c) for c in CTX)
-    # within each spec point's own steps (the load cancels) the planted ~50x is the dominant term, and
-    # it grows with context: verify attention over verify MoE at 2048 far above the clean points' (saved
-    # runs: clean 1.1-2.4, planted 75-96) and far above its own at 64 (planted 0.95-1.13, ~2.5x there)
+    # within each spec point's own steps the planted ~50x is the dominant term, and it grows with
+    # context: verify attention over verify MoE at 2048 far above the clean points' and its own at 64
     within = {ctx: _within_step(out, ctx) for ctx in (lo, hi)}
-    clean = _within_step(spec.dir / "clean", hi)
+    clean = _within_step(clean_out, hi)
     assert within[hi] > 10 * clean and within[hi] > 10 * within[lo], (within, clean)
+    # verify inflation across the two servers, on the thread clock, median over the interleaved pairs:
+    # the plant makes verify attention 1 + 24 x ctx/1k times as long (~2.9x at 64, ~50x at 2048), so the
+    # inflation at 2048 is far above the clean one, and its growth from 64 to 2048 far above the clean growth
+    inf_p = {c: _inflation(out, c) for c in (lo, hi)}
+    inf_c = {c: _inflation(clean_out, c) for c in (lo, hi)}
+    print("verify inflation, thread clock (planted, clean):", inf_p, inf_c)
+    # (saved runs, quiet and beside a CPU burner: planted 65-90 at 2048 against clean 1.1-1.7; growth
+    # from 64 to 2048 x20-27 against x0.6-1.2)
+    assert inf_p[hi] > 10 * inf_c[hi] and inf_p[hi] > inf_p[lo], (inf_p, inf_c)
+    assert inf_p[hi] / inf_p[lo] > 4 * inf_c[hi] / inf_c[lo], (inf_p, inf_c)
+    # the crossover moves to a shorter context: the plant only adds time to spec steps (the same prompts,
+    # the same acceptance), which lowers the speedup at both contexts, and the interpolated crossing
+    # falls with both; the speedup at 2048 drops far (its verify attention is ~50x).  The speedups are the
+    # thread clock's step times: the host gaps, on the wall clock, moved a pair's speedup at 64 1.2 <-> 2.1
+    x_p, rows_p = _crossover(out)
+    x_c, rows_c = _crossover(clean_out)
+    print("crossover, thread clock (planted, clean):", x_p, rows_p, x_c, rows_c)
+    # (saved runs: planted ~520-1190 tokens, speedup 0.12-0.17 at 2048; clean: none, 1.2-2.2 at both)
+    assert x_p < x_c and rows_p[1]["speedup"] < 0.5 * rows_c[1]["speedup"], (x_p, rows_p, x_c, rows_c)
     # the ledger names the verify attention path: its slope against decode attention's is a difference
-    # of times, where a loaded short-context point weighs little (saved runs under a CPU burner:
-    # +210 against +9 ms per 1k; "scales worse" needs 1.25x)
+    # of times (saved runs under a CPU burner: +210 against +9 ms per 1k; "scales worse" needs 1.25x)
     a = rep["ledger"]["attention"]
     assert a["scales_worse"] and "the verify attention path scales worse than decode attention" in a["verdict"], a
     assert "the verify attention path scales worse" in rep["ledger"]["verdict"]
 
 
-def test_planted_host_delay_is_overhead_and_net_saved(servers):
+def test_planted_host_delay_is_overhead_and_net_saved(servers, thread_clean):
     spec, _ = servers
+    _, clean_out = thread_clean
     # a wall-clock busy-wait before each step of the spec server (a sleep would let other processes cool
-    # the core's caches): no machine, fast or busy, can make a step's host gap shorter than it
+    # the core's caches): no machine, fast or busy, can make a step's host gap (wall clock) shorter than it
     plant(spec, host_spin_ms=HOST_SPIN_MS)
     try:
-        rep, out = arms(servers, "host_delay", HOST_REPEATS)
+        rep, out = arms(servers, "host_delay", HOST_REPEATS, long=VERIFY_LONG)
     finally:
         plant(spec)
     for ctx, r in _rows(rep).items():
@@ -231,6 +314,18 @@ def test_planted_host_delay_is_overhead_and_net_saved(servers):
             # and the pair's net saved carries it: net = saved - spent, the delay inside spent's overhead
             assert own["net_ms"] == pytest.approx(own["saved_ms"] - sum(own["spent_ms"].values()), abs=1e-6)
         assert r["net_ms"] == pytest.approx(r["saved_ms"] - sum(r["spent_ms"].values()), abs=1e-6)
+        # verify inflation does not change (thread clock, median over the pairs): the delay sits between
+        # steps.  Had it landed in verify attention, the inflation would have moved by ``would``; the
+        # change measured is less than half of that (in log terms), and ``would`` is large enough to see
+        va = _pair_median(clean_out, ctx, lambda sp, pp: sp["breakdown"]["phases_ms"]["verify_attn"])
+        da = _pair_median(clean_out, ctx, lambda sp, pp: pp["breakdown"]["phases_ms"]["decode_attn"])
+        inf_h, inf_c = _inflation(out, ctx), _inflation(clean_out, ctx)
+        would = ((va + HOST_SPIN_MS) / da) / inf_c
+        moved = max(inf_h / inf_c, inf_c / inf_h)
+        print(f"verify inflation at {ctx}, thread clock: host delay {inf_h:.3f}, clean {inf_c:.3f}, "
+              f"moved x{moved:.3f}; {HOST_SPIN_MS} ms in verify attention would move it x{would:.2f}")
+        # (saved runs, quiet and beside a CPU burner: moved x1.07-1.50, would x6.2-25.6)
+        assert would > 2.0 and moved < would ** 0.5, (ctx, inf_h, inf_c, would)
 
 
 def _post_profile(url, body, source):
@@ -297,8 +392,9 @@ def test_live_ledger_against_a_registered_plain_reference(servers, capsys):
 
 def test_planted_slow_steps_are_set_apart(servers):
     spec, _ = servers
-    # a few slow steps (300 ms each, as a kernel compiling) in the short bucket
-    assert http("POST", spec.url + "/ctx_profile/reset")[0] == 200
+    # a few slow steps (300 ms each, as a kernel compiling) in the short bucket; the planted stall is a
+    # sleep, which the thread clock does not count (the thread does not run): the wall clock
+    _clock(servers, names.CLOCK_WALL)
     plant(spec, stall_steps=3, stall_ms=300.0)
     try:
         generate(spec.url, rand_ids(80, seed=7), max_new_tokens=40)

@@ -4,6 +4,8 @@
   equals the injected durations exactly (no tolerance), and the leaves add up to the step.
 * CUDA (``CudaEventClock`` on ``fake_cuda``): no read before the device reached the end event
   (``elapsed_ms`` is None, never an exception or a guess), pooled events, no synchronize.
+* The clock choice (``config.clock``): the thread clock leaves out time the thread does not run, labels its
+  records ``cpu_thread`` with leaves that still sum to the step; ``reset(clock)`` switches between steps.
 * ``Parked``: bounded FIFO of unresolved steps, retried oldest first, overflow counted.
 """
 
@@ -21,7 +23,8 @@ from sglang_ctxprof.model.config import CtxProfConfig
 from sglang_ctxprof.testing.fake_cuda import FakeDevice
 from sglang_ctxprof.collect.session import CtxProfSession
 from sglang_ctxprof.testing.session import Capture
-from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, make_clock, make_graph_timer
+from sglang_ctxprof.collect.clocks import CpuClock, CudaEventClock, Parked, cpu_clock, make_clock, make_graph_timer
+from sglang_ctxprof.model import names
 
 NOW = [10**12]
 SLEEP_MS = {"draft": 3.0, "attn": 2.0, "moe": 1.25, "rest": 0.5, "draft_extend": 4.0, "overhead": 0.75}
@@ -265,3 +268,88 @@ def test_elapsed_ms_of_a_cross_stream_pair_waits_for_both():
     assert clock.elapsed_ms(a, b) is None  # not an exception that would turn profiling off
     dev.run()
     assert clock.elapsed_ms(a, b) is not None
+
+
+def test_thread_clock_leaves_out_time_the_thread_does_not_run():
+    """``cpu_clock("thread")`` reads the thread's own CPU time: a sleep (the OS running something else)
+    is left out, the wall clock counts it; both read a busy-wait."""
+    wall, thread = cpu_clock(names.CLOCK_WALL), cpu_clock(names.CLOCK_THREAD)
+    assert (wall.mode, thread.mode) == (names.TIMING_CPU, names.TIMING_CPU_THREAD)
+    w0, t0 = wall.mark(), thread.mark()
+    time.sleep(0.05)
+    w1, t1 = wall.mark(), thread.mark()
+    assert wall.elapsed_ms(w0, w1) >= 50.0 and thread.elapsed_ms(t0, t1) < 0.5 * wall.elapsed_ms(w0, w1)
+    t0 = thread.mark()
+    end = time.thread_time_ns() + 20_000_000
+    while time.thread_time_ns() < end:
+        pass
+    assert thread.elapsed_ms(t0, thread.mark()) >= 20.0
+
+
+def test_clock_choice_by_name_and_device():
+    assert make_clock("cpu", names.CLOCK_THREAD).mode == names.TIMING_CPU_THREAD
+    assert make_clock(None).mode == names.TIMING_CPU and type(make_clock("cpu")) is CpuClock
+    with pytest.raises(ValueError, match="unknown clock 'cpu'"):
+        cpu_clock("cpu")
+    assert CtxProfConfig().clock == names.CLOCK_WALL
+    assert CtxProfConfig.from_env({names.ENV_CLOCK: "Thread"}).clock == names.CLOCK_THREAD
+    with pytest.raises(ValueError, match=names.ENV_CLOCK):
+        CtxProfConfig.from_env({names.ENV_CLOCK: "cpu"})
+
+
+def _run_steps(p, n=3):
+    cap = Capture(p)
+    s = Sched()
+    for _ in range(n):
+        b = Batch([Req("a", 50)])
+        s.process_batch_result(b, s.run_batch(b))
+    return cap.records()
+
+
+def test_thread_clock_profile_labels_its_records_and_its_leaves_sum_to_the_step():
+    session = CtxProfSession(CtxProfConfig(clock=names.CLOCK_THREAD), targets=TARGETS)
+    assert set(session.instrument().values()) == {"ok"}
+    p = session.profiler
+    try:
+        recs = _run_steps(p)
+        status = p.status()
+    finally:
+        session.uninstrument()
+    assert len(recs) == 3 and all(r.timing == names.TIMING_CPU_THREAD for r in recs)
+    assert status["timing"] == names.TIMING_CPU_THREAD and status["clock"] == names.CLOCK_THREAD
+    for r in recs:  # every phase on the one clock: the leaves add up to the step
+        assert r.step_ms > 0 and r.leaf_sum_ms() == pytest.approx(r.step_ms, rel=1e-9, abs=1e-9)
+        assert set(r.phases_ms) >= {"draft", "verify_attn", "verify_moe", "draft_extend", "overhead"}
+
+
+def test_reset_switches_the_clock_between_steps_and_refuses_a_bad_one():
+    session = CtxProfSession(CtxProfConfig(), targets=TARGETS, clock=CpuClock(lambda: NOW[0]))
+    session.instrument()
+    p = session.profiler
+    try:
+        assert _run_steps(p, 1)[0].timing == names.TIMING_CPU and p.status()["clock"] == names.CLOCK_WALL
+        with pytest.raises(ValueError, match="unknown clock"):
+            p.reset("gpu")
+        assert p.clock_name == names.CLOCK_WALL  # a bad name changes nothing
+        p.reset(names.CLOCK_THREAD)
+        assert p.clock.mode == names.TIMING_CPU_THREAD and p.status()["clock"] == names.CLOCK_THREAD
+        assert p.state()["state"]["records"] == 0
+        recs = _run_steps(p, 2)
+        assert [r.timing for r in recs] == [names.TIMING_CPU_THREAD] * 2
+        assert all(r.leaf_sum_ms() == pytest.approx(r.step_ms, rel=1e-9, abs=1e-9) for r in recs)
+        p.reset(names.CLOCK_WALL)
+        assert p.clock.mode == names.TIMING_CPU and p.state()["state"]["records"] == 0
+    finally:
+        session.uninstrument()
+
+
+def test_reset_clock_is_refused_on_a_device_clock():
+    dev = FakeDevice()
+    session = CtxProfSession(CtxProfConfig(), targets=[], clock=CudaEventClock(lambda: dev.Event(enable_timing=True)))
+    session.instrument()
+    p = session.profiler
+    with pytest.raises(ValueError, match="for CPU servers"):
+        p.reset(names.CLOCK_THREAD)
+    assert p.clock_name == names.CLOCK_WALL and p.status()["clock"] is None
+    p.reset(names.CLOCK_WALL)  # the same name: a plain reset
+    session.uninstrument()

@@ -114,3 +114,15 @@ def test_slowest_requests_ship_no_step_rows_unless_asked(session):
     assert all(len(r["step_rows"]) == r["steps"] == 2 for r in full)  # the CLI's trace --slowest
     one = ask(session, names.CMD_REQUESTS, rid="a")["requests"]
     assert len(one[0]["step_rows"]) == 2  # one request by rid keeps its rows (the page's drill-down)
+
+
+def test_reset_with_a_clock_switches_it_and_a_bad_clock_is_a_bad_request(session):
+    p = session.profiler
+    p.recorder.submit(_rec(0))
+    bad = ask(session, names.CMD_RESET, clock="gpu")
+    assert bad["bad_request"] and "unknown clock 'gpu'" in bad["error"]
+    assert p.clock_name == names.CLOCK_WALL and ask(session, names.CMD_SNAPSHOT)["state"]["records"] == 1
+    body = ask(session, names.CMD_RESET, clock=names.CLOCK_THREAD)
+    assert body["reset"] and body["status"]["clock"] == names.CLOCK_THREAD
+    assert body["status"]["timing"] == names.TIMING_CPU_THREAD
+    assert ask(session, names.CMD_RESET)["status"]["clock"] == names.CLOCK_THREAD  # a plain reset keeps it
