@@ -181,7 +181,10 @@ class HostFacts:
                           **{name: getattr(self, name) for name in _CARRIED})
 
     def _books(self) -> tuple[tuple[int, int, int], ...]:
-        """The engine's own counts of each request that finished at this step (records.StepRecord.books)."""
-        vct, none = self.vct_post, (-1, -1, -1)
-        return tuple((vct[i] if vct is not None else -1, self.emitted[i], adapter.correct_drafts(self.reqs[i]))
-                     if f else none for i, f in enumerate(self.fin))
+        """The engine's own counts of each request that finished at this step (records.StepRecord.books);
+        (-1, -1, -1) for the others, so the work grows with the finished requests, not the batch."""
+        vct, emitted, reqs = self.vct_post, self.emitted, self.reqs
+        books = [(-1, -1, -1)] * len(self.fin)
+        for i in compress(range(len(books)), self.fin):
+            books[i] = (vct[i] if vct is not None else -1, emitted[i], adapter.correct_drafts(reqs[i]))
+        return tuple(books)
