@@ -2,8 +2,9 @@
 
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
-most ``max_rows`` rows after every record, stored as typed compact rows (:class:`StepRow`; the oldest
-requests' rows are dropped first).  A decode step costs each request one row append on the drain thread: a request's
+most ``max_rows`` rows after every record, stored as plain tuples in :class:`StepRow`'s field order
+(untracked by the garbage collector; the oldest requests' rows are dropped first).  A decode step
+costs each request one row append on the drain thread, ``CHUNK`` requests per stage (``stages``): a request's
 totals are its kept rows plus what was folded when rows were not kept or were dropped, summed in C
 when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
