@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from sglang_ctxprof.testing.fake_scheduler import FakeScheduler  # noqa: E402
+from sglang_ctxprof.testing.fake_worker import HOOKS, AcceptLens, FakeReq, FakeWorker  # noqa: E402
 
 CTX = 2048
 
@@ -74,56 +75,6 @@ class _Forward:
             c = mm(a, b)
             if i & 7 == 0:
                 c = c[:1]  # a view: a little more Python, as a module's reshapes are
-
-
-class _Target:
-    def __init__(self, fwd: _Forward) -> None:
-        self.fwd = fwd
-
-    def forward_batch_generation(self, batch, is_verify=False):
-        self.fwd.run()
-
-
-class _Worker:
-    def __init__(self, fwd: _Forward) -> None:
-        self.target = _Target(fwd)
-
-    def forward_batch_generation(self, batch):
-        self.draft(batch)
-        self.target.forward_batch_generation(batch, is_verify=True)
-        return batch.result
-
-    def draft(self, batch):
-        return None
-
-
-class _AcceptLens:
-    is_cpu = True
-
-    def __init__(self, values):
-        self._v = values
-
-    def tolist(self):
-        return list(self._v)
-
-
-class _Req:
-    __slots__ = ("rid", "origin_input_ids", "output_ids", "spec_verify_ct", "finished_len", "finished_reason",
-                 "time_stats", "spec_num_correct_drafts", "life")
-
-    def __init__(self, rid: str, prompt: list, life: int) -> None:
-        self.rid = rid
-        self.origin_input_ids = prompt
-        self.output_ids = [1]
-        self.spec_verify_ct = 0
-        self.finished_len = None
-        self.finished_reason = None
-        self.time_stats = None
-        self.spec_num_correct_drafts = 0
-        self.life = life
-
-    def finished(self):
-        return self.finished_reason is not None
 
 
 class Sched(FakeScheduler):
@@ -149,14 +100,14 @@ class Batch:
         self.n, self.life, self.made = n, life, 0
         self.prompt = [0] * (CTX - 1)
         accept = [1 + (i % 3) for i in range(n)]
-        self.result = SimpleNamespace(accept_lens=_AcceptLens(accept), accept=accept, speculative_num_draft_tokens=4)
+        self.result = SimpleNamespace(accept_lens=AcceptLens(accept), accept=accept, speculative_num_draft_tokens=4)
         # staggered ages, so about n / life requests finish at each step
         self.reqs = [self._new(life=1 + (i * life) // n) for i in range(n)]
         self.forward_mode, self.forward_iter = _MODE, 0
 
-    def _new(self, life: int) -> _Req:
+    def _new(self, life: int) -> FakeReq:
         self.made += 1
-        return _Req(f"r{self.made}", self.prompt, life)
+        return FakeReq(f"r{self.made}", self.prompt, life)
 
     def refill(self) -> None:
         reqs = self.reqs
@@ -172,9 +123,8 @@ def session():
 
     M = __name__
     return CtxProfSession(CtxProfConfig(), targets=[
-        Target(f"{M}.Sched.run_batch", "run_batch"), Target(f"{M}.Sched.process_batch_result", "process_batch_result"),
-        Target(f"{M}._Target.forward_batch_generation", "verify"), Target(f"{M}._Worker.draft", "draft")],
-        exporters=exporters.install)
+        Target(f"{M}.Sched.run_batch", "run_batch"), Target(f"{M}.Sched.process_batch_result", "process_batch_result")]
+        + [Target(path, hook) for path, hook in HOOKS], exporters=exporters.install)
 
 
 class GcPauses:
@@ -273,7 +223,7 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
     gc_ms: dict[str, dict[str, float]] = {m: {} for m in MODES}
     drain: dict[str, list[int]] = {m: [0, 0] for m in MODES}
     try:
-        sched, batch = Sched(_Worker(fwd)), Batch(n, a.life)
+        sched, batch = Sched(FakeWorker(fwd.run)), Batch(n, a.life)
         rec = sess.profiler.recorder
         run_window(sched, batch, a.window)  # warm-up: binds the profiler, starts the drain thread
         rec.flush()

@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sglang_ctxprof.testing.fake_scheduler import PATH, FakeScheduler  # noqa: E402
+from sglang_ctxprof.testing.fake_worker import HOOKS, AcceptLens, FakeReq, FakeWorker  # noqa: E402
 
 # µs/step before the flat hot path (bench/overhead.py's fake scheduler, commit 5899930).
 BEFORE = {1: (35, 50), 8: (46, 75), 32: (93, 171), 128: (353, 492), 256: (667, 1047)}
@@ -45,61 +46,14 @@ CTX = 2048
 CHUNK = 2048  # steps enqueued before the held drain thread's work is done (within the queue size)
 
 
-class _Target:
-    def forward_batch_generation(self, batch, is_verify=False):
-        return None
-
-
-class _Worker:
-    def __init__(self):
-        self.target = _Target()
-
-    def forward_batch_generation(self, batch):
-        self.draft(batch)
-        self.target.forward_batch_generation(batch, is_verify=True)
-        return batch.result
-
-    def draft(self, batch):
-        return None
-
-
-class _AcceptLens:
-    """A CPU tensor's face: ``is_cpu`` and ``tolist()``."""
-
-    is_cpu = True
-
-    def __init__(self, values):
-        self._v = values
-
-    def tolist(self):
-        return list(self._v)
-
-
-class _Req:
-    __slots__ = ("rid", "origin_input_ids", "output_ids", "spec_verify_ct", "finished_len", "finished_reason",
-                 "time_stats")
-
-    def __init__(self, rid, prompt):
-        self.rid = rid
-        self.origin_input_ids = prompt
-        self.output_ids = [1]
-        self.spec_verify_ct = 0
-        self.finished_len = None
-        self.finished_reason = None
-        self.time_stats = None
-
-    def finished(self):
-        return self.finished_reason is not None
-
-
 _MODE = SimpleNamespace(is_decode=lambda: True)
 
 
 def make_batch(n: int):
     prompt = [0] * (CTX - 1)
-    reqs = [_Req(f"r{i}", prompt) for i in range(n)]
+    reqs = [FakeReq(f"r{i}", prompt) for i in range(n)]
     accept = [1 + (i % 3) for i in range(n)]
-    result = SimpleNamespace(accept_lens=_AcceptLens(accept), accept=accept, speculative_num_draft_tokens=4)
+    result = SimpleNamespace(accept_lens=AcceptLens(accept), accept=accept, speculative_num_draft_tokens=4)
     return SimpleNamespace(reqs=reqs, forward_mode=_MODE, forward_iter=0, result=result)
 
 
@@ -116,11 +70,9 @@ def session():
     from sglang_ctxprof.model.config import CtxProfConfig
     from sglang_ctxprof.views import exporters
 
-    M = __name__
     return CtxProfSession(CtxProfConfig(), targets=[
         Target(f"{PATH}.run_batch", "run_batch"), Target(f"{PATH}.process_batch_result", "process_batch_result")]
-        + [Target(f"{M}.{x}", h) for x, h in (("_Target.forward_batch_generation", "verify"), ("_Worker.draft", "draft"))],
-        exporters=exporters.install)
+        + [Target(path, hook) for path, hook in HOOKS], exporters=exporters.install)
 
 
 def chunk_size(n: int) -> int:
@@ -135,14 +87,14 @@ def measure(n: int, steps: int, reps: int) -> dict:
     chunks = max(1, steps // k)
     bare = []
     for _ in range(reps):
-        s, batch = FakeScheduler(_Worker()), make_batch(n)
+        s, batch = FakeScheduler(FakeWorker()), make_batch(n)
         bare += [run_steps(s, batch, k) / k for _ in range(chunks)]
     sched, drain = [], []
     for _ in range(reps):
         sess = session()
         sess.instrument()
         try:
-            s, batch = FakeScheduler(_Worker()), make_batch(n)
+            s, batch = FakeScheduler(FakeWorker()), make_batch(n)
             run_steps(s, batch, 2)  # binds the profiler (starts the drain thread) ...
             rec = sess.profiler.recorder
             rec.stop()  # ... which is held now: the steps below only enqueue

@@ -28,7 +28,7 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
 from ..model.names import ABORT_RETRACTED, KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
@@ -91,6 +91,14 @@ class Aggregator:
         self.audit = Audit() if self._audit else None
 
     def observe(self, rec: StepRecord) -> None:
+        for _ in self.stages(rec):
+            pass
+
+    def stages(self, rec: StepRecord) -> Iterator[None]:
+        """``observe`` in stages, yielding between two (the buckets and fits; the request history a
+        chunk of requests at a time; the audit), so the drain thread can hand the GIL over within a
+        large batch's record.  Exhausting it is ``observe``; the caller exhausts it before the next
+        record (``Recorder`` keeps a started record first in its queue, so a read finishes it first)."""
         self.records += 1
         if not rec.rids:
             return
@@ -140,8 +148,10 @@ class Aggregator:
             self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
-        self.requests.observe(rec)
+        yield
+        yield from self.requests.stages(rec)
         if self.audit is not None:
+            yield
             self.audit.observe(rec, self.requests)
 
     def end_request(self, end: RequestEnd) -> None:

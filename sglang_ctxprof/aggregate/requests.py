@@ -2,8 +2,9 @@
 
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
-most ``max_rows`` rows after every record, stored as typed compact rows (:class:`StepRow`; the oldest
-requests' rows are dropped first).  A decode step costs each request one row append on the drain thread: a request's
+most ``max_rows`` rows after every record, stored as plain tuples in :class:`StepRow`'s field order
+(untracked by the garbage collector; the oldest requests' rows are dropped first).  A decode step
+costs each request one row append on the drain thread, ``CHUNK`` requests per stage (``stages``): a request's
 totals are its kept rows plus what was folded when rows were not kept or were dropped, summed in C
 when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
@@ -23,7 +24,6 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
-from functools import partial
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
@@ -31,6 +31,7 @@ from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, step_end_ns
 
 
+CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
 # Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the
 # rows of the requests that got rows longest ago are dropped (their totals stay; ``step_rows_dropped``).
 MAX_ROWS = 65536
@@ -52,20 +53,38 @@ class RequestLog:
         return len(self._reqs)
 
     def observe(self, rec: StepRecord) -> None:
+        for _ in self.stages(rec):
+            pass
+
+    def stages(self, rec: StepRecord) -> Iterator[None]:
+        """``observe`` in stages: a decode step's requests ``CHUNK`` at a time, yielding between two
+        (the drain thread hands the GIL over there).  Exhausting it is ``observe``; the caller must
+        exhaust it before the next record."""
         if rec.kind != KIND_DECODE:
             self._observe_prefill(rec)
             return
-        # A decode step costs each of its requests one row append (this runs on the drain thread for
-        # every request of every step); the totals are folded from the rows when read (_totals).
+        n = len(rec.rids)
+        row = (rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens, rec.step_ms, rec.block_size,
+               rec.denoise_steps, rec.host_end_ns, _phases(rec))
+        for lo in range(0, n, CHUNK):
+            if lo:
+                yield
+            self._decode_rows(rec, lo, min(n, lo + CHUNK), row)
+        if rec.trace_parents:
+            self._trace_parents(rec)
+        if self.rows > self.max_rows:
+            self._shed_rows()
+
+    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, row: tuple) -> None:
+        """Requests ``lo:hi`` of a decode step: one row append each (this runs on the drain thread for
+        every request of every step); the totals are folded from the rows when read (``_totals``)."""
         reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
         get, move = reqs.get, reqs.move_to_end
-        step_ms, sid, t0, bs, dt = rec.step_ms, rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens
-        blk, den = rec.block_size, rec.denoise_steps
+        sid, t0, bs, dt, step_ms, blk, den, te, ph = row
         t_dev = rec.end_ns  # the step's end by its measured time (a request's t_end_ns)
-        te = rec.host_end_ns  # the row's: host clock when run_batch returned
-        ph = _phases(rec)
         added = 0
-        for rid, ctx, acc, com, fin in zip(rec.rids, rec.ctx_lens, rec.accepted, rec.committed, rec.finished):
+        for rid, ctx, acc, com, fin in zip(rec.rids[lo:hi], rec.ctx_lens[lo:hi], rec.accepted[lo:hi],
+                                           rec.committed[lo:hi], rec.finished[lo:hi]):
             r = get(rid)
             if r is None:
                 r = self._add(rid, rec)
@@ -75,18 +94,14 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:  # a request holds rows exactly while it is in _with_rows
                     with_rows[rid] = None
-                rows.append(_new_row((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph)))
+                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph))
                 added += 1
             else:  # no row kept: fold the step into the totals now
                 r["steps_truncated"] += 1
                 self._fold_step(r, ctx, acc, com, step_ms, t_dev, bool(rows))
             if fin:
                 r["finished"] = True
-        if rec.trace_parents:
-            self._trace_parents(rec)
         self.rows += added
-        if self.rows > self.max_rows:
-            self._shed_rows()
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
@@ -275,8 +290,10 @@ class StepRow(NamedTuple):
         return step_end_ns(self.t_start_ns, self.step_ms)
 
 
-# The drain thread builds one row per request per step: a C-level tuple construction, no Python call.
-_new_row = partial(tuple.__new__, StepRow)
+# The drain thread keeps each row as a plain tuple in StepRow's field order (a C-level construction,
+# no Python call): a plain tuple of numbers and strings is untracked by the garbage collector at its
+# first collection, so ~65k kept rows add nothing to a full collection's walk (a StepRow would).
+_CTX, _T0 = (itemgetter(StepRow._fields.index(k)) for k in ("ctx_len", "t_start_ns"))
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 
@@ -286,8 +303,8 @@ def _phases(rec: StepRecord) -> tuple[tuple[str, ...], tuple[float, ...]]:
     return keys, tuple(rec.phases_ms.values())
 
 
-def row_dict(row: StepRow) -> dict[str, Any]:
-    d = row._asdict()
+def row_dict(row: tuple) -> dict[str, Any]:
+    d = dict(zip(StepRow._fields, row))
     keys, vals = d.pop("phases")
     d["phases_ms"] = dict(zip(keys, vals))
     return d
@@ -336,9 +353,9 @@ def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
         "committed": sum(map(_COM, rows), r["committed"]),
         "decode_ms": sum(map(_MS, rows), r["decode_ms"]),  # sequential float sum, as step by step
         "max_step_ms": max(r["max_step_ms"], max(map(_MS, rows))),
-        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else rows[0].ctx_len,
-        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else last.ctx_len,
-        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else last.end_ns,
+        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else _CTX(rows[0]),
+        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else _CTX(last),
+        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else step_end_ns(_T0(last), _MS(last)),
     }
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from itertools import compress, repeat
-from operator import add, eq, ne, sub
+from operator import add, eq, is_, ne, sub
 from typing import Optional
 
 from ..model.names import KIND_DECODE
@@ -44,21 +44,47 @@ def _reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
     return tuple(max(0, e - p) if p else 0 for p, e in zip(lens_pre, emitted))
 
 
+PRUNE = 256  # requests the id cache may keep beyond twice the current batch before it forgets the gone ones
+
+
 class IdCache:
     """``(rids, prompt lengths)`` of the last batch seen; reused while its requests are the same
-    objects in the same order (a C-level identity comparison).  Drain thread only."""
+    objects in the same order (a C-level identity comparison).  When the membership changes, only
+    the requests not seen before are read (``adapter.req_ids``): each known request's rid and prompt
+    length come from a dict keyed by the request object (identity), in two C-level passes, so a
+    batch that gains or loses a few requests costs little more than an unchanged one.  Requests that
+    left are forgotten once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
 
-    __slots__ = ("reqs", "ids")
+    __slots__ = ("reqs", "ids", "_rid", "_plen")
 
     def __init__(self) -> None:
         self.reqs: tuple = ()
         self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+        self._rid: dict = {}  # request object -> its rid (as the profiler keeps it)
+        self._plen: dict = {}  # request object -> its prompt length
 
     def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if reqs != self.reqs:
-            self.ids = adapter.req_ids(reqs)
+            self.ids = self._lookup(reqs)
             self.reqs = reqs
         return self.ids
+
+    def _lookup(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        rid_of, plen_of = self._rid, self._plen
+        try:
+            rids = tuple(map(rid_of.get, reqs))
+        except TypeError:  # requests that cannot be dict keys: read them all
+            return adapter.req_ids(reqs)
+        if None in rids:
+            new = tuple(compress(reqs, map(is_, rids, repeat(None))))
+            new_rids, new_plens = adapter.req_ids(new)
+            rid_of.update(zip(new, new_rids))
+            plen_of.update(zip(new, new_plens))
+            rids = tuple(map(rid_of.__getitem__, reqs))
+        plens = tuple(map(plen_of.__getitem__, reqs))
+        if len(rid_of) > 2 * len(reqs) + PRUNE:
+            self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
+        return rids, plens
 
 
 # Record fields the drain thread computes from the requests; every other field of StepRecord is a
@@ -155,7 +181,10 @@ class HostFacts:
                           **{name: getattr(self, name) for name in _CARRIED})
 
     def _books(self) -> tuple[tuple[int, int, int], ...]:
-        """The engine's own counts of each request that finished at this step (records.StepRecord.books)."""
-        vct, none = self.vct_post, (-1, -1, -1)
-        return tuple((vct[i] if vct is not None else -1, self.emitted[i], adapter.correct_drafts(self.reqs[i]))
-                     if f else none for i, f in enumerate(self.fin))
+        """The engine's own counts of each request that finished at this step (records.StepRecord.books);
+        (-1, -1, -1) for the others, so the work grows with the finished requests, not the batch."""
+        vct, emitted, reqs = self.vct_post, self.emitted, self.reqs
+        books = [(-1, -1, -1)] * len(self.fin)
+        for i in compress(range(len(books)), self.fin):
+            books[i] = (vct[i] if vct is not None else -1, emitted[i], adapter.correct_drafts(reqs[i]))
+        return tuple(books)

@@ -8,7 +8,8 @@ go therefore delays the scheduler's next step by up to that interval each time i
 
 :class:`Pacer` cuts the drain into slices: under the recorder's lock it consumes queued items, one
 at a time and in order, until ``slice_ns`` of its clock have passed (at least one item per slice),
-then releases the lock and sleeps ``pause_s`` (``time.sleep`` releases the GIL; a thread waiting
+(an item may be consumed in stages: ``consume`` then returns the item's rest, which goes back to
+the front of the queue), then releases the lock and sleeps ``pause_s`` (``time.sleep`` releases the GIL; a thread waiting
 for it is woken and takes it before the drain thread wakes again), and goes on while items are
 waiting.  A sleep of 0 would not do: the releasing thread takes the GIL straight back before a
 waiting thread has woken.  The scheduler thread then waits at most one slice (or one item, if an
@@ -28,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -51,22 +52,26 @@ class Pacer(Generic[T]):
         self.slices = 0
         self.pauses = 0
 
-    def run_slice(self, q: deque[T], consume: Callable[[T], None], lock: threading.Lock) -> int:
+    def run_slice(self, q: deque[T], consume: Callable[[T], Optional[T]], lock: threading.Lock) -> int:
         """Consume items from the left of ``q`` in order, under ``lock``, until ``slice_ns`` have
-        passed or ``q`` is empty (at least one item when any waits).  Returns how many."""
+        passed or ``q`` is empty (at least one item when any waits).  An item that ``consume`` has
+        taken only in part comes back as its rest, which goes back to the left of ``q`` (first in
+        line, before the next slice or a reader's catch-up).  Returns how many were consumed."""
         n = 0
         clock = self.clock
         with lock:
             end = clock() + self.slice_ns
             while q:
-                consume(q.popleft())
+                rest = consume(q.popleft())
+                if rest is not None:
+                    q.appendleft(rest)
                 n += 1
                 if clock() >= end:
                     break
         self.slices += 1
         return n
 
-    def drain(self, q: deque[T], consume: Callable[[T], None], lock: threading.Lock,
+    def drain(self, q: deque[T], consume: Callable[[T], Optional[T]], lock: threading.Lock,
               stop: Callable[[], bool] = lambda: False) -> int:
         """Slices until ``q`` is empty (or ``stop()``), a pause after each slice that left items
         waiting, unless more than ``backlog`` do.  Returns how many items were consumed."""

@@ -5,8 +5,10 @@ facts (``host.HostFacts``) whose record is built here, or with a :class:`Request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
-(``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread), and then,
-outside that lock, into each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
+(``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread); a record is
+taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
+record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
+outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
 component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
 it times each item (``cost.Cost``: this thread's CPU time, so waiting for the GIL while the
@@ -25,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from ..aggregate.aggregator import Aggregator
 from ..model.records import RequestEnd, StepRecord
@@ -39,10 +41,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Item = Union[StepRecord, "HostFacts", RequestEnd]  # a record, host facts whose record is built here, an end
+Item = Union[StepRecord, "HostFacts", RequestEnd, "_Started"]  # a record, host facts whose record is built here, an end, a record taken in part
 T = TypeVar("T")
 
 POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the queue
+
+
+class _Started:
+    """A record the aggregator has taken in part: its remaining stages (``Aggregator.stages``)."""
+
+    __slots__ = ("rec", "stages")
+
+    def __init__(self, rec: StepRecord, stages: Iterator[None]) -> None:
+        self.rec = rec
+        self.stages = stages
+
+    def step(self) -> bool:
+        """Run the next stage; True when the aggregator has taken the whole record."""
+        return next(self.stages, _DONE) is _DONE
+
+
+_DONE = object()
 
 
 class Recorder:
@@ -94,54 +113,77 @@ class Recorder:
             else:
                 self._stop.wait(POLL_S)
 
-    def _consume(self, item: Item) -> None:
+    def _consume(self, item: Item) -> Optional[_Started]:
+        """Take one item, or one stage of it: building a record is a stage, and the aggregator's
+        (``Aggregator.stages``) are more; an item not done yet comes back as its rest
+        (``_Started``), which goes back to the front of the queue (``pacing.Pacer.run_slice``)."""
         if not self.guard.ok("recorder"):
-            return
+            return None
         t0 = time.thread_time_ns()
-        rec: Optional[Union[StepRecord, RequestEnd]]
-        if type(item) is RequestEnd:
-            rec = item
+        kind = type(item)
+        if kind is RequestEnd:
             self.guard.run("aggregator", self.aggregator.end_request, item)
+            self._to_sinks(item)
+            self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+            return None
+        if kind is _Started:
+            started = item
         else:
-            rec = item if type(item) is StepRecord else self.guard.run("recorder", item.record)
-            if rec is not None:
-                self.guard.run("aggregator", self.aggregator.observe, rec)
-        if rec is not None:
-            if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
-                if len(self._fan) < self.maxsize:
-                    self._fan.append(rec)
-                else:
-                    self.sink_dropped += 1
-        self.cost.add_drain(time.thread_time_ns() - t0, records=int(type(item) is not RequestEnd))
+            rec = item if kind is StepRecord else self.guard.run("recorder", item.record)
+            if rec is None:
+                self.cost.add_drain(time.thread_time_ns() - t0)
+                return None
+            started = _Started(rec, self.aggregator.stages(rec))
+            if kind is not StepRecord:  # the build was this stage
+                self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+                return started
+        if self.guard.run("aggregator", started.step) is False:
+            self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+            return started
+        self._to_sinks(started.rec)
+        self.cost.add_drain(time.thread_time_ns() - t0)
+        return None
+
+    def _to_sinks(self, rec: Union[StepRecord, RequestEnd]) -> None:
+        if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
+            if len(self._fan) < self.maxsize:
+                self._fan.append(rec)
+            else:
+                self.sink_dropped += 1
 
     def _catch_up(self) -> None:
         """Feed the aggregator every waiting item, in order (caller holds ``_lock``)."""
         q = self._q
         while q:
-            self._consume(q.popleft())
+            rest = self._consume(q.popleft())
+            if rest is not None:
+                q.appendleft(rest)
 
     def _feed_sinks(self) -> None:
-        """Feed the sinks what the aggregator took, in the same order, outside the aggregator lock."""
-        fan = self._fan
-        with self._sink_lock:
-            while fan:
-                rec = fan.popleft()
-                t0 = time.thread_time_ns()
-                if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
-                    for sink in self.sinks:
-                        end = getattr(sink, "end", None)
-                        if end is not None:
-                            self.guard.run(sink.name, end, rec)
-                else:
-                    for sink in self.sinks:
-                        self.guard.run(sink.name, sink.observe, rec)
-                self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+        """Feed the sinks what the aggregator took, in the same order, outside the aggregator lock,
+        in the pacer's slices (the drain thread hands the GIL over between two)."""
+        self.pacer.drain(self._fan, self._feed_one, self._sink_lock, self._stop.is_set)
+
+    def _feed_one(self, rec: Union[StepRecord, RequestEnd]) -> None:
+        t0 = time.thread_time_ns()
+        if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
+            for sink in self.sinks:
+                end = getattr(sink, "end", None)
+                if end is not None:
+                    self.guard.run(sink.name, end, rec)
+        else:
+            for sink in self.sinks:
+                self.guard.run(sink.name, sink.observe, rec)
+        self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def flush(self) -> None:
         """Drain everything: the aggregator under the lock, then the sinks outside it."""
         with self._lock:
             self._catch_up()
-        self._feed_sinks()
+        fan = self._fan
+        with self._sink_lock:
+            while fan:
+                self._feed_one(fan.popleft())
 
     def with_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
         """Run ``fn(aggregator)`` under the lock once the aggregator has caught up with the queue

@@ -236,3 +236,16 @@ def test_profile_timing_is_the_best_label_seen_not_the_last():
         r = rec(60 + i, (1000,))
         agg.observe(StepRecord.from_dict({**r.to_dict(), "timing": label}))
     assert agg.snapshot().timing == "cuda_graph_events"
+
+
+def test_stages_take_a_large_record_in_pieces_with_the_result_of_observe():
+    from sglang_ctxprof.aggregate.requests import CHUNK
+
+    n = 3 * CHUNK
+    big = rec(1, [1000 + k for k in range(n)], acc=(3,), fin=(False,) * (n - 1) + (True,))
+    whole, staged = Aggregator(), Aggregator()
+    whole.observe(big)
+    pieces = sum(1 for _ in staged.stages(big))
+    assert pieces == 1 + 2 + 1  # the buckets | 3 chunks of requests | the audit
+    assert staged.state(with_request_steps=True) == whole.state(with_request_steps=True)
+    assert staged.audit.status() == whole.audit.status()

@@ -113,5 +113,35 @@ def test_id_cache_reuses_ids_while_the_batch_is_the_same_requests(monkeypatch):
     assert first == (("a", "b"), (100, 700))
     assert cache.get(tuple(reqs)) is first and len(calls) == 1  # same objects, same order: no re-read
     swapped = cache.get(reqs[::-1])
-    assert swapped == (("b", "a"), (700, 100)) and len(calls) == 2
+    assert swapped == (("b", "a"), (700, 100)) and len(calls) == 1  # known requests: not read again
     assert cache.get((reqs[0], Req("a", 5))) == (("a", "a"), (100, 5))  # same rid, another request
+
+
+def test_id_cache_reads_only_the_requests_it_has_not_seen(monkeypatch):
+    """A batch whose membership changes by a few requests reads those few, not the whole batch."""
+    calls = []
+    real = adapter.req_ids
+    monkeypatch.setattr(host.adapter, "req_ids", lambda reqs: calls.append(len(reqs)) or real(reqs))
+    batch = [Req(f"r{i}", 10 + i) for i in range(64)]
+    cache = IdCache()
+    cache.get(tuple(batch))
+    batch[5], batch[40] = Req("n1", 3), Req("n2", 4)  # two finished, two new ones took their places
+    rids, plens = cache.get(tuple(batch))
+    assert calls == [64, 2]
+    assert rids == tuple(r.rid for r in batch) and plens == tuple(len(r.origin_input_ids) for r in batch)
+
+
+def test_id_cache_forgets_requests_that_left():
+    cache = IdCache()
+    for k in range(3 * host.PRUNE):  # a batch of one, a new request each time
+        r = Req(f"r{k}", k)
+        assert cache.get((r,)) == ((f"r{k}",), (k,))
+    assert len(cache._rid) <= 2 + host.PRUNE and len(cache._plen) == len(cache._rid)
+
+
+def test_id_cache_reads_unhashable_requests_whole():
+    class Unhashable(Req):
+        __hash__ = None  # type: ignore[assignment]
+
+    a, b = Unhashable("a", 3), Unhashable("b", 4)
+    assert IdCache().get((a, b)) == (("a", "b"), (3, 4))

@@ -227,3 +227,54 @@ def test_a_request_end_reaches_the_aggregator_then_only_the_sinks_that_end_reque
     assert plain.got == [0, 1] and guard.status() is None  # a sink without ``end`` is passed over
     assert ends.order == [0, ("r0", "retracted", 2), 1, ("gone", "queued", 2)]
     assert agg.request("r0")["aborted"] == "retracted" and r.cost.drain_records == 2
+
+
+def _big(i: int, n: int) -> StepRecord:
+    return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(),
+                      rids=tuple(f"r{i}-{k}" for k in range(n)), ctx_lens=(100,) * n, accepted=(2,) * n,
+                      committed=(2,) * n, finished=(False,) * n, draft_tokens=4, step_ms=1.0,
+                      phases_ms={"draft": 0.5, "verify": 0.5}, t_start_ns=10**18 + i)
+
+
+def test_a_large_record_is_taken_in_stages_and_a_read_between_two_finishes_it_first():
+    """A slice that ends within a record leaves its rest first in the queue: the next slice, or a
+    read's catch-up, finishes it before the next record; nothing is lost or reordered."""
+    from sglang_ctxprof.aggregate.requests import CHUNK
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    agg, sink = Aggregator(), Sink("logs", Aggregator())
+    r = Recorder(agg, Guard(), sinks=[sink], pacer=Pacer(slice_ns=0, sleep=lambda s: None))
+    n = 4 * CHUNK
+    r.submit(Host(0))  # built on the drain thread: the build is a stage of its own
+    r.submit(_big(1, n))
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # the build of record 0
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's buckets
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's request, then its audit waits
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0 done
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's buckets
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's first chunk of requests
+    assert agg.records == 2 and len(agg.requests) == 1 + CHUNK  # record 1 taken in part
+    assert len(r._q) == 1  # its rest, first in line
+    assert r.with_aggregator(lambda a: len(a.requests)) == 1 + n  # a read finishes it
+    r.flush()
+    assert sink.got == [0, 1] and agg.audit.checked["steps"] == 2
+    assert r.cost.drain_records == 2
+
+
+def test_the_drain_thread_feeds_the_sinks_in_slices():
+    """The sinks are fed outside the aggregator's lock in the pacer's slices, with a hand-over of
+    the GIL between two, as the aggregator is."""
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    agg = Aggregator()
+    seen_at_pause: list[int] = []
+    sink = Sink("logs", agg)
+    r = Recorder(agg, Guard(), sinks=[sink],
+                 pacer=Pacer(slice_ns=0, sleep=lambda s: seen_at_pause.append(len(sink.got))))
+    for i in range(3):
+        r.submit(_rec(i))
+    with r._lock:
+        r._catch_up()  # the aggregator has them all; the sinks not yet
+    assert sink.got == []
+    r._feed_sinks()
+    assert sink.got == [0, 1, 2] and seen_at_pause == [1, 2]  # one record per slice, a pause between

@@ -1,0 +1,53 @@
+"""aggregate/requests: a large batch's decode step is folded a chunk of requests at a time (stages),
+with the same result as one ``observe``; kept step rows add nothing to the garbage collector's walk."""
+
+from __future__ import annotations
+
+import gc
+
+from sglang_ctxprof.aggregate.requests import CHUNK, RequestLog
+from sglang_ctxprof.model.records import RankId, StepRecord
+
+
+def _step(i: int, n: int, fin_last: bool = False) -> StepRecord:
+    return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(),
+                      rids=tuple(f"r{k}" for k in range(n)), ctx_lens=tuple(100 + i + k for k in range(n)),
+                      accepted=tuple(1 + k % 3 for k in range(n)), committed=tuple(1 + k % 3 for k in range(n)),
+                      finished=tuple(fin_last and k == n - 1 for k in range(n)), draft_tokens=4,
+                      step_ms=2.0 + i, phases_ms={"draft": 1.0, "verify": 1.0 + i}, t_start_ns=10**18 + i * 10**7)
+
+
+def test_a_large_step_is_folded_a_chunk_of_requests_at_a_time():
+    n = 3 * CHUNK + 5
+    log = RequestLog()
+    stages = log.stages(_step(0, n))
+    next(stages)  # the first chunk, then a hand-over
+    assert len(log) == CHUNK
+    assert sum(1 for _ in stages) == 2  # three more chunks, a hand-over between two
+    assert len(log) == n and log.rows == n
+
+
+def test_stages_fold_what_observe_folds():
+    whole, staged = RequestLog(max_steps=3), RequestLog(max_steps=3)
+    for i in range(5):  # past max_steps: folded totals as well as rows
+        rec = _step(i, 2 * CHUNK + 1, fin_last=i == 4)
+        whole.observe(rec)
+        for _ in staged.stages(rec):
+            pass
+    assert staged.to_state(with_steps=True) == whole.to_state(with_steps=True)
+    r = whole.get("r7")
+    assert r["steps"] == 5 and r["steps_truncated"] == 2 and len(r["step_rows"]) == 3
+    assert r["step_rows"][-1]["ctx_len"] == 102 + 7 and r["ctx_last"] == 104 + 7
+    assert r["t_end_ns"] == 10**18 + 4 * 10**7 + 6 * 10**6  # the last (folded) step's end
+
+
+def test_kept_step_rows_are_untracked_by_the_garbage_collector():
+    """~65k rows kept: each would lengthen every full collection's walk on the drain thread."""
+    log = RequestLog()
+    for i in range(3):
+        log.observe(_step(i, 4))
+    for _ in range(3):  # a row is untracked once its phases tuple is, which is once its values are
+        gc.collect()
+    rows = [row for k in range(4) for row in log.raw(f"r{k}")["step_rows"]]
+    assert len(rows) == 12 and not any(map(gc.is_tracked, rows))
+    assert log.get("r0")["step_rows"][0]["phases_ms"] == {"draft": 1.0, "verify": 1.0}
