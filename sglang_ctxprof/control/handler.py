@@ -10,7 +10,7 @@ undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing
 own code disables the ``control`` component.
 
 Commands: ``snapshot`` (state + status), ``reset``, ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid`` with them), ``recent`` (the last N step records, as one JSON string ``steps_json``), ``trace_policy``,
+``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid`` with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
 ``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
 """
@@ -112,7 +112,7 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
         return _capture(p, req)
     if cmd == CMD_RECENT:
         n = _int(req, "last", 0)
-        return {"status": p.status(), "steps_json": p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))}
+        return {"status": p.status(), "steps_rows": p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))}
     raise BadRequest(f"unknown command {cmd!r}")
 
 

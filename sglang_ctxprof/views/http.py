@@ -33,7 +33,6 @@ Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/f
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any, Optional
@@ -49,6 +48,7 @@ from ..model.rids import short_rid
 from .http_build import CACHE, off_loop, versions
 from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
+from .trace_json import TraceWriter
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ _RID_RE = re.compile(names.RID_PATTERN)
 
 
 _CLIENT: Optional[ControlClient] = None  # given by install_routes
+TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
@@ -262,7 +263,7 @@ async def get_request(request: Request):
 
 async def get_trace_json(request: Request):
     """Chrome trace events of the last ``last`` steps per rank (bounded), or of one ``rid``."""
-    from .trace_events import request_trace, steps_trace
+    from .trace_events import request_trace
 
     qp = dict(request.query_params)
     unknown = set(qp) - {"last", "rid"}
@@ -289,13 +290,15 @@ async def get_trace_json(request: Request):
     errors = [p["error"] for p in payloads if "error" in p]
     if errors and len(errors) == len(payloads):
         return _error(503, "; ".join(errors))
-    return await off_loop(lambda: _json(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
-                                                     for i, p in enumerate(payloads) if "error" not in p], n)))
+    return await off_loop(_trace_reply, payloads, n)
 
 
-def _steps(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """A rank's recent step rows: one JSON string (``steps_json``), or a list from an older rank."""
-    return json.loads(payload["steps_json"]) if "steps_json" in payload else payload.get("steps", [])
+def _trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:
+    """The ranks' step rows (JSON texts, ``steps_rows``) written by the build thread's
+    ``TraceWriter``: each step laid out once while it stays among the last ones read."""
+    ranks = [((p.get("status") or {}).get("rank") or i, p.get("steps_rows") or [])
+             for i, p in enumerate(payloads) if "error" not in p]
+    return Response(content=TRACE_WRITER.render(ranks, n).encode(), media_type="application/json")
 
 
 async def post_fault(request: Request):
