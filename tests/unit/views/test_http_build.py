@@ -154,10 +154,11 @@ def test_answers_without_versions_are_never_cached():
 
 def test_reads_arriving_during_a_build_share_the_next_one_which_sees_their_data(app, monkeypatch):
     builds, ch = app.state.builds, app.state.channel
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
     real = http._built
 
     def held(payloads):
+        started.set()
         release.wait(30)  # liveness only
         return real(payloads)
 
@@ -166,11 +167,14 @@ def test_reads_arriving_during_a_build_share_the_next_one_which_sees_their_data(
     async def go():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
             first = asyncio.create_task(c.get(names.ROUTE))
-            while not builds:
-                await asyncio.sleep(0.01)  # the first read is building
+            while not started.is_set():
+                await asyncio.sleep(0.01)  # until the first read is building
             ch.step(30_000)  # a step lands after it asked: the later readers must see it
             later = [asyncio.create_task(c.get(names.ROUTE)) for _ in range(3)]
-            await asyncio.sleep(0.05)
+            for _ in range(3000):  # liveness only: until all three wait at the gate
+                if http_gate._GATE.shared == 2:
+                    break
+                await asyncio.sleep(0.01)
             release.set()
             return await first, await asyncio.gather(*later)
 
