@@ -34,16 +34,29 @@ def _dumps(obj: Any) -> str:
         return json.dumps(finite(obj), allow_nan=False, separators=(",", ":"))
 
 
+_HEADS: dict[tuple[str, str, int], str] = {}
+
+
+def _head(name: str, cat: str, tid: int) -> str:
+    """``{"name":...,"tid":N,"ts":`` of a complete event (few distinct: remembered)."""
+    key = (name, cat, tid)
+    h = _HEADS.get(key)
+    if h is None:
+        h = _HEADS[key] = _dumps({"name": name, "cat": cat, "ph": "X", "pid": PID, "tid": tid})[:-1] + ',"ts":'
+        if len(_HEADS) > 4096:
+            _HEADS.clear()
+    return h
+
+
 def _entry(row: str, tid: int) -> Entry:
     d = json.loads(row)
     start = int(d.get("t_start_ns", 0))
     pieces = []
     for name, cat, s, e, args in record_slices(d):
-        head = _dumps({"name": name, "cat": cat, "ph": "X", "pid": PID, "tid": tid})[:-1] + ',"ts":'
-        tail = ',"dur":' + _dumps((e - s) / 1e3)
+        tail = ',"dur":' + repr((e - s) / 1e3)  # ints over 1e3: finite, and json writes floats by repr
         if args:
             tail += ',"args":' + _dumps(args)
-        pieces.append((s, head, tail + "}"))
+        pieces.append((s, _head(name, cat, tid), tail + "}"))
     return start, pieces
 
 
