@@ -6,7 +6,9 @@ buckets, every phase with noise), as a server's scheduler would after a long run
 ``build_profile(snapshot)`` (the ``GET /ctx_profile`` body: up to 9 robust Theil-Sen fits of 32,640
 pairs each, plus the rest) is timed alternately with the pairwise slopes from numpy (now) and from
 the pure-Python loop (before), ``--reps`` times each.  Prints both medians and their ratio, and checks
-the two profiles are equal.
+the two profiles are equal.  Then one served ``/ctx_profile`` body, changed against unchanged
+(``http_build``'s cache), and a read loop with 3 new steps between reads: every fit refitted against
+fits remembered by their points (``stats.theil_sen``), alternately.
 
 A benchmark, not a test: it asserts nothing about timing.
 """
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     agg = fill(ns.steps)
     snap = agg.snapshot(with_requests=False)
     fast = stats._median_slope
+    kept, stats.FITS_KEPT = stats.FITS_KEPT, 0  # every build fits (none remembered)
 
     def slow(pts, eps):
         s = stats._pair_slopes_py(pts, eps)
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             bodies[name] = build_profile(snap).to_dict()
             t[name].append((time.perf_counter() - t0) * 1e3)
-    stats._median_slope = fast
+    stats._median_slope, stats.FITS_KEPT = fast, kept
     fits = sum(1 for p in snap.fit_points.values() if len(p.points) >= 2)
     a, b = statistics.median(t["python"]), statistics.median(t["numpy"])
     print(f"{ns.steps} steps, {fits} robust fits of up to 256 points: build_profile "
@@ -87,6 +90,7 @@ def served(agg: Aggregator, reps: int) -> None:
     miss, hit = [], []
     for r in range(reps):
         http_build.CACHE.clear()
+        stats._FITS.clear()  # a changed state whose every fit changed too
         t0 = time.perf_counter()
         http.served_profile([payload]).to_dict()
         t1 = time.perf_counter()
@@ -95,6 +99,41 @@ def served(agg: Aggregator, reps: int) -> None:
         hit.append((time.perf_counter() - t1) * 1e3)
     print(f"served /ctx_profile body (one rank): changed state {statistics.median(miss):.1f} ms, "
           f"unchanged (cached) {statistics.median(hit):.2f} ms")
+    loop(agg, reps)
+
+
+def loop(agg: Aggregator, reps: int) -> None:
+    """A read loop: 3 new steps between reads (a read every ~100 ms at ~30 ms a step), so every read
+    builds; with the Theil-Sen fits remembered by their points (now) and without (before)."""
+    from sglang_ctxprof.views import http, http_build
+
+    rng = random.Random(9)
+    t = {"remembered": [], "refit": []}
+    kept, memo = stats.FITS_KEPT, stats._FITS
+    base = agg.records
+    for r in range(reps * 2):
+        name = ("remembered", "refit")[r % 2]
+        stats.FITS_KEPT = kept if name == "remembered" else 0
+        stats._FITS = memo if name == "remembered" else stats.OrderedDict()
+        for k in range(3):
+            bs = rng.randint(1, 8)
+            agg.observe(StepRecord(step_id=base + r * 3 + k, kind="decode", algorithm="EAGLE", rank=RankId(),
+                                   rids=tuple(f"z{j}" for j in range(bs)),
+                                   ctx_lens=tuple(rng.randint(100, 30000) for _ in range(bs)),
+                                   accepted=(3,) * bs, committed=(3,) * bs, finished=(False,) * bs, draft_tokens=4,
+                                   step_ms=3.0, phases_ms={"draft": 0.5, "verify": 1.5, "verify_attn": 0.5,
+                                                           "verify_moe": 0.8, "verify_rest": 0.2,
+                                                           "draft_extend": 0.3, "overhead": 0.2},
+                                   t_start_ns=(base + r * 3 + k) * 10_000_000, timing="cpu"))
+        payload = {"state": agg.state(with_requests=False),
+                   "status": {"enabled": True, "pid": 1, "submitted": agg.records}}
+        http_build.CACHE.clear()
+        t0 = time.perf_counter()
+        http.served_profile([payload]).to_dict()
+        t[name].append((time.perf_counter() - t0) * 1e3)
+    stats.FITS_KEPT, stats._FITS = kept, memo
+    a, b = statistics.median(t["refit"]), statistics.median(t["remembered"])
+    print(f"read loop (3 new steps a read): refit every fit {a:.1f} ms, fits remembered {b:.1f} ms, ratio {a / b:.1f}x")
 
 
 if __name__ == "__main__":

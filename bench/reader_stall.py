@@ -14,7 +14,10 @@ round so a drift cancels):
 * ``ctxprof``: one thread looping on ``/ctx_profile``, ``/ctx_profile/diagnosis``,
   ``/ctx_profile/requests?slowest=1000`` and ``/ctx_profile/trace.json?last=2048``.
 
-Printed: per arm the chunk gap p50 / p99 / max (ms), the ratio of the ctxprof arm's p99 to the
+Printed: per arm the chunk gap p50 / p99 / max (ms) and the CPU time of SGLang's HTTP process and
+of its children (schedulers, detokenizer) over the stream's wall time (``http cpu``, ``sched cpu``:
+1.0 is one core; less noisy than the gaps on a shared machine; only for a server this script
+started), the ratio of the ctxprof arm's p99 to the
 sglang arm's (the goal is at most 1.2), and per read route its count, latency p50 / p99 and body
 size.  Last, ``/ctx_profile`` latency on the idle server (``--idle-reads`` reads: the first after
 the last change builds, the rest may be served from a cache) with the server's decode-step count.
@@ -117,18 +120,40 @@ def pct(v: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
 
 
-def run_arm(url: str, arm: str, ns, seed: int) -> dict:
+def cpu_s(pid: Optional[int]) -> tuple[float, float]:
+    """(CPU seconds of process ``pid``: SGLang's HTTP process, of its child processes: the
+    schedulers and the detokenizer), from psutil; (nan, nan) when unknown."""
+    if pid is None:
+        return float("nan"), float("nan")
+    import psutil
+
+    p = psutil.Process(pid)
+    t = p.cpu_times()
+    kids = 0.0
+    for c in p.children(recursive=True):
+        try:
+            ct = c.cpu_times()
+            kids += ct.user + ct.system
+        except psutil.Error:
+            pass
+    return t.user + t.system, kids
+
+
+def run_arm(url: str, arm: str, ns, seed: int, pid: Optional[int] = None) -> dict:
     reader = Reader(url, ARMS[arm]) if ARMS[arm] else None
     if reader is not None:
         reader.start()
         time.sleep(0.5)  # the loop is running before the first chunk
+    (h0, k0), w0 = cpu_s(pid), time.monotonic()
     times = stream(url, ns.prompt, ns.new, seed)
+    (h1, k1), wall = cpu_s(pid), time.monotonic() - w0
     if reader is not None:
         reader.stop_ev.set()
         reader.join()
     gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])][ns.skip:]
     reads = {p: v for p, v in (reader.seen.items() if reader else ())}
-    return {"arm": arm, "chunks": len(times), "gaps_ms": gaps, "reads": reads}
+    return {"arm": arm, "chunks": len(times), "gaps_ms": gaps, "reads": reads,
+            "http_cpu_s": h1 - h0, "sched_cpu_s": k1 - k0, "wall_s": wall}
 
 
 def summarize(results: list[dict]) -> dict:
@@ -140,7 +165,10 @@ def summarize(results: list[dict]) -> dict:
             if r["arm"] == arm:
                 for p, v in r["reads"].items():
                     reads.setdefault(p, []).extend(v)
+        wall = sum(r["wall_s"] for r in results if r["arm"] == arm)
         arms[arm] = {"chunks": sum(r["chunks"] for r in results if r["arm"] == arm), "gap_p50_ms": pct(gaps, 50),
+                     "http_cpu_share": sum(r["http_cpu_s"] for r in results if r["arm"] == arm) / wall,
+                     "sched_cpu_share": sum(r["sched_cpu_s"] for r in results if r["arm"] == arm) / wall,
                      "gap_p99_ms": pct(gaps, 99), "gap_max_ms": max(gaps) if gaps else float("nan"),
                      "reads": {p: {"n": len(v), "bad": sum(1 for s, _, _ in v if s != 200),
                                    "ms_p50": pct([m for _, _, m in v], 50), "ms_p99": pct([m for _, _, m in v], 99),
@@ -149,9 +177,11 @@ def summarize(results: list[dict]) -> dict:
 
 
 def report(summary: dict, idle: Optional[dict]) -> None:
-    print(f"{'readers':<10}{'chunks':>8}{'gap p50 ms':>12}{'gap p99 ms':>12}{'gap max ms':>12}")
+    print(f"{'readers':<10}{'chunks':>8}{'gap p50 ms':>12}{'gap p99 ms':>12}{'gap max ms':>12}"
+          f"{'http cpu':>10}{'sched cpu':>11}")
     for arm, a in summary["arms"].items():
-        print(f"{arm:<10}{a['chunks']:>8}{a['gap_p50_ms']:>12.1f}{a['gap_p99_ms']:>12.1f}{a['gap_max_ms']:>12.1f}")
+        print(f"{arm:<10}{a['chunks']:>8}{a['gap_p50_ms']:>12.1f}{a['gap_p99_ms']:>12.1f}{a['gap_max_ms']:>12.1f}"
+              f"{a['http_cpu_share']:>10.2f}{a['sched_cpu_share']:>11.2f}")
     print(f"p99 chunk gap, ctxprof readers / sglang readers: {summary['ratio_p99_ctxprof_over_sglang']:.2f} "
           "(goal <= 1.2)")
     for arm in ("sglang", "ctxprof"):
@@ -207,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         order = list(ARMS)
         for k in range(ns.rounds):
             for arm in (order if k % 2 == 0 else order[::-1]):
-                r = run_arm(url, arm, ns, seed=9000 + k)
+                r = run_arm(url, arm, ns, seed=9000 + k, pid=srv.proc.pid if srv is not None else None)
                 print(f"round {k} {arm}: {r['chunks']} chunks, gap p50 {pct(r['gaps_ms'], 50):.1f} ms "
                       f"p99 {pct(r['gaps_ms'], 99):.1f} ms", flush=True)
                 results.append(r)

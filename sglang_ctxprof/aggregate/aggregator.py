@@ -215,8 +215,8 @@ class Aggregator:
         """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
         return [r.to_dict() for r in self.ring.records(n)]
 
-    def recent_steps_json(self, n: int) -> str:
-        """``recent_steps(n)`` as one JSON array (``RecentSteps.json_rows``: each row written once)."""
+    def recent_steps_json(self, n: int) -> list[str]:
+        """``recent_steps(n)`` as JSON texts, one per row (``RecentSteps.json_rows``: each written once)."""
         return self.ring.json_rows(n)
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:

@@ -61,10 +61,11 @@ class RecentSteps:
         newest = [row.record for row in islice(reversed(self._ring), n) if row.record is not None]
         return newest[::-1]
 
-    def json_rows(self, n: Optional[int] = None) -> str:
-        """``records(n)`` as one JSON array of ``StepRecord.to_dict()`` rows.  A record's row is
-        written once and kept while it is among the rows last served, so a read loop costs the
-        scheduler only the steps since its previous read, and ships one string (cheap to pickle)."""
+    def json_rows(self, n: Optional[int] = None) -> list[str]:
+        """``records(n)`` as ``StepRecord.to_dict()`` rows in JSON text, oldest first.  A record's
+        row is written once and kept while it is among the rows last served, so a read loop costs
+        the scheduler only the steps since its previous read; a list of strings is cheap to pickle,
+        and the reader can tell the rows it already laid out by their text (``views.trace_json``)."""
         memo, fresh = self._json, {}
         for rec in self.records(n):
             hit = memo.get(id(rec))
@@ -72,4 +73,4 @@ class RecentSteps:
                 hit = (rec, json.dumps(rec.to_dict(), separators=(",", ":")))
             fresh[id(rec)] = hit
         self._json = fresh
-        return "[" + ",".join(row for _, row in fresh.values()) + "]"
+        return [row for _, row in fresh.values()]

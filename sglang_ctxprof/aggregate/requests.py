@@ -25,7 +25,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, step_end_ns
@@ -241,9 +241,10 @@ class RequestLog:
 
     def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
         # Rank on the raw totals and summarize only the n kept (a snapshot stays cheap at 4096 requests).
-        top = heapq.nsmallest(max(0, n), (r for r in self._reqs.values() if r["steps"] or r["step_rows"]),
-                              key=lambda r: _tok_s(_totals(r)))
-        return [summarize(r, with_steps=with_steps) for r in top]
+        # Each request's totals are worked out once: ranked on, then reused for the n kept.
+        ranked = ((r, _totals(r)) for r in self._reqs.values() if r["steps"] or r["step_rows"])
+        top = heapq.nsmallest(max(0, n), ranked, key=lambda rt: _tok_s(rt[1]))
+        return [summarize(r, with_steps=with_steps, totals=t) for r, t in top]
 
     def totals(self) -> list[dict[str, Any]]:
         return [summarize(r, with_steps=False) for r in self._reqs.values()]
@@ -359,9 +360,10 @@ def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False) -> dict[str, Any]:
+def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False,
+              totals: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     out = {k: v for k, v in r.items() if k not in _INTERNAL}
-    out.update(_totals(r))
+    out.update(_totals(r) if totals is None else totals)
     steps = out["steps"]
     out["accepted_per_step"] = out["accepted"] / steps if steps else 0.0
     out["decode_tok_s"] = _tok_s(out)

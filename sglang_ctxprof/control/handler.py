@@ -9,8 +9,9 @@ SGLang: the tokenizer manager waits for exactly one reply per rank, so we always
 undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing; a failure of our
 own code disables the ``control`` component.
 
-Commands: ``snapshot`` (state + status), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``, ``disable``, ``status``,
-``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid`` with them), ``recent`` (the last N step records, as one JSON string ``steps_json``), ``trace_policy``,
+Commands: ``snapshot`` (state + status), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``,
+``disable``, ``status``, ``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid``
+with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
 ``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
 """
@@ -116,7 +117,7 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
         return _capture(p, req)
     if cmd == CMD_RECENT:
         n = _int(req, "last", 0)
-        return {"status": p.status(), "steps_json": p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))}
+        return {"status": p.status(), "steps_rows": p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))}
     raise BadRequest(f"unknown command {cmd!r}")
 
 

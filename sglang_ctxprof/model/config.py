@@ -68,6 +68,9 @@ Environment variables (all optional):
 ``SGLANG_CTXPROF_CAPTURE_SLOW_REQUEST`` (default 0: off) - ``capture``
     ``1``: capture the next steps of a running request the trace policy already judges slow
     (``SGLANG_CTXPROF_SLOW_TOK_S``, ``SGLANG_CTXPROF_SLOW_STEP_MS``, as changed at run time).
+``SGLANG_CTXPROF_READ_SHARE`` (default 0.2)
+    The most of SGLang's HTTP process the read routes' builds may take (0 < share <= 1): a read
+    soon after another waits (asynchronously) for a cool-down in proportion (``views.http_gate``).
 ``SGLANG_CTXPROF_FAULT`` (test only)
     A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
     ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
@@ -155,6 +158,14 @@ def _float(env: Mapping[str, str], key: str, default: float) -> float:
 def _choice(env: Mapping[str, str], key: str, default: str, choices: tuple[str, ...]) -> str:
     raw = _raw(env, key)
     return default if raw is None else parse_choice(key, raw, choices)
+
+
+def _share(env: Mapping[str, str]) -> float:
+    raw = _raw(env, names.ENV_READ_SHARE)
+    v = 0.2 if raw is None else parse_float(names.ENV_READ_SHARE, raw, positive=True)
+    if v > 1:
+        raise ValueError(f"{names.ENV_READ_SHARE}={raw!r} must be at most 1 (a share of the time)")
+    return v
 
 
 def env_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -246,6 +257,7 @@ class CtxProfConfig:
     max_ctx: int = DEFAULT_MAX_CTX
     queue_size: int = 8192
     request_ring: int = 4096
+    read_share: float = 0.2
     fault: str = ""
     trace: TraceSettings = field(default_factory=TraceSettings)
     logs: LogSettings = field(default_factory=LogSettings)
@@ -272,6 +284,7 @@ class CtxProfConfig:
             max_ctx=_int(env, names.ENV_MAX_CTX, DEFAULT_MAX_CTX),
             queue_size=_int(env, names.ENV_QUEUE_SIZE, 8192),
             request_ring=_int(env, names.ENV_REQUEST_RING, 4096),
+            read_share=_share(env),
             fault=env.get(names.ENV_FAULT, "") or "",
             trace=TraceSettings(
                 mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),

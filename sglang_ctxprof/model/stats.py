@@ -10,7 +10,8 @@
   :func:`theil_sen` fits a line robust to outliers on them (the median of pairwise slopes), so one
   362 ms warm-up step among 60 ms steps does not turn the context slope around.
 
-All export to and import from builtins with string keys (msgpack-safe) and merge.
+All export to and import from builtins with string keys (msgpack-safe) and merge; recent
+Theil-Sen fits are remembered by their points.
 Pure: the standard library, and numpy for the pairwise slopes of :func:`theil_sen` (the same
 IEEE operations in the same order on each pair, so the very same result as the Python loop).
 """
@@ -18,6 +19,8 @@ IEEE operations in the same order on each pair, so the very same result as the P
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from typing import Any, Mapping
 
 _GROWTH = 1.02
@@ -280,10 +283,38 @@ def _median_slope(pts: list[tuple[float, float]], eps: float) -> float | None:
     return 0.5 * (float(lo) + float(hi))
 
 
+_FITS: "OrderedDict[tuple, dict[str, float] | None]" = OrderedDict()
+_FITS_LOCK = threading.Lock()
+FITS_KEPT = 64  # recent fits remembered (a profile has at most ~9; the diagnosis a few more)
+
+
 def theil_sen(points: list[tuple[float, float]], max_points: int = 256) -> dict[str, float] | None:
     """Theil-Sen line through ``points``: slope = median of pairwise slopes (pairs with distinct x),
     intercept = median of y - slope*x; r2 of that line on all points.  None when x does not vary.
-    Above ``max_points`` an evenly spaced subset (sorted by x) is used, so the cost stays bounded."""
+    Above ``max_points`` an evenly spaced subset (sorted by x) is used, so the cost stays bounded.
+
+    The last ``FITS_KEPT`` results are remembered by the exact points, in order: a reservoir
+    (:class:`PointSample`) that has seen many steps keeps its points for most of the next ones, so
+    a profile rebuilt every few steps refits only the samples that changed.  A copy is returned."""
+    try:
+        key = (tuple(points), max_points)
+        hash(key)
+    except TypeError:  # points that are not tuples of numbers: fitted, not remembered
+        return _theil_sen(points, max_points)
+    with _FITS_LOCK:
+        if key in _FITS:
+            _FITS.move_to_end(key)
+            hit = _FITS[key]
+            return dict(hit) if hit is not None else None
+    out = _theil_sen(points, max_points)
+    with _FITS_LOCK:
+        _FITS[key] = out
+        while len(_FITS) > FITS_KEPT:
+            _FITS.popitem(last=False)
+    return dict(out) if out is not None else None
+
+
+def _theil_sen(points: list[tuple[float, float]], max_points: int) -> dict[str, float] | None:
     pts = sorted(points)
     if len(pts) > max_points:
         step = len(pts) / max_points

@@ -21,7 +21,9 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
   ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` - it, its file, the merged timeline;
 * ``GET  /ctx_profile?format=state`` - the ranks' merged state (exact histograms), for the fleet view.
 
-Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
+The four read routes above that build (profile, diagnosis, slowest requests, trace) run through
+``views.http_gate``: their builds take at most a set share of this process, and concurrent readers
+share one.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
 (``views.http_guard``): replies are serialized inside it; a failure of ours gets a 500 JSON error
 with ``degraded`` and one warning with the traceback, and only repeated failures disable the routes
 (503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.  Responses hold ids,
@@ -33,10 +35,9 @@ Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/f
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,8 +48,10 @@ from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
 from .http_build import CACHE, off_loop, versions
+from .http_gate import gate
 from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
+from .trace_json import TraceWriter
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ _RID_RE = re.compile(names.RID_PATTERN)
 
 
 _CLIENT: Optional[ControlClient] = None  # given by install_routes
+TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
@@ -116,6 +120,10 @@ async def get_profile(request: Request):
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    return await gate().run(("profile", fmt), lambda: _profile_read(fmt))
+
+
+async def _profile_read(fmt: str) -> Any:
     try:
         payloads = await _ask(names.CMD_SNAPSHOT)
     except Exception as exc:  # noqa: BLE001
@@ -166,8 +174,13 @@ async def get_diagnosis(request: Request):
             return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx'][:40]!r}")
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
-    payloads = await _ask(names.CMD_SNAPSHOT)
-    return await off_loop(_diagnosis_reply, payloads, ctx, fmt)  # off the event loop
+    return await gate().run(("diagnosis", ctx, fmt),
+                            lambda: _read(names.CMD_SNAPSHOT, {}, _diagnosis_reply, ctx, fmt))
+
+
+async def _read(cmd: str, ask: dict[str, Any], reply: Callable[..., Any], *args: Any) -> Any:
+    """Ask every DP group, then ``reply(payloads, *args)`` on the build thread (off the event loop)."""
+    return await off_loop(reply, await _ask(cmd, **ask), *args)
 
 
 def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
@@ -178,7 +191,8 @@ def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
     ref = http_plain.reference()
-    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx, plain=ref.evidence if ref is not None else None)
+    d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx,
+                 plain=ref.evidence if ref is not None else None)
     if not d["ledger"].get("available") and ref is None:
         d["ledger"]["reason"] = http_plain.reason(profile)
     if fmt == "json":
@@ -247,8 +261,9 @@ async def get_requests(request: Request):
         return _error(400, f"slowest must be an integer, got {raw!r}")
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
-    payloads = await _ask(names.CMD_REQUESTS, slowest=n, **({"steps": True} if qp.get("steps") == "1" else {}))
-    return await off_loop(_requests_reply, payloads, n)
+    ask = {"slowest": n, **({"steps": True} if qp.get("steps") == "1" else {})}
+    return await gate().run(("requests", n, "steps" in ask),
+                            lambda: _read(names.CMD_REQUESTS, ask, _requests_reply, n))
 
 
 def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
@@ -273,7 +288,7 @@ async def get_request(request: Request):
 
 async def get_trace_json(request: Request):
     """Chrome trace events of the last ``last`` steps per rank (bounded), or of one ``rid``."""
-    from .trace_events import request_trace, steps_trace
+    from .trace_events import request_trace
 
     qp = dict(request.query_params)
     unknown = set(qp) - {"last", "rid"}
@@ -296,17 +311,18 @@ async def get_trace_json(request: Request):
     if not 1 <= n <= names.MAX_TRACE_STEPS:
         return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
                            f"last {names.MAX_TRACE_STEPS} steps), got {n}")
-    payloads = await _ask(names.CMD_RECENT, last=n)
+    return await gate().run(("trace", n), lambda: _read(names.CMD_RECENT, {"last": n}, _trace_reply, n))
+
+
+def _trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:
+    """The ranks' step rows (JSON texts, ``steps_rows``) written by the build thread's
+    ``TraceWriter``: each step laid out once while it stays among the last ones read."""
     errors = [p["error"] for p in payloads if "error" in p]
     if errors and len(errors) == len(payloads):
         return _error(503, "; ".join(errors))
-    return await off_loop(lambda: _json(steps_trace([((p.get("status") or {}).get("rank") or i, _steps(p))
-                                                     for i, p in enumerate(payloads) if "error" not in p], n)))
-
-
-def _steps(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """A rank's recent step rows: one JSON string (``steps_json``), or a list from an older rank."""
-    return json.loads(payload["steps_json"]) if "steps_json" in payload else payload.get("steps", [])
+    ranks = [((p.get("status") or {}).get("rank") or i, p.get("steps_rows") or [])
+             for i, p in enumerate(payloads) if "error" not in p]
+    return Response(content=TRACE_WRITER.render(ranks, n).encode(), media_type="application/json")
 
 
 async def post_fault(request: Request):

@@ -3,7 +3,8 @@
 SGLang's HTTP process runs the tokenizer manager on the same event loop as our routes, so a
 profile built there (Theil-Sen fits, the rank merge) delays every streamed chunk of every request.
 :func:`off_loop` runs such work on a single worker thread (``ctxprof-build``): at most one build
-at a time, later ones queue behind it.  The event loop only awaits.
+at a time, later ones queue behind it.  The event loop only awaits.  :func:`busy_s` sums the
+thread's CPU time in these jobs (``http_gate`` keeps it to a share of the time).
 
 :class:`BuildCache` keeps the last few profile builds (the merged profile and each rank's body;
 the formats, the diagnosis and the serving envelope are derived fresh from them, cheaply) per the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, TypeVar
@@ -39,9 +41,26 @@ def _executor() -> ThreadPoolExecutor:
         return _EXEC
 
 
+_BUSY = [0.0]  # the build thread's CPU seconds in jobs, in all (written by that thread only)
+
+
+def busy_s() -> float:
+    """The build thread's CPU time spent in :func:`off_loop` jobs so far (seconds)."""
+    return _BUSY[0]
+
+
+def _timed(fn: Callable[[], T]) -> T:
+    t0 = time.thread_time()
+    try:
+        return fn()
+    finally:
+        _BUSY[0] += time.thread_time() - t0
+
+
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on the build thread; the event loop awaits it (an exception propagates)."""
-    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
+    """``fn(*args)`` on the build thread; the event loop awaits it (an exception propagates).
+    Its CPU time there adds to :func:`busy_s` (what ``http_gate`` bounds)."""
+    return await asyncio.get_running_loop().run_in_executor(_executor(), _timed, functools.partial(fn, *args))
 
 
 def versions(payloads: Sequence[Mapping[str, Any]]) -> Optional[tuple]:

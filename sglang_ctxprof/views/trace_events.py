@@ -61,16 +61,21 @@ def _step_args(rec: Mapping[str, Any]) -> dict[str, Any]:
             "timing": rec.get("timing", ""), "rids": list(rec.get("rids") or ())}
 
 
-def _record_events(rec: Mapping[str, Any], tid: int, t0: int) -> list[dict[str, Any]]:
+def record_slices(rec: Mapping[str, Any]) -> list[tuple[str, str, int, int, dict[str, Any] | None]]:
+    """One step row's slices as (name, cat, start_ns, end_ns, args): the step, then its phases."""
     start = int(rec.get("t_start_ns", 0))
     end = step_end_ns(start, rec.get("step_ms", 0.0))
     if rec.get("kind", KIND_DECODE) != KIND_DECODE:
         args = _step_args(rec)
         args["prompt_tokens"] = args.pop("ctx_sum")
         args[CACHED_TOKENS] = sum(int(c) for c in rec.get("cached_lens") or ())
-        return [_x("prefill", "prefill", tid, start, end, t0, args)]
-    return [_x("decode step", "decode", tid, start, end, t0, _step_args(rec))] + \
-        phase_events(rec.get("phases_ms") or {}, start, end, tid, t0)
+        return [("prefill", "prefill", start, end, args)]
+    return [("decode step", "decode", start, end, _step_args(rec))] + \
+        [(s.name, "phase", s.start_ns, s.end_ns, None) for s in layout.lay_phases(rec.get("phases_ms") or {}, start, end)]
+
+
+def _record_events(rec: Mapping[str, Any], tid: int, t0: int) -> list[dict[str, Any]]:
+    return [_x(name, cat, tid, s, e, t0, args) for name, cat, s, e, args in record_slices(rec)]
 
 
 def _rank_label(rank: Any) -> str:
@@ -84,17 +89,33 @@ def steps_trace(ranks: Sequence[tuple[Any, Iterable[Mapping[str, Any]]]], last: 
     tracks = [(_rank_label(r), sorted(recs, key=lambda d: int(d.get("t_start_ns", 0)))) for r, recs in ranks]
     starts = [int(d.get("t_start_ns", 0)) for _, recs in tracks for d in recs]
     t0 = min(starts, default=0)
-    events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": PID, "args": {"name": PROCESS}}]
+    events: list[dict[str, Any]] = [process_event()]
     for i, (label, recs) in enumerate(tracks):
         tid = i + 1
-        events += _meta(tid, f"rank {label}", i)
+        events += track_meta(tid, label, i)
         for d in recs:
             events += _record_events(d, tid, t0)
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"source": PROCESS, "t0_ns": t0, "last": last, "max_last": MAX_TRACE_STEPS,
-                          "bound": f"the last {last} step records per rank (each rank keeps at most "
-                                   f"{MAX_TRACE_STEPS})",
-                          "steps": sum(len(r) for _, r in tracks), "layout": LAYOUT_NOTE}}
+            "otherData": other_data(t0, last, sum(len(r) for _, r in tracks))}
+
+
+def process_event() -> dict[str, Any]:
+    return {"name": "process_name", "ph": "M", "pid": PID, "args": {"name": PROCESS}}
+
+
+def track_meta(tid: int, label: str, sort: int) -> list[dict[str, Any]]:
+    """The naming events of rank ``label``'s track."""
+    return _meta(tid, f"rank {label}", sort)
+
+
+def rank_label(rank: Any) -> str:
+    return _rank_label(rank)
+
+
+def other_data(t0: int, last: int, steps: int) -> dict[str, Any]:
+    return {"source": PROCESS, "t0_ns": t0, "last": last, "max_last": MAX_TRACE_STEPS,
+            "bound": f"the last {last} step records per rank (each rank keeps at most {MAX_TRACE_STEPS})",
+            "steps": steps, "layout": LAYOUT_NOTE}
 
 
 def request_trace(req: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from sglang_ctxprof.aggregate.snapshot import Snapshot, merge
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.guard import Guard
 from sglang_ctxprof.model.records import RankId, StepRecord
-from sglang_ctxprof.views import http, http_build, http_guard, http_plain
+from sglang_ctxprof.views import http, http_build, http_gate, http_guard, http_plain
 from sglang_ctxprof.views.profile import build_profile
 
 
@@ -63,6 +63,7 @@ def app(monkeypatch):
     monkeypatch.setattr(http_plain, "_REF", None)
     monkeypatch.setattr(http_build, "CACHE", http_build.BuildCache())
     monkeypatch.setattr(http, "CACHE", http_build.CACHE)
+    monkeypatch.setattr(http_gate, "_GATE", http_gate.ReadGate(1.0))  # no cool-down: reads run back to back
     builds: list[str] = []
     real = http.build_profile
 
@@ -149,3 +150,36 @@ def test_answers_without_versions_are_never_cached():
     assert [c.get(None, lambda: 1), c.get(None, lambda: 2)] == [1, 2] and c.builds == 2
     assert [c.get("a", lambda: 1), c.get("a", lambda: 9), c.get("b", lambda: 2), c.get("c", lambda: 3),
             c.get("a", lambda: 4)] == [1, 1, 2, 3, 4]  # "a" fell out of the two kept
+
+
+def test_reads_arriving_during_a_build_share_the_next_one_which_sees_their_data(app, monkeypatch):
+    builds, ch = app.state.builds, app.state.channel
+    release, started = threading.Event(), threading.Event()
+    real = http._built
+
+    def held(payloads):
+        started.set()
+        release.wait(30)  # liveness only
+        return real(payloads)
+
+    monkeypatch.setattr(http, "_built", held)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            first = asyncio.create_task(c.get(names.ROUTE))
+            while not started.is_set():
+                await asyncio.sleep(0.01)  # until the first read is building
+            ch.step(30_000)  # a step lands after it asked: the later readers must see it
+            later = [asyncio.create_task(c.get(names.ROUTE)) for _ in range(3)]
+            for _ in range(3000):  # liveness only: until all three wait at the gate
+                if http_gate._GATE.shared == 2:
+                    break
+                await asyncio.sleep(0.01)
+            release.set()
+            return await first, await asyncio.gather(*later)
+
+    first, later = asyncio.run(go())
+    assert first.json()["totals"]["records"] == 300
+    assert [r.json()["totals"]["records"] for r in later] == [301] * 3
+    assert len(builds) == 2  # three later readers, one build
+    assert http_gate._GATE.shared == 2

@@ -1,0 +1,107 @@
+"""A bound on how much of SGLang's HTTP process the read routes take, and shared replies.
+
+A read (``/ctx_profile``, ``/diagnosis``, ``/requests``, ``/trace.json``) asks the schedulers and
+then builds its reply on the build thread (``http_build``).  That thread shares the GIL with
+SGLang's event loop, which also streams every response, so a loop of reads back to back would
+hold the GIL for much of the time and delay every streamed chunk.
+
+:class:`ReadGate` runs each read (its control round trip and its build) so that the build thread's
+busy time stays at most ``share`` of the time: after a read whose build took ``c`` seconds of the
+build thread's CPU, the next one starts no earlier than ``c * (1 - share) / share`` seconds after
+it ended.  A read arriving during that cool-down waits for it asynchronously (the event loop keeps
+serving), then asks and builds anew, so a reply is never older than its request.  Readers of the
+same route and query that arrive while one such read is waiting to start share it (one build, the
+same reply).  Reads run one at a time, as the one build thread would run them anyway.
+
+``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.2); ``1``
+disables the cool-down.  On an idle server a read starts at once.  The clock, the sleep and the
+meter of the build thread's busy time are injected (tests use fakes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable, Hashable, Optional, TypeVar
+
+from .http_build import busy_s
+
+T = TypeVar("T")
+
+
+class ReadGate:
+    def __init__(self, share: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 meter: Callable[[], float] = busy_s) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"read share must be in (0, 1], got {share!r}")
+        self.share = share
+        self._clock, self._sleep, self._meter = clock, sleep, meter
+        self._ready_at = 0.0  # the earliest start of the next read's work
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._lock: Optional[asyncio.Lock] = None  # made in the running loop (anew if it changes)
+        self._waiting: dict[Hashable, asyncio.Future] = {}  # per key: the read not yet started
+        self.runs = 0  # reads that asked and built
+        self.shared = 0  # readers served by another reader's run
+        self.waited_s = 0.0  # cool-down slept, in all
+
+    def cooldown(self, cost_s: float) -> float:
+        """Seconds to rest after work that kept the build thread busy ``cost_s`` seconds."""
+        return max(0.0, cost_s) * (1.0 - self.share) / self.share
+
+    async def run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+        """``await work()``, within the share; a reader of ``key`` arriving while a run of ``key``
+        waits to start gets that run's result (or its exception)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._lock, self._waiting = loop, asyncio.Lock(), {}
+        pending = self._waiting.get(key)
+        if pending is not None:
+            self.shared += 1
+            return await asyncio.shield(pending)
+        fut: asyncio.Future = loop.create_future()
+        self._waiting[key] = fut
+        try:
+            result = await self._turn(key, work)
+        except BaseException as exc:  # noqa: BLE001 - handed to the sharers, then raised here
+            if self._waiting.get(key) is fut:
+                del self._waiting[key]
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: no "never retrieved" warning when nobody shared
+            raise
+        fut.set_result(result)
+        return result
+
+    async def _turn(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+        assert self._lock is not None
+        async with self._lock:
+            while True:
+                wait = self._ready_at - self._clock()
+                if wait <= 0:
+                    break
+                self.waited_s += wait
+                await self._sleep(wait)
+            if self._waiting.get(key) is not None:
+                del self._waiting[key]  # from now on a reader of key needs a newer run
+            busy0 = self._meter()
+            try:
+                return await work()
+            finally:
+                self.runs += 1
+                self._ready_at = self._clock() + self.cooldown(self._meter() - busy0)
+
+
+_GATE: Optional[ReadGate] = None
+
+
+def gate() -> ReadGate:
+    """The HTTP process's one gate, with the configured share (made on first use)."""
+    global _GATE
+    if _GATE is None:
+        from ..model.config import CtxProfConfig
+
+        _GATE = ReadGate(CtxProfConfig.from_env().read_share)
+    return _GATE
