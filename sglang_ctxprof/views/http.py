@@ -15,7 +15,7 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``),
   its ledger against the plain reference of ``POST|GET|DELETE /ctx_profile/plain`` (``views.http_plain``);
-* ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views/trace_events``);
+* ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views.http_trace``);
 * ``GET  /ctx_profile/ui`` and its files - the live page (``views/ui``), a read route like the others;
 * ``POST /ctx_profile/capture?steps=N|rid=RID`` (admin) - a deep capture (``collect.capture``);
   ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` - it, its file, the merged timeline;
@@ -51,7 +51,6 @@ from .http_build import CACHE, off_loop, versions
 from .http_gate import gate
 from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
-from .trace_json import TraceWriter
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,6 @@ _RID_RE = re.compile(names.RID_PATTERN)
 
 
 _CLIENT: Optional[ControlClient] = None  # given by install_routes
-TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
 
 
 async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
@@ -204,6 +202,15 @@ def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
     return PlainTextResponse(render_text(d))
 
 
+def _failed(payloads: list[dict[str, Any]]) -> Optional[Response]:
+    """A 400 where a rank refused the command as bad input, a 503 where one could not run it, else None."""
+    bad = [p["error"] for p in payloads if p.get("bad_request")]
+    if bad:
+        return _error(400, "; ".join(bad))
+    errors = [p["error"] for p in payloads if "error" in p]
+    return _error(503, "; ".join(errors)) if errors else None
+
+
 async def _command(request: Request, cmd: str, **args: Any):
     if request.query_params and not args:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(request.query_params))}")
@@ -211,12 +218,9 @@ async def _command(request: Request, cmd: str, **args: Any):
         payloads = await _ask(cmd, **args)
     except Exception as exc:  # noqa: BLE001
         return _error(500, f"ctx profile command failed: {type(exc).__name__}")
-    bad = [p["error"] for p in payloads if p.get("bad_request")]
-    if bad:  # e.g. a clock a rank cannot use
-        return _error(400, "; ".join(bad))
-    errors = [p["error"] for p in payloads if "error" in p]
-    if errors:
-        return _error(503, "; ".join(errors))
+    failed = _failed(payloads)  # e.g. a clock a rank cannot use
+    if failed is not None:
+        return failed
     return {"ok": True, "command": cmd, "ranks": [p.get("status") for p in payloads]}
 
 
@@ -225,11 +229,9 @@ async def post_reset(request: Request):
     qp = dict(request.query_params)
     if set(qp) - {"clock"}:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(set(qp) - {'clock'}))}")
-    if "clock" not in qp:
-        return await _command(request, names.CMD_RESET)
-    if qp["clock"] not in names.CLOCKS:
+    if "clock" in qp and qp["clock"] not in names.CLOCKS:
         return _error(400, f"clock must be one of {', '.join(names.CLOCKS)}, got {qp['clock'][:40]!r}")
-    return await _command(request, names.CMD_RESET, clock=qp["clock"])
+    return await _command(request, names.CMD_RESET, **qp)
 
 
 async def post_enable(request: Request):
@@ -286,45 +288,6 @@ async def get_request(request: Request):
     return rows[0]
 
 
-async def get_trace_json(request: Request):
-    """Chrome trace events of the last ``last`` steps per rank (bounded), or of one ``rid``."""
-    from .trace_events import request_trace
-
-    qp = dict(request.query_params)
-    unknown = set(qp) - {"last", "rid"}
-    if unknown:
-        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    if "rid" in qp:
-        if "last" in qp:
-            return _error(400, "give either last=N or rid=RID, not both")
-        if not _RID_RE.match(qp["rid"]):
-            return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-        rows = [r for p in await _ask(names.CMD_REQUESTS, rid=short_rid(qp["rid"])) for r in p.get("requests", [])]
-        if not rows:
-            return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
-        return request_trace(rows[0])
-    raw = qp.get("last", str(names.DEFAULT_TRACE_STEPS))
-    try:
-        n = int(raw)
-    except ValueError:
-        return _error(400, f"last must be an integer, got {raw!r}")
-    if not 1 <= n <= names.MAX_TRACE_STEPS:
-        return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
-                           f"last {names.MAX_TRACE_STEPS} steps), got {n}")
-    return await gate().run(("trace", n), lambda: _read(names.CMD_RECENT, {"last": n}, _trace_reply, n))
-
-
-def _trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:
-    """The ranks' step rows (JSON texts, ``steps_rows``) written by the build thread's
-    ``TraceWriter``: each step laid out once while it stays among the last ones read."""
-    errors = [p["error"] for p in payloads if "error" in p]
-    if errors and len(errors) == len(payloads):
-        return _error(503, "; ".join(errors))
-    ranks = [((p.get("status") or {}).get("rank") or i, p.get("steps_rows") or [])
-             for i, p in enumerate(payloads) if "error" not in p]
-    return Response(content=TRACE_WRITER.render(ranks, n).encode(), media_type="application/json")
-
-
 async def post_fault(request: Request):
     """Test-only runtime fault switch (installed only with ``SGLANG_CTXPROF_FAULT=runtime``)."""
     try:
@@ -357,12 +320,9 @@ async def trace_policy(request: Request):
         if not isinstance(changes, dict) or not changes:
             return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
     payloads = await _ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
-    bad = [p["error"] for p in payloads if p.get("bad_request")]
-    if bad:
-        return _error(400, bad[0])
-    errors = [p["error"] for p in payloads if "error" in p]
-    if errors:
-        return _error(503, "; ".join(errors))
+    failed = _failed(payloads)
+    if failed is not None:
+        return failed
     return {"schema_version": names.SCHEMA_VERSION, "trace_policy": payloads[0]["trace_policy"],
             "ranks": [p.get("exporters") for p in payloads]}
 
@@ -391,7 +351,10 @@ def install_routes(app: Any, client: ControlClient, admin: Any) -> None:
     app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(post_plain)), methods=["POST"])
     app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(delete_plain)), methods=["DELETE"])
     app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
-    app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(get_trace_json), methods=["GET"])
+    from . import http_trace
+
+    http_trace.ASK, http_trace.READ = _ask, _read
+    app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(http_trace.get_trace_json), methods=["GET"])
     from . import http_capture
     from .http_capture import get_capture, post_capture
 
