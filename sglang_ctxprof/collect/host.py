@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import fields
 from itertools import compress, repeat
 from operator import add, eq, is_, ne, sub
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..model.names import KIND_DECODE
 from ..model.records import RankId, StepRecord
@@ -52,8 +52,10 @@ class IdCache:
     objects in the same order (a C-level identity comparison).  When the membership changes, only
     the requests not seen before are read (``adapter.req_ids``): each known request's rid and prompt
     length come from a dict keyed by the request object (identity), in two C-level passes, so a
-    batch that gains or loses a few requests costs little more than an unchanged one.  Requests that
-    left are forgotten once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
+    batch that gains or loses a few requests costs little more than an unchanged one.  A request is
+    forgotten when the record of the step where it finished is built (``forget``; SGLang has let go
+    of it, and a kept reference would keep its token lists alive); others that left (retracted,
+    aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
 
     __slots__ = ("reqs", "ids", "_rid", "_plen")
 
@@ -85,6 +87,18 @@ class IdCache:
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
         return rids, plens
+
+    def forget(self, reqs: Iterable) -> None:
+        """Drop finished requests: the dicts, and the last batch if it holds one (its ids stay)."""
+        rid_of, plen_of = self._rid, self._plen
+        for req in reqs:
+            try:
+                rid_of.pop(req, None)
+                plen_of.pop(req, None)
+            except TypeError:  # an unhashable request was never a key
+                pass
+            if req in self.reqs:
+                self.reqs = ()  # the next batch is looked up again (its known requests from the dicts)
 
 
 # Record fields the drain thread computes from the requests; every other field of StepRecord is a
@@ -150,7 +164,10 @@ class HostFacts:
         rids, prompt = self.ids.get(self.reqs)
         ctx = tuple(map(add, prompt, self.lens_pre))
         fin = tuple(self.fin)
-        books = self._books() if True in fin else ()
+        books = ()
+        if True in fin:
+            books = self._books()
+            self.ids.forget(compress(self.reqs, fin))
         if self.kind == KIND_DECODE:
             al = self.accepts
             if al is None:
