@@ -22,13 +22,16 @@ Pure; imports only the package's record types.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from collections.abc import Sequence
-from operator import itemgetter
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional
+from collections import OrderedDict, deque
+from itertools import compress, filterfalse, islice, repeat
+from operator import gt, itemgetter, not_
+from typing import Any, Iterator, Mapping, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
-from ..model.records import RequestEnd, StepRecord, step_end_ns
+from ..model.records import RequestEnd, StepRecord
+from .request_rows import _ACC, _COM, LazyRows, Meta, Rows, StepRow, append_all, meta_of, row_dict
+
+__all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize", "_ACC", "_COM"]
 
 
 CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
@@ -42,7 +45,7 @@ class RequestLog:
         self.capacity = max(1, capacity)
         self.max_steps = max(0, max_steps)
         self.max_rows = max(0, max_rows)
-        self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
+        self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
         self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
         self.rows = 0
         self.evicted = 0
@@ -64,44 +67,75 @@ class RequestLog:
             self._observe_prefill(rec)
             return
         n = len(rec.rids)
-        row = (rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens, rec.step_ms, rec.block_size,
-               rec.denoise_steps, rec.host_end_ns, _phases(rec))
+        meta = meta_of(rec)
         for lo in range(0, n, CHUNK):
             if lo:
                 yield
-            self._decode_rows(rec, lo, min(n, lo + CHUNK), row)
+            self._decode_rows(rec, lo, min(n, lo + CHUNK), meta)
         if rec.trace_parents:
             self._trace_parents(rec)
         if self.rows > self.max_rows:
             self._shed_rows()
 
-    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, row: tuple) -> None:
-        """Requests ``lo:hi`` of a decode step: one row append each (this runs on the drain thread for
-        every request of every step); the totals are folded from the rows when read (``_totals``)."""
+    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, meta: Meta) -> None:
+        """Requests ``lo:hi`` of a decode step in C-level passes: the new ones added, all moved to the
+        newest end of the ring, each given the step's row (``request_rows.append_all``); Python work
+        only for requests that are new, get their first row, are past ``max_steps`` or finished."""
+        reqs, rids = self._reqs, rec.rids[lo:hi]
+        new = list(filterfalse(reqs.__contains__, rids))
+        if new and len(reqs) + len(new) > self.capacity:
+            over = len(reqs) + len(new) - self.capacity
+            if over > len(reqs) - len(rids) or any(map(set(rec.rids).__contains__, islice(reqs, over))):
+                return self._decode_rows_one_by_one(rec, lo, hi, meta)  # it would evict one of this step's
+        for rid in new:
+            self._add(rid, rec)
+        _drain(map(reqs.move_to_end, rids))
+        rows = list(map(_ROWS, map(reqs.__getitem__, rids)))
+        lens = list(map(len, rows))
+        ctx, acc, com = rec.ctx_lens[lo:hi], rec.accepted[lo:hi], rec.committed[lo:hi]
+        max_steps = self.max_steps
+        if max_steps and not min(lens):  # a request's first kept row: it now holds rows
+            self._with_rows.update(dict.fromkeys(compress(rids, map(not_, lens))))
+        if max(lens) < max_steps:
+            append_all(rows, meta, ctx, acc, com)
+            self.rows += len(rows)
+        else:  # some are past max_steps: their steps are folded into the totals, no row kept
+            keep = list(map(gt, repeat(max_steps), lens))
+            kept = list(compress(rows, keep))
+            append_all(kept, meta, compress(ctx, keep), compress(acc, keep), compress(com, keep))
+            self.rows += len(kept)
+            t_dev = rec.end_ns
+            for i in compress(range(len(rids)), map(not_, keep)):
+                r = reqs[rids[i]]
+                r["steps_truncated"] += 1
+                self._fold_step(r, ctx[i], acc[i], com[i], rec.step_ms, t_dev, bool(lens[i]))
+        for rid in compress(rids, rec.finished[lo:hi]):
+            reqs[rid]["finished"] = True
+
+    def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, meta: Meta) -> None:
+        """``_decode_rows`` request by request, where adding a new request evicts one of this step's
+        own (a ring smaller than the step's batch): the ring's order is then exactly as if each
+        request was recorded in turn."""
         reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
-        get, move = reqs.get, reqs.move_to_end
-        sid, t0, bs, dt, step_ms, blk, den, te, ph = row
-        t_dev = rec.end_ns  # the step's end by its measured time (a request's t_end_ns)
-        added = 0
+        t_dev = rec.end_ns
         for rid, ctx, acc, com, fin in zip(rec.rids[lo:hi], rec.ctx_lens[lo:hi], rec.accepted[lo:hi],
                                            rec.committed[lo:hi], rec.finished[lo:hi]):
-            r = get(rid)
+            r = reqs.get(rid)
             if r is None:
                 r = self._add(rid, rec)
             else:
-                move(rid)
+                reqs.move_to_end(rid)
             rows = r["step_rows"]
             if len(rows) < max_steps:
-                if not rows:  # a request holds rows exactly while it is in _with_rows
+                if not rows:
                     with_rows[rid] = None
-                rows.append((sid, t0, ctx, bs, dt, acc, com, step_ms, blk, den, te, ph))
-                added += 1
-            else:  # no row kept: fold the step into the totals now
+                rows.append(meta, ctx, acc, com)
+                self.rows += 1
+            else:
                 r["steps_truncated"] += 1
-                self._fold_step(r, ctx, acc, com, step_ms, t_dev, bool(rows))
+                self._fold_step(r, ctx, acc, com, rec.step_ms, t_dev, bool(rows))
             if fin:
                 r["finished"] = True
-        self.rows += added
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
@@ -116,6 +150,7 @@ class RequestLog:
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
+        r["step_rows"] = Rows()
         if len(self._reqs) > self.capacity:
             old_rid, old = self._reqs.popitem(last=False)
             self._forget_rows(old_rid, old)
@@ -192,7 +227,7 @@ class RequestLog:
             r["rows_at_fold"] = r["rows_at_end"] = 0
             self.rows -= len(r["step_rows"])
             r["step_rows_dropped"] += len(r["step_rows"])
-            r["step_rows"] = []
+            r["step_rows"].clear()
 
     @staticmethod
     def _new(rid: str, t_ns: int) -> dict[str, Any]:
@@ -227,8 +262,15 @@ class RequestLog:
         return summarize(r, with_steps=True, lazy=lazy) if r is not None else None
 
     def raw(self, rid: str) -> dict[str, Any] | None:
-        """One request's stored entry, unsummarized (the audit totals it with ``_totals``)."""
-        return self._reqs.get(rid)
+        """One request's stored fields with its kept rows folded into the totals and no rows (what
+        the self-audit checks against SGLang's books: C-level sums, no row built)."""
+        r = self._reqs.get(rid)
+        if r is None:
+            return None
+        out = dict(r)
+        out.update(_totals(r))
+        out["step_rows"] = ()
+        return out
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""
@@ -269,95 +311,23 @@ def aborted_summary(end: RequestEnd) -> dict[str, Any]:
     return summarize(r, with_steps=True)
 
 
-class StepRow(NamedTuple):
-    """One decode step of one request, as the ring keeps it (served as ``row_dict``)."""
-
-    step_id: int
-    t_start_ns: int
-    ctx_len: int  # this request's own context entering the step
-    batch_size: int
-    draft_tokens: int
-    accepted: int
-    committed: int
-    step_ms: float
-    block_size: int
-    denoise_steps: int
-    t_end_ns: int  # host clock when run_batch returned (records.host_end_ns)
-    phases: tuple[tuple[str, ...], tuple[float, ...]]  # (names, ms): interned names, one tuple of values
-
-    @property
-    def end_ns(self) -> int:
-        """The step's end by its measured time (records.step_end_ns)."""
-        return step_end_ns(self.t_start_ns, self.step_ms)
-
-
-# The drain thread keeps each row as a plain tuple in StepRow's field order (a C-level construction,
-# no Python call): a plain tuple of numbers and strings is untracked by the garbage collector at its
-# first collection, so ~65k kept rows add nothing to a full collection's walk (a StepRow would).
-_CTX, _T0 = (itemgetter(StepRow._fields.index(k)) for k in ("ctx_len", "t_start_ns"))
-_PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
-
-
-def _phases(rec: StepRecord) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    keys = tuple(rec.phases_ms)
-    keys = _PHASE_KEYS.setdefault(keys, keys) if len(_PHASE_KEYS) < 64 else keys
-    return keys, tuple(rec.phases_ms.values())
-
-
-def row_dict(row: tuple) -> dict[str, Any]:
-    d = dict(zip(StepRow._fields, row))
-    keys, vals = d.pop("phases")
-    d["phases_ms"] = dict(zip(keys, vals))
-    return d
-
-
 def _tok_s(r: Mapping[str, Any]) -> float:
     decode_s = r["decode_ms"] / 1e3
     return r["committed"] / decode_s if decode_s > 0 else 0.0
 
 
-class LazyRows(Sequence):
-    """A request's step rows as a read-only sequence of dicts built on access (the exporters decide
-    on a finished request from its totals and read its rows only when they export it)."""
-
-    __slots__ = ("_rows",)
-
-    def __init__(self, rows: Iterable[StepRow]) -> None:
-        self._rows = tuple(rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [row_dict(t) for t in self._rows[i]]
-        return row_dict(self._rows[i])
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return map(row_dict, self._rows)
-
-
-_ACC, _COM, _MS = (itemgetter(StepRow._fields.index(k)) for k in ("accepted", "committed", "step_ms"))
 _INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
+_TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
+_ROWS = itemgetter("step_rows")
+_drain = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
 def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
     """A request's totals: what was folded (steps without a kept row) plus its kept rows."""
     rows = r["step_rows"]
-    keys = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
     if not rows:
-        return {k: r[k] for k in keys}
-    last = rows[-1]
-    return {
-        "steps": r["steps"] + len(rows),
-        "accepted": sum(map(_ACC, rows), r["accepted"]),
-        "committed": sum(map(_COM, rows), r["committed"]),
-        "decode_ms": sum(map(_MS, rows), r["decode_ms"]),  # sequential float sum, as step by step
-        "max_step_ms": max(r["max_step_ms"], max(map(_MS, rows))),
-        "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else _CTX(rows[0]),
-        "ctx_last": r["ctx_last"] if len(rows) == r["rows_at_fold"] else _CTX(last),
-        "t_end_ns": r["t_end_ns"] if len(rows) == r["rows_at_end"] else step_end_ns(_T0(last), _MS(last)),
-    }
+        return {k: r[k] for k in _TOTALS}
+    return rows.totals(r)
 
 
 def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False,
