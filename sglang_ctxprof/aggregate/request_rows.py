@@ -1,24 +1,24 @@
 """One request's kept step rows, stored as columns (``Rows``), and the row shape they are served in.
 
-A request's rows are four columns: the decode steps' shared facts (one ``meta`` tuple per step, the
-same object for every request of the step: step id, start, batch size, draft tokens, step time,
-block size, denoise steps, host end, phases) in a list, and the request's own context length,
-accepted and committed tokens in ``array('q')`` columns (not tracked by the garbage collector).  A
-decode step appends to every kept request's columns with C-level ``map`` passes (``append_all``),
-so the drain thread's Python work per step does not grow with the batch and the step allocates one
-tracked object (its ``meta``) instead of one row tuple per request.  Rows become :class:`StepRow`
-tuples (``row``) only when read; a request's totals are C-level sums over its columns (``sums``).
+A request's rows are kept flat in one list, ``W`` cells per row: the decode step's shared facts
+(one ``meta`` tuple per step, the same object for every request of the step: step id, start, batch
+size, draft tokens, step time, block size, denoise steps, host end, phases), then the request's own
+context length, accepted and committed tokens.  A decode step appends every kept request's row in
+one C-level ``map`` pass (``append_all``), so the drain thread's Python work per step does not grow
+with the batch, and the step leaves one tracked object (its ``meta``) instead of one row tuple per
+request.  Rows become :class:`StepRow` tuples (``row``) only when read; a request's totals are
+C-level sums over strided slices of its cells (``Rows.totals``).
 
 Pure; imports only the package's record types.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Sequence
-from operator import attrgetter, itemgetter
-from typing import Any, Iterable, Iterator, NamedTuple
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 from ..model.records import StepRecord, step_end_ns
 
@@ -62,63 +62,69 @@ def row(m: Meta, ctx: int, acc: int, com: int) -> tuple:
     return (m[0], m[1], ctx, m[2], m[3], acc, com, m[4], m[5], m[6], m[7], m[8])
 
 
+W = 4  # cells per row: the step's meta, then this request's ctx_len, accepted, committed
+
+
 class Rows(Sequence):
-    """A request's kept step rows, oldest first: columns, read as row tuples."""
+    """A request's kept step rows, oldest first, read as row tuples.  Stored flat in one list
+    (``cells``: ``W`` cells per row), so a step appends a request's row with one C-level
+    ``list.extend`` and keeps no object per row but the ints (small ones are shared)."""
 
-    __slots__ = ("meta", "ctx", "acc", "com")
+    __slots__ = ("cells",)
 
-    def __init__(self) -> None:
-        self.meta: list[Meta] = []
-        self.ctx, self.acc, self.com = array("q"), array("q"), array("q")
+    def __init__(self, cells: Optional[list] = None) -> None:
+        self.cells: list = [] if cells is None else cells
 
     def __len__(self) -> int:
-        return len(self.meta)
+        return len(self.cells) // W
 
     def __getitem__(self, i: Any) -> Any:
+        c = self.cells
         if isinstance(i, slice):
-            return [row(*v) for v in zip(self.meta[i], self.ctx[i], self.acc[i], self.com[i])]
-        return row(self.meta[i], self.ctx[i], self.acc[i], self.com[i])
+            return [row(*c[W * k:W * k + W]) for k in range(*i.indices(len(self)))]
+        n = len(c) // W
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("row index out of range")
+        return row(*c[W * i:W * i + W])
 
     def __iter__(self) -> Iterator[tuple]:
-        return map(row, self.meta, self.ctx, self.acc, self.com)
+        c = self.cells
+        return map(row, c[0::W], c[1::W], c[2::W], c[3::W])
 
     def append(self, m: Meta, ctx: int, acc: int, com: int) -> None:
-        self.meta.append(m)
-        self.ctx.append(ctx)
-        self.acc.append(acc)
-        self.com.append(com)
+        self.cells += (m, ctx, acc, com)
 
     def clear(self) -> None:
-        self.meta = []
-        self.ctx, self.acc, self.com = array("q"), array("q"), array("q")
+        del self.cells[:]  # in place: the log's rid -> cells map keeps pointing at it
+
+    def copy(self) -> "Rows":
+        return Rows(self.cells[:])
 
     def totals(self, r: Any) -> dict[str, Any]:
         """``r``'s folded totals plus these rows (sequential float sum of step times, as step by step)."""
-        meta = self.meta
-        ms = list(map(_ms_of, meta))
-        last = meta[-1]
+        c = self.cells
+        ms = list(map(_ms_of, c[0::W]))
+        last = c[-W]
         return {
-            "steps": r["steps"] + len(meta),
-            "accepted": sum(self.acc, r["accepted"]),
-            "committed": sum(self.com, r["committed"]),
+            "steps": r["steps"] + len(ms),
+            "accepted": sum(c[2::W], r["accepted"]),
+            "committed": sum(c[3::W], r["committed"]),
             "decode_ms": sum(ms, r["decode_ms"]),
             "max_step_ms": max(r["max_step_ms"], max(ms)),
-            "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else self.ctx[0],
-            "ctx_last": r["ctx_last"] if len(meta) == r["rows_at_fold"] else self.ctx[-1],
-            "t_end_ns": r["t_end_ns"] if len(meta) == r["rows_at_end"] else step_end_ns(last[_M_T0], last[_M_MS]),
+            "ctx_first": r["ctx_first"] if r["ctx_first"] is not None else c[1],
+            "ctx_last": r["ctx_last"] if len(ms) == r["rows_at_fold"] else c[-W + 1],
+            "t_end_ns": r["t_end_ns"] if len(ms) == r["rows_at_end"] else step_end_ns(last[_M_T0], last[_M_MS]),
         }
 
 
-_META, _CTX_C, _ACC_C, _COM_C = (attrgetter(k) for k in ("meta", "ctx", "acc", "com"))
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
-def append_all(rows: list[Rows], m: Meta, ctx: Iterable[int], acc: Iterable[int], com: Iterable[int]) -> None:
-    """One step's row for each of ``rows`` (aligned with the value columns): C-level passes only."""
-    _drain(map(list.append, map(_META, rows), [m] * len(rows)))
-    _drain(map(array.append, map(_CTX_C, rows), ctx))
-    _drain(map(array.append, map(_ACC_C, rows), acc))
-    _drain(map(array.append, map(_COM_C, rows), com))
+def append_all(cells: list[list], m: Meta, ctx: Iterable[int], acc: Iterable[int], com: Iterable[int]) -> None:
+    """One step's row for each request's ``cells`` (aligned with the value columns): one C-level pass."""
+    _drain(map(list.extend, cells, zip(repeat(m), ctx, acc, com)))
 
 
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
@@ -139,12 +145,13 @@ def row_dict(t: tuple) -> dict[str, Any]:
 
 class LazyRows(Sequence):
     """A request's step rows as a read-only sequence of dicts built on access (the exporters decide
-    on a finished request from its totals and read its rows only when they export it)."""
+    on a finished request from its totals and read its rows only when they export it): a copy of
+    its cells, taken in C."""
 
     __slots__ = ("_rows",)
 
-    def __init__(self, rows: Iterable[tuple]) -> None:
-        self._rows = tuple(rows)
+    def __init__(self, rows: Rows) -> None:
+        self._rows = rows.copy()
 
     def __len__(self) -> int:
         return len(self._rows)

@@ -24,12 +24,12 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from itertools import compress, filterfalse, islice, repeat
-from operator import gt, itemgetter, not_
+from operator import gt, not_
 from typing import Any, Iterator, Mapping, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord
-from .request_rows import _ACC, _COM, LazyRows, Meta, Rows, StepRow, append_all, meta_of, row_dict
+from .request_rows import _ACC, _COM, W, LazyRows, Meta, Rows, StepRow, append_all, meta_of, row_dict
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize", "_ACC", "_COM"]
 
@@ -47,6 +47,7 @@ class RequestLog:
         self.max_rows = max(0, max_rows)
         self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
         self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
+        self._cells: dict[str, list] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
         self.rows = 0
         self.evicted = 0
         self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
@@ -90,17 +91,17 @@ class RequestLog:
         for rid in new:
             self._add(rid, rec)
         _drain(map(reqs.move_to_end, rids))
-        rows = list(map(_ROWS, map(reqs.__getitem__, rids)))
-        lens = list(map(len, rows))
+        rows = list(map(self._cells.__getitem__, rids))
+        lens = list(map(len, rows))  # cells: W per kept row
         ctx, acc, com = rec.ctx_lens[lo:hi], rec.accepted[lo:hi], rec.committed[lo:hi]
-        max_steps = self.max_steps
+        max_steps, cap = self.max_steps, W * self.max_steps
         if max_steps and not min(lens):  # a request's first kept row: it now holds rows
             self._with_rows.update(dict.fromkeys(compress(rids, map(not_, lens))))
-        if max(lens) < max_steps:
+        if max(lens) < cap:
             append_all(rows, meta, ctx, acc, com)
             self.rows += len(rows)
         else:  # some are past max_steps: their steps are folded into the totals, no row kept
-            keep = list(map(gt, repeat(max_steps), lens))
+            keep = list(map(gt, repeat(cap), lens))
             kept = list(compress(rows, keep))
             append_all(kept, meta, compress(ctx, keep), compress(acc, keep), compress(com, keep))
             self.rows += len(kept)
@@ -150,7 +151,8 @@ class RequestLog:
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
-        r["step_rows"] = Rows()
+        r["step_rows"] = rows = Rows()
+        self._cells[rid] = rows.cells
         if len(self._reqs) > self.capacity:
             old_rid, old = self._reqs.popitem(last=False)
             self._forget_rows(old_rid, old)
@@ -212,8 +214,11 @@ class RequestLog:
         return r
 
     def _forget_rows(self, rid: str, r: dict[str, Any]) -> None:
-        self.rows -= len(r["step_rows"])
+        rows = r["step_rows"]
+        self.rows -= len(rows)
         self._with_rows.pop(rid, None)
+        if self._cells.get(r["rid"]) is rows.cells:
+            del self._cells[r["rid"]]
 
     def _shed_rows(self) -> None:
         """Drop the step rows of the requests that got rows longest ago until within budget (their
@@ -297,6 +302,7 @@ class RequestLog:
     def clear(self) -> None:
         self._reqs.clear()
         self._with_rows.clear()
+        self._cells.clear()
         self.rows = 0
         self.evicted = 0
         self.aborted = 0
@@ -318,7 +324,6 @@ def _tok_s(r: Mapping[str, Any]) -> float:
 
 _INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
 _TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
-_ROWS = itemgetter("step_rows")
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
