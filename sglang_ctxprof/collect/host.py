@@ -82,8 +82,10 @@ class IdCache:
             new_rids, new_plens = adapter.req_ids(new)
             rid_of.update(zip(new, new_rids))
             plen_of.update(zip(new, new_plens))
-            rids = tuple(map(rid_of.__getitem__, reqs))
-        plens = tuple(map(plen_of.__getitem__, reqs))
+            rids = tuple(map(rid_of.get, reqs))
+        plens = tuple(map(plen_of.get, reqs))
+        if None in rids or None in plens:  # forgotten meanwhile (a flush racing a stopping drain thread)
+            return adapter.req_ids(reqs)
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
         return rids, plens
