@@ -2,13 +2,16 @@
 
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
-most ``max_rows`` rows after every record, stored as plain tuples in :class:`StepRow`'s field order
-(untracked by the garbage collector; the oldest requests' rows are dropped first).  A decode step
-costs each request one row append on the drain thread, ``CHUNK`` requests per stage (``stages``): a request's
-totals are its kept rows plus what was folded when rows were not kept or were dropped, summed in C
-when the request is read (``_totals``).  This is what
-``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
-``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
+most ``max_rows`` rows after every record (the oldest requests' rows are dropped first).  A request's
+rows are flat cells in one list (``request_rows.Rows``: the step's shared ``meta`` tuple, then its own
+ctx_len, accepted, committed), so no object is kept per row for the garbage collector to walk.  A
+decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in C-level passes (new
+requests found, all moved to the ring's newest end, one ``list.extend`` per request); Python work
+only for requests that are new, get their first row, are past ``max_steps`` or finished.  A
+request's totals are its kept rows plus what was folded when rows were not kept or were dropped,
+summed in C when the request is read (``_totals``).  This is what ``/ctx_profile/requests`` serves
+and what the exact-accounting tests reconcile against SGLang's ``meta_info``.  Only ids, lengths and
+timings are kept: never prompt or output text.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a

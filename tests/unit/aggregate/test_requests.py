@@ -68,3 +68,17 @@ def test_raw_is_the_totals_with_the_rows_folded_in():
     keys = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
     assert {k: raw[k] for k in keys} == {k: got[k] for k in keys} and raw["step_rows"] == ()
     assert raw["steps"] == 5 and len(got["step_rows"]) == 3 and log.raw("nope") is None
+
+
+def test_a_step_larger_than_the_ring_evicts_as_if_recorded_request_by_request():
+    """The ring holds 3; a step of 5 new requests keeps the last 3, then a step that brings back an
+    evicted one evicts the least recently updated: the order of a one-by-one fold."""
+    log = RequestLog(capacity=3)
+    log.observe(_step(0, 5))
+    assert list(log._reqs) == ["r2", "r3", "r4"] and log.evicted == 2 and log.rows == 3
+    log.observe(StepRecord(step_id=1, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("r0", "r3"),
+                           ctx_lens=(7, 8), accepted=(1, 1), committed=(1, 1), finished=(False, True),
+                           draft_tokens=4, step_ms=1.0, phases_ms={"draft": 1.0}, t_start_ns=10**18 + 10**7))
+    assert list(log._reqs) == ["r4", "r0", "r3"] and log.evicted == 3 and log.rows == 4
+    assert log.get("r3")["finished"] and [r["ctx_len"] for r in log.get("r3")["step_rows"]] == [103, 8]
+    assert log.rows == sum(len(r["step_rows"]) for r in log.to_state(True))

@@ -1,0 +1,50 @@
+"""aggregate/request_rows: a request's rows stored flat read back as the row tuples they were, and
+fold into the same totals as row by row."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ctxprof.aggregate.request_rows import LazyRows, Rows, StepRow, row
+from sglang_ctxprof.model.records import step_end_ns
+
+PH = (("draft", "verify"), (1.0, 2.0))
+
+
+def _meta(i: int) -> tuple:
+    return (i, 10**18 + i * 10**7, 4, 3, 2.5 + i, 0, 0, 10**18 + i * 10**7 + 5, PH)
+
+
+def _rows(n: int) -> Rows:
+    rows = Rows()
+    for i in range(n):
+        rows.append(_meta(i), 100 + i, 1 + i % 3, i % 2)
+    return rows
+
+
+def test_rows_read_back_as_row_tuples_by_index_slice_and_iteration():
+    rows = _rows(4)
+    want = [row(_meta(i), 100 + i, 1 + i % 3, i % 2) for i in range(4)]
+    assert len(rows) == 4 and list(rows) == want and rows[-1] == want[-1] and rows[1:3] == want[1:3]
+    assert StepRow(*rows[2]).ctx_len == 102 and StepRow(*rows[2]).step_ms == 4.5
+    with pytest.raises(IndexError):
+        rows[4]
+    lazy = LazyRows(rows)
+    rows.clear()  # the lazy copy keeps what was read
+    assert len(rows) == 0 and not rows and len(lazy) == 4 and lazy[0]["phases_ms"] == {"draft": 1.0, "verify": 2.0}
+    assert [d["ctx_len"] for d in lazy] == [100, 101, 102, 103]
+
+
+def test_totals_are_the_folded_ones_plus_each_row_in_order():
+    rows = _rows(5)
+    folded = {"steps": 2, "accepted": 3, "committed": 1, "decode_ms": 0.1, "max_step_ms": 9.0, "ctx_first": 50,
+              "ctx_last": 60, "t_end_ns": 7, "rows_at_fold": 0, "rows_at_end": 0}
+    ms = 0.1
+    for i in range(5):
+        ms += 2.5 + i  # step by step, oldest first: the very same float
+    assert rows.totals(folded) == {
+        "steps": 7, "accepted": 3 + sum(1 + i % 3 for i in range(5)), "committed": 1 + 2, "decode_ms": ms,
+        "max_step_ms": 9.0, "ctx_first": 50, "ctx_last": 104, "t_end_ns": step_end_ns(10**18 + 4 * 10**7, 6.5)}
+    latest_folded = dict(folded, rows_at_fold=5, rows_at_end=5, ctx_first=None)
+    t = rows.totals(latest_folded)
+    assert (t["ctx_first"], t["ctx_last"], t["t_end_ns"]) == (100, 60, 7)
