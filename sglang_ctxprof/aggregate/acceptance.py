@@ -58,6 +58,12 @@ def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int,
         return {}
     budget = rec.draft_depth or rec.draft_positions
     nd = rec.non_draft_tokens
+    if len(rec.accepted) == 1:  # batch 1: the one request's pair, without the grouping below
+        a = rec.accepted[0]
+        if a <= 0:
+            return {}
+        correct = accepted_drafts(a, nd)
+        return {(max(0, bisect_right(edges, rec.ctx_lens[0]) - 1), max(budget, correct), correct): 1}
     # One C-level pass groups the requests by (own context bucket, accepted); Python then runs once
     # per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
     pairs = Counter(zip(map(bisect_right, repeat(edges), rec.ctx_lens), rec.accepted))
