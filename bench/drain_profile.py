@@ -5,7 +5,7 @@ The same loop and profiler session as ``bench/drain_holds.py`` (the real default
 forward): ``--steps`` warm-up steps, then ``--steps`` more queued with the drain thread held, then
 this thread drains them (``Recorder._consume`` for each piece, then ``Recorder._feed_one`` for each
 sink hand-off) under cProfile.  Printed: the drain's CPU µs per record by part (record build,
-aggregator stages, each sink by name), timed with ``time.thread_time_ns`` outside the profiler,
+aggregator stages, each sink by name, and a live metrics view as ``--enable-metrics`` has), timed with ``time.thread_time_ns`` outside the profiler,
 then the profiler's top functions by own time; and the garbage collector's collections per 1000
 records by generation (``gc.callbacks``).  A benchmark, not a test.
 """
@@ -44,8 +44,19 @@ def queue_steps(sess, n: int, steps: int):
     return rec
 
 
-def parts(rec) -> tuple[int, Counter]:
-    """Drain the queue by hand, timing each part (CPU ns)."""
+def metrics_view(rec):
+    """A live Prometheus view on a registry of its own, as ``--enable-metrics`` has (the fake
+    scheduler exports no metrics, so the session's metrics sink has no view)."""
+    from prometheus_client import CollectorRegistry
+
+    from sglang_ctxprof.views.metrics import MetricsView
+
+    return MetricsView(rec.aggregator.bucketing, CollectorRegistry(), model="bench",
+                       audit=lambda: rec.aggregator.audit.status()["violations"])
+
+
+def parts(rec, view=None) -> tuple[int, Counter]:
+    """Drain the queue by hand, timing each part (CPU ns); ``view`` a metrics view fed each record."""
     tt, q, fan, t = time.thread_time_ns, rec._q, rec._fan, Counter()
     records = sum(1 for x in q if type(x).__name__ != "RequestEnd")
     agg = rec.aggregator
@@ -84,6 +95,10 @@ def parts(rec) -> tuple[int, Counter]:
             t0 = tt()
             f(r)
             t[f"sink:{sink.name}"] += tt() - t0
+        if view is not None and type(r) is StepRecord:
+            t0 = tt()
+            view.observe(r)
+            t["metrics view (--enable-metrics)"] += tt() - t0
     return records, t
 
 
@@ -100,7 +115,7 @@ def main(argv=None) -> int:
     try:
         rec = queue_steps(sess, a.batch, a.steps)
         gens.clear()
-        records, t = parts(rec)
+        records, t = parts(rec, metrics_view(rec))
         g = dict(gens)
         print(f"batch {a.batch}: {records} records; drain CPU us per record by part:")
         for k, v in sorted(t.items(), key=lambda kv: -kv[1]):
