@@ -47,7 +47,26 @@ def add(counts: MutableMapping[str, int], budget: int, correct: int, n: int = 1)
     counts[k] = counts.get(k, 0) + n
 
 
+MEMO = 64  # records whose counts are remembered (by identity) for the next reader of the same record
+_memo: list[Any] = [None] * MEMO  # slot by id(record): (record, edges, counts)
+
+
 def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:
+    """:func:`count_record`, remembered for the record's next reader: the aggregator reads a record
+    first, the live metrics the same record on the drain thread a little later, so the grouping
+    over a large batch's requests runs once.  A slot holds one (record, edges, counts) by the
+    record's identity (one list store: safe across threads; a collision only costs a recount).
+    The counts are shared between readers: read them, never change them."""
+    slot = (id(rec) >> 4) % MEMO
+    hit = _memo[slot]
+    if hit is not None and hit[0] is rec and (hit[1] is edges or hit[1] == edges):
+        return hit[2]
+    out = count_record(rec, edges)
+    _memo[slot] = (rec, edges, out)
+    return out
+
+
+def count_record(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:
     """The one reading of a decode record's acceptance, used by the aggregator and the live metrics:
     ``{(own context bucket index, budget, correct drafts): request-steps}``.  ``correct`` is the
     accepted length minus the record's ``non_draft_tokens`` (the bonus token; UNO's clean root too);
@@ -58,6 +77,12 @@ def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int,
         return {}
     budget = rec.draft_depth or rec.draft_positions
     nd = rec.non_draft_tokens
+    if len(rec.accepted) == 1:  # batch 1: the one request's pair, without the grouping below
+        a = rec.accepted[0]
+        if a <= 0:
+            return {}
+        correct = accepted_drafts(a, nd)
+        return {(max(0, bisect_right(edges, rec.ctx_lens[0]) - 1), max(budget, correct), correct): 1}
     # One C-level pass groups the requests by (own context bucket, accepted); Python then runs once
     # per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
     pairs = Counter(zip(map(bisect_right, repeat(edges), rec.ctx_lens), rec.accepted))

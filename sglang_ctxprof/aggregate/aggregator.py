@@ -28,7 +28,7 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
 from ..model.names import ABORT_RETRACTED, KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
@@ -42,12 +42,16 @@ from .requests import RequestLog
 from .waterfall import waterfall
 from .snapshot import COUNTS, BucketState, Snapshot, merge
 
+_STEP, _ATTN, _PREFILL = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.PREFILL.value
+# A decode phase's folds: its bucket histogram's add, its fit's and its point sample's.
+_Adds = tuple[Callable[[float], None], Callable[[float, float], None], Callable[[float, float], None]]
+
 
 class _Bucket:
     """Mutable accumulator behind one :class:`~.snapshot.BucketState`: one slot per count, plus the
     phase histograms, the batch-1 baseline, the execution modes and the slowest steps."""
 
-    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow")
+    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow", "fold")
 
     def __init__(self) -> None:
         for k in COUNTS:
@@ -56,6 +60,7 @@ class _Bucket:
         self.step_bs1: DurationStats | None = None
         self.exec: dict[str, Any] = {}
         self.slow: SlowSteps | None = None  # decode: the slowest steps (outliers)
+        self.fold: dict[str, _Adds] = {}  # phase -> its folds (``Aggregator._fold``)
 
     def frozen(self) -> BucketState:
         return BucketState(**{k: getattr(self, k) for k in COUNTS},
@@ -89,22 +94,23 @@ class Aggregator:
         self._last_end_ns = 0
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
         self.audit = Audit() if self._audit else None
+        self._reported: dict[tuple[str, ...], tuple[str, ...]] = {}  # phase names -> the reported ones, in order
 
     def observe(self, rec: StepRecord) -> None:
         for _ in self.stages(rec):
             pass
 
     def stages(self, rec: StepRecord) -> Iterator[None]:
-        """``observe`` in stages, yielding between two (the buckets and fits; the request history a
-        chunk of requests at a time; the audit), so the drain thread can hand the GIL over within a
-        large batch's record.  Exhausting it is ``observe``; the caller exhausts it before the next
+        """``observe`` in stages, yielding between two (a decode record's bucket counts, then its phase
+        histograms and fits; the request history a chunk of requests at a time; the audit), so the
+        drain thread can hand the GIL over within a record.  Exhausting it is ``observe``; the caller exhausts it before the next
         record (``Recorder`` keeps a started record first in its queue, so a read finishes it first)."""
         self.records += 1
         if not rec.rids:
             return
         self.ring.add(rec)
         cur = self.meta["timing"]
-        if cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0):
+        if rec.timing != cur and (cur is None or TIMING_RANK.get(rec.timing, 0) >= TIMING_RANK.get(cur, 0)):
             self.meta["timing"] = rec.timing  # steps differ (graph, eager, sampled): keep the best seen
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
@@ -128,24 +134,28 @@ class Aggregator:
             b.accepted += sum(rec.accepted)
             b.committed += sum(rec.committed)
             b.draft_tokens += rec.draft_tokens * rec.batch_size
+            yield  # the phase folds are a stage of their own (the longest piece of a small batch)
             x = ctx_sum / 1000.0
-            if Phase.VERIFY_ATTN.value in rec.phases_ms:
+            ph = rec.phases_ms
+            if _ATTN in ph:
                 b.attn_ctx_sum += ctx_sum
-            for name in REPORTED_PHASES:
-                if name != Phase.STEP.value and name not in rec.phases_ms:
-                    continue
-                ms = rec.phase(name)
-                self._stat(b, name).add(ms)
-                fit = self.fits.get(name)
-                if fit is None:
-                    fit = self.fits[name] = LinearFit()
-                fit.add(x, ms)
-                pts = self.points.get(name)
-                if pts is None:
-                    pts = self.points[name] = PointSample()
-                pts.add(x, ms)
+            keys = tuple(ph)
+            names = self._reported.get(keys)
+            if names is None:
+                names = tuple(n for n in REPORTED_PHASES if n == _STEP or n in ph)
+                if len(self._reported) < 256:
+                    self._reported[keys] = names
+            fold, step_ms = b.fold, rec.step_ms
+            for name in names:  # what rec.phase(name) reads, in REPORTED_PHASES order
+                ms = step_ms if name == _STEP else float(ph.get(name, 0.0))
+                adds = fold.get(name)
+                if adds is None:
+                    adds = fold[name] = self._fold(b, name)
+                adds[0](ms)
+                adds[1](x, ms)
+                adds[2](x, ms)
         else:
-            self._stat(b, Phase.PREFILL.value).add(rec.step_ms)
+            self._stat(b, _PREFILL).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens
             b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         yield
@@ -169,7 +179,7 @@ class Aggregator:
 
     def _decode_extras(self, b: _Bucket, rec: StepRecord) -> None:
         """Execution mode, the batch-1 baseline, and acceptance by position keyed by own context."""
-        if b.exec == {}:
+        if not b.exec:
             b.exec = acc.new_exec()
         acc.add_exec(b.exec, rec.exec_mode, rec.attn_backend, rec.exec_reason)
         if rec.batch_size == 1:
@@ -186,6 +196,17 @@ class Aggregator:
         """Where one request's wall time went (``waterfall``), from its summary with step rows."""
         bs1 = {i: b.step_bs1.mean for i, b in self.decode.items() if b.step_bs1 is not None and b.step_bs1.count}
         return waterfall(request.get("step_rows") or [], self.ring, bs1, self.bucketing)
+
+    def _fold(self, b: _Bucket, name: str) -> _Adds:
+        """The three folds of one decode phase of bucket ``b``: its histogram, the phase's fit and
+        its point sample (resolved once per bucket and phase, not per record)."""
+        fit = self.fits.get(name)
+        if fit is None:
+            fit = self.fits[name] = LinearFit()
+        pts = self.points.get(name)
+        if pts is None:
+            pts = self.points[name] = PointSample()
+        return self._stat(b, name).add, fit.add, pts.add
 
     @staticmethod
     def _stat(b: _Bucket, name: str) -> DurationStats:

@@ -5,14 +5,15 @@ facts (``host.HostFacts``) whose record is built here, or with a :class:`Request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
-(``pacing.Pacer``: ~0.2 ms of work, then the GIL handed to a waiting scheduler thread); a record is
+(``pacing.Pacer``: ~0.05 ms of work, then the GIL handed to a waiting scheduler thread); a record is
 taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
 record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
 outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
 component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
-it times each item (``cost.Cost``: this thread's CPU time, so waiting for the GIL while the
-scheduler thread runs is not counted as our cost).
+it times each pass over the queue as a whole (``cost.Cost``: this thread's CPU time, so waiting for
+the GIL while the scheduler thread runs is not counted as our cost; a read of it is a system call,
+so not one per piece).
 :meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
 with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
@@ -105,11 +106,14 @@ class Recorder:
             self._thread.start()
 
     def _loop(self) -> None:
+        tt = time.thread_time_ns
         while not self._stop.is_set():
             if self._q or self._fan:
+                t0 = tt()  # one pass timed as a whole (a thread-time read is a system call: ~1 us)
                 if self._q:
                     self.pacer.drain(self._q, self._consume, self._lock, self._stop.is_set)
                 self._feed_sinks()
+                self.cost.add_drain(tt() - t0, records=0)
             else:
                 self._stop.wait(POLL_S)
 
@@ -119,29 +123,25 @@ class Recorder:
         (``_Started``), which goes back to the front of the queue (``pacing.Pacer.run_slice``)."""
         if not self.guard.ok("recorder"):
             return None
-        t0 = time.thread_time_ns()
         kind = type(item)
         if kind is RequestEnd:
             self.guard.run("aggregator", self.aggregator.end_request, item)
             self._to_sinks(item)
-            self.cost.add_drain(time.thread_time_ns() - t0, records=0)
             return None
         if kind is _Started:
             started = item
         else:
             rec = item if kind is StepRecord else self.guard.run("recorder", item.record)
             if rec is None:
-                self.cost.add_drain(time.thread_time_ns() - t0)
+                self.cost.add_drain(0)
                 return None
             started = _Started(rec, self.aggregator.stages(rec))
             if kind is not StepRecord:  # the build was this stage
-                self.cost.add_drain(time.thread_time_ns() - t0, records=0)
                 return started
         if self.guard.run("aggregator", started.step) is False:
-            self.cost.add_drain(time.thread_time_ns() - t0, records=0)
             return started
         self._to_sinks(started.rec)
-        self.cost.add_drain(time.thread_time_ns() - t0)
+        self.cost.add_drain(0)  # one record taken (its CPU time is counted by the caller's pass)
         return None
 
     def _to_sinks(self, rec: Union[StepRecord, RequestEnd]) -> None:
@@ -154,10 +154,14 @@ class Recorder:
     def _catch_up(self) -> None:
         """Feed the aggregator every waiting item, in order (caller holds ``_lock``)."""
         q = self._q
+        if not q:
+            return
+        t0 = time.thread_time_ns()
         while q:
             rest = self._consume(q.popleft())
             if rest is not None:
                 q.appendleft(rest)
+        self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def _feed_sinks(self) -> None:
         """Feed the sinks what the aggregator took, in the same order, outside the aggregator lock,
@@ -165,7 +169,6 @@ class Recorder:
         self.pacer.drain(self._fan, self._feed_one, self._sink_lock, self._stop.is_set)
 
     def _feed_one(self, rec: Union[StepRecord, RequestEnd]) -> None:
-        t0 = time.thread_time_ns()
         if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
             for sink in self.sinks:
                 end = getattr(sink, "end", None)
@@ -174,7 +177,6 @@ class Recorder:
         else:
             for sink in self.sinks:
                 self.guard.run(sink.name, sink.observe, rec)
-        self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def flush(self) -> None:
         """Drain everything: the aggregator under the lock, then the sinks outside it."""
@@ -182,8 +184,11 @@ class Recorder:
             self._catch_up()
         fan = self._fan
         with self._sink_lock:
-            while fan:
-                self._feed_one(fan.popleft())
+            if fan:
+                t0 = time.thread_time_ns()
+                while fan:
+                    self._feed_one(fan.popleft())
+                self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def with_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
         """Run ``fn(aggregator)`` under the lock once the aggregator has caught up with the queue

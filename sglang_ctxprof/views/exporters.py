@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from itertools import compress
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..model import names
@@ -105,13 +106,12 @@ class RequestSink:
     def observe(self, rec: StepRecord) -> None:
         if True not in rec.finished or not self._tracking() or not self.facts.primary:
             return
-        for i, rid in enumerate(rec.rids):
-            if rec.finished[i]:
-                req = self.facts.history(rid)
-                if req is None:
-                    continue
-                if self._first(rid, req):
-                    self.finish(req)
+        for rid in compress(rec.rids, rec.finished):  # the finished ones, picked in C
+            req = self.facts.history(rid)
+            if req is None:
+                continue
+            if self._first(rid, req):
+                self.finish(req)
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: exported like any finished request, from the

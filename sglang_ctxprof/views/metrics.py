@@ -50,6 +50,8 @@ from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTE
 from ..model.records import StepRecord
 from ..aggregate.acceptance import record_counts
 
+_STEP = Phase.STEP.value
+
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
 PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                  1.0, 2.5, 5.0, 10.0)
@@ -106,6 +108,9 @@ class MetricsView:
         self._degraded_seen: Optional[frozenset] = None
         self._update_health()
         self.observed = 0
+        self._kids: dict[int, _Kids] = {}  # decode ctx bucket index -> its children
+        self._cached: dict[int, Any] = {}  # prefill ctx bucket index -> its cached-tokens child
+        self._pos_kids: dict[tuple[int, int], tuple[Any, Any]] = {}  # (own bucket, position) -> children
 
     def _update_health(self) -> None:
         n = int(self._dropped_fn() or 0)
@@ -119,9 +124,10 @@ class MetricsView:
             self._degraded_seen = bad
         for inv, n in (self._audit_fn() or {}).items():
             seen = self._audit_seen.get(inv, 0)
-            if n > seen:
-                self.violations.labels(self.model, inv).inc(n - seen)
-            self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
+            if n != seen:
+                if n > seen:
+                    self.violations.labels(self.model, inv).inc(n - seen)
+                self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
 
     def on_abort(self, kind: str) -> None:
         """A request SGLang aborted while it waited (``RequestEnd.kind``)."""
@@ -131,19 +137,32 @@ class MetricsView:
         self._update_health()
         if not rec.rids:
             return
-        model = self.model
-        label = self.bucketing.label(self.bucketing.index(rec.ctx_mean))
+        i = self.bucketing.index(rec.ctx_mean)
         if rec.kind != KIND_DECODE:  # a prefill bucket is the batch's mean prompt length
-            self.cached.labels(model, label).inc(rec.cached_tokens)
+            cached = self._cached.get(i)
+            if cached is None:
+                cached = self._cached[i] = self.cached.labels(self.model, self.bucketing.label(i))
+            cached.inc(rec.cached_tokens)
             return
-        for name in REPORTED_PHASES:
-            if name != Phase.STEP.value and name not in rec.phases_ms:
+        kids = self._kids.get(i)
+        if kids is None:
+            kids = self._kids[i] = _Kids(self, self.bucketing.label(i))
+        ph, step_ms, phase = rec.phases_ms, rec.step_ms, kids.phase
+        for name in REPORTED_PHASES:  # what rec.phase(name) reads
+            if name == _STEP:
+                ms = step_ms
+            elif name in ph:
+                ms = float(ph[name])
+            else:
                 continue
-            self.phase_seconds.labels(model, name, label).observe(rec.phase(name) / 1e3)
-        self.accepted.labels(model, label).inc(sum(rec.accepted))
-        self.steps.labels(model, label).inc()
-        self.req_steps.labels(model, label).inc(rec.batch_size)
-        self.draft_tokens.labels(model, label).inc(rec.draft_tokens * rec.batch_size)
+            child = phase.get(name)
+            if child is None:
+                child = phase[name] = self.phase_seconds.labels(self.model, name, kids.label)
+            child.observe(ms / 1e3)
+        kids.accepted.inc(sum(rec.accepted))
+        kids.steps.inc()
+        kids.req_steps.inc(rec.batch_size)
+        kids.draft_tokens.inc(rec.draft_tokens * rec.batch_size)
         # per own-context bucket: [accepted, observed] request-steps per position (index 0 unused)
         labels: dict[int, list[list[int]]] = {}
         for (i, budget, correct), n in record_counts(rec, self.bucketing.edges).items():
@@ -153,12 +172,39 @@ class MetricsView:
                 if pos <= correct:
                     hit[pos] += n
         for i, (hit, seen) in labels.items():
-            own = self.bucketing.label(i)
             for pos in range(1, MAX_POSITION_LABEL + 1):
                 if seen[pos]:
-                    self.position.labels(model, own, str(pos)).inc(hit[pos])  # 0 is an answer: tried, never
-                    self.observed_pos.labels(model, own, str(pos)).inc(seen[pos])
+                    acc, obs = self._position(i, pos)
+                    acc.inc(hit[pos])  # 0 is an answer: tried, never accepted
+                    obs.inc(seen[pos])
         self.observed += 1
+
+    def _position(self, i: int, pos: int) -> tuple[Any, Any]:
+        """The (accepted, observed) children of own-context bucket ``i`` and draft position ``pos``."""
+        kids = self._pos_kids.get((i, pos))
+        if kids is None:
+            own = self.bucketing.label(i)
+            kids = self._pos_kids[(i, pos)] = (self.position.labels(self.model, own, str(pos)),
+                                               self.observed_pos.labels(self.model, own, str(pos)))
+        return kids
+
+
+class _Kids:
+    """One decode ``ctx_bucket``'s children of the families every decode record adds to, resolved
+    on its first record, not per record (``labels()`` builds and looks up a label tuple under a lock
+    on every call); the phase histogram's children as each phase is first seen, so no series
+    appears before it has a value."""
+
+    __slots__ = ("label", "phase", "accepted", "steps", "req_steps", "draft_tokens")
+
+    def __init__(self, view: MetricsView, label: str) -> None:
+        m = view.model
+        self.label = label
+        self.phase: dict[str, Any] = {}
+        self.accepted = view.accepted.labels(m, label)
+        self.steps = view.steps.labels(m, label)
+        self.req_steps = view.req_steps.labels(m, label)
+        self.draft_tokens = view.draft_tokens.labels(m, label)
 
 
 def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None, **kw: Any) -> Optional[MetricsView]:

@@ -191,3 +191,21 @@ def test_state_round_trip_merge_and_old_records_load():
         old.pop(k)
     r = StepRecord.from_dict(old)
     assert r.exec_mode == "" and r.t_end_ns == 0 and r.draft_depth == 0
+
+
+def test_record_counts_are_remembered_per_record_and_equal_a_fresh_count():
+    """The aggregator and the live metrics read one record's acceptance one after the other: the
+    second read is the first's counts; another record, or other edges, is counted afresh."""
+    from sglang_ctxprof.model.buckets import Bucketing
+
+    edges, other = Bucketing.parse("pow2").edges, Bucketing.parse("fixed:1024").edges
+    recs = [rec(i, [f"r{k}" for k in range(n)], [100 * (k + 1) for k in range(n)], [1 + k % 4 for k in range(n)])
+            for i, n in enumerate((1, 3, 70, 256))]
+    for r in recs:
+        first = acc.record_counts(r, edges)
+        assert first == acc.count_record(r, edges)
+        assert acc.record_counts(r, edges) is first
+        assert acc.record_counts(r, tuple(edges)) is first  # equal edges: the same layout
+        assert acc.record_counts(r, other) == acc.count_record(r, other) != first
+    again = rec(0, ["r0"], [100], [4])  # same fields as recs[0] but accepted differs: a new record
+    assert acc.record_counts(again, edges) == acc.count_record(again, edges) != acc.record_counts(recs[0], edges)

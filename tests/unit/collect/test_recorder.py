@@ -248,10 +248,12 @@ def test_a_large_record_is_taken_in_stages_and_a_read_between_two_finishes_it_fi
     r.submit(Host(0))  # built on the drain thread: the build is a stage of its own
     r.submit(_big(1, n))
     r.pacer.run_slice(r._q, r._consume, r._lock)  # the build of record 0
-    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's buckets
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's bucket counts
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's phase folds
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's request, then its audit waits
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0 done
-    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's buckets
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's bucket counts
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's phase folds
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's first chunk of requests
     assert agg.records == 2 and len(agg.requests) == 1 + CHUNK  # record 1 taken in part
     assert len(r._q) == 1  # its rest, first in line

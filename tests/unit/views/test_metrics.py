@@ -102,3 +102,34 @@ def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
     assert deg["exporter"] == 1.0 and sum(deg.values()) == 1.0
     h = fam["sglang_ctxprof_phase_seconds"]
     assert {x.labels["model_name"] for x in h.samples} == {"tiny-dsv3"}
+
+
+def test_a_series_appears_only_once_it_has_a_value_whatever_the_order_of_records():
+    """Children resolved once per bucket must not create series early: a prefill-only bucket has no
+    decode series, a decode-only bucket no cached-tokens series, and a phase never seen no histogram;
+    records fed twice count twice (a cached child is the live one)."""
+    reg = CollectorRegistry()
+    view = MetricsView(Bucketing.parse("pow2"), reg)
+    pre = StepRecord(step_id=1, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=("p",), ctx_lens=(5,),
+                     accepted=(0,), committed=(0,), finished=(False,), draft_tokens=0, step_ms=9.0,
+                     cached_lens=(3,))
+    dec = StepRecord(step_id=2, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(3000,),
+                     accepted=(3,), committed=(3,), finished=(False,), draft_tokens=4, step_ms=6.5,
+                     phases_ms={"draft": 1.0, "verify": 5.5})
+    for r in (pre, dec, pre, dec):
+        view.observe(r)
+    fam = _families(generate_latest(reg).decode())
+
+    def by_bucket(name):
+        return {s.labels["ctx_bucket"]: s.value for s in fam[name].samples if s.name.endswith("_total")}
+
+    assert by_bucket("sglang_ctxprof_steps") == {"2048-4095": 2}
+    assert by_bucket("sglang_ctxprof_request_steps") == {"2048-4095": 2}
+    assert by_bucket("sglang_ctxprof_accepted_tokens") == {"2048-4095": 6}
+    assert by_bucket("sglang_ctxprof_prefill_cached_tokens") == {"0-63": 6}
+    h = fam["sglang_ctxprof_phase_seconds"]
+    assert {(s.labels["phase"], s.value) for s in h.samples if s.name.endswith("_count")} == {
+        ("step", 2), ("draft", 2), ("verify", 2)}
+    observed = {s.labels["position"]: s.value for s in fam["sglang_ctxprof_position_observed"].samples
+                if s.name.endswith("_total")}
+    assert observed == {"1": 2, "2": 2, "3": 2}
