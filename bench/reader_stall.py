@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                             log_path=ns.log, timeout=900, env=env)
         srv.start()
         url = srv.url
-        print(f"server up in {srv.startup_s:.0f} s", flush=True)
+        print(f"server up in {srv.startup_s:.0f} s; SGLang's freeze_gc after start-up: "
+              f"{ {True: 'answered', False: 'failed', None: 'left to SGLang'}[getattr(srv, 'gc_frozen', None)]}",
+              flush=True)
     try:
         with cf.ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda i: _generate(url, 40 + 60 * i, 96, 100 + i), range(ns.warm)))
