@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--gc-probe", action="store_true",
                     help="time the garbage collections of the server's processes (bench/gcprobe)")
+    ap.add_argument("--no-freeze-gc", action="store_true",
+                    help="do not send SGLang's freeze_gc once the server is up (cli.server does by default): "
+                         "the freeze is then left to SGLang's own race with uvicorn")
     ap.add_argument("--gc-census", action="store_true",
                     help="with --gc-probe: also count, at each full collection once the arms start, what the "
                          "process kept and promoted, by kind (slow: a diagnosis; gcprobe/sitecustomize.py)")
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             env = gcprobe.server_env(probe_dir)
             print(f"gc probe: {probe_dir}", flush=True)
         srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
-                            log_path=ns.log, timeout=900, env=env)
+                            log_path=ns.log, timeout=900, env=env, **({"freeze_gc": False} if ns.no_freeze_gc else {}))
         srv.start()
         url = srv.url
         print(f"server up in {srv.startup_s:.0f} s; SGLang's freeze_gc after start-up: "
@@ -277,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     report(summary, idle)
     if srv is not None and ns.gc_probe:
         summary["gc"] = gcprobe.attribute(probe_dir, roles, results)
+        summary["gc"]["sglang_own_freeze_failed"] = "post-warmup freeze_gc failed" in Path(ns.log).read_text(errors="replace")
+        summary["gc"]["freeze_after_start"] = getattr(srv, "gc_frozen", None)
+        print(f"SGLang's own post-warmup freeze_gc: {'failed' if summary['gc']['sglang_own_freeze_failed'] else 'ok'}; "
+              f"ours after start-up: {summary['gc']['freeze_after_start']}")
         gcprobe.report(summary["gc"])
     if ns.out:
         with open(ns.out, "w") as f:

@@ -74,7 +74,7 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, args: Sequence[str], *, port: int | None = None, host: str = "127.0.0.1",
                  env: Mapping[str, str] | None = None, log_path: str | None = None,
-                 timeout: float = 600.0, python: str | None = None) -> None:
+                 timeout: float = 600.0, python: str | None = None, freeze_gc: bool = True) -> None:
         self.port = port or free_port()
         self.host = host
         self.url = f"http://{host}:{self.port}"
@@ -84,6 +84,7 @@ class ServerProcess:
         self.log_path = log_path
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
+        self.freeze_after_start = freeze_gc  # False: leave the freeze to SGLang's race (benches compare)
         self.gc_frozen: bool | None = None  # after ready(): whether SGLang's freeze_gc was answered
         self.startup_s: float | None = None
         self._t0 = 0.0
@@ -115,7 +116,7 @@ class ServerProcess:
             self.stop()
             raise
         self.startup_s = time.time() - self._t0
-        if "--skip-server-warmup" in self.cmd:
+        if self.freeze_after_start and "--skip-server-warmup" in self.cmd:
             self.gc_frozen = self.freeze_gc()
 
     def freeze_gc(self) -> bool:

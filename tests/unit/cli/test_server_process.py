@@ -81,3 +81,15 @@ def test_refused_freeze_is_reported_not_raised(front):
     sp = _ready(front, ["--model-path", "m", "--skip-server-warmup", "--api-key", "k"])
     assert [s for s in _Front.seen if s[0] == "POST"] == [("POST", "/freeze_gc", "Bearer k")]
     assert sp.gc_frozen is False
+
+
+def test_freeze_can_be_left_to_sglang(front):
+    sp = ServerProcess(["--model-path", "m", "--skip-server-warmup"], port=front, timeout=20, freeze_gc=False)
+    sp.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sp._t0 = __import__("time").time()
+    try:
+        sp.ready()
+    finally:
+        sp.proc.kill()
+        sp.proc.wait()
+    assert [s for s in _Front.seen if s[0] == "POST"] == [] and sp.gc_frozen is None
