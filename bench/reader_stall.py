@@ -22,6 +22,15 @@ sglang arm's (the goal is at most 1.2), and per read route its count, latency p5
 size.  Last, ``/ctx_profile`` latency on the idle server (``--idle-reads`` reads: the first after
 the last change builds, the rest may be served from a cache) with the server's decode-step count.
 
+``--gc-probe`` (a server this script starts) puts ``bench/gcprobe`` first on the server's
+``PYTHONPATH``: its ``sitecustomize`` times every generation-1 and -2 garbage collection in each
+SGLang process (HTTP, scheduler, detokenizer).  Printed then per arm and process: the full
+(generation-2) collections during the stream, their total and longest pause, and for the arm's
+longest chunk gaps whether a full collection overlapped them.  Counts of full collections are
+robust to a busy machine where gap sizes are not.  ``--gc-census`` adds, per process, what each
+full collection found kept and promoted since the previous one, by kind (``census-<pid>.txt`` in
+the probe's folder; slow, for a diagnosis).
+
 The server's code is whatever ``sglang_ctxprof`` the environment imports (``PYTHONPATH`` wins over
 this checkout), so the same script measures another revision.  ``--url`` measures a running server.
 A benchmark, not a test: it asserts nothing about timing.  ``--out FILE`` writes the numbers as JSON.
@@ -45,6 +54,8 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gcprobe_report as gcprobe  # noqa: E402  (bench/, beside this script)
 
 SGLANG_READS = ("/get_server_info", "/get_model_info", "/health", "/v1/models")
 CTXPROF_READS = ("/ctx_profile", "/ctx_profile/diagnosis", "/ctx_profile/requests?slowest=1000",
@@ -146,14 +157,15 @@ def run_arm(url: str, arm: str, ns, seed: int, pid: Optional[int] = None) -> dic
         time.sleep(0.5)  # the loop is running before the first chunk
     (h0, k0), w0 = cpu_s(pid), time.monotonic()
     times = stream(url, ns.prompt, ns.new, seed)
-    (h1, k1), wall = cpu_s(pid), time.monotonic() - w0
+    w1 = time.monotonic()
+    (h1, k1), wall = cpu_s(pid), w1 - w0
     if reader is not None:
         reader.stop_ev.set()
         reader.join()
     gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])][ns.skip:]
     reads = {p: v for p, v in (reader.seen.items() if reader else ())}
     return {"arm": arm, "chunks": len(times), "gaps_ms": gaps, "reads": reads,
-            "http_cpu_s": h1 - h0, "sched_cpu_s": k1 - k0, "wall_s": wall}
+            "http_cpu_s": h1 - h0, "sched_cpu_s": k1 - k0, "wall_s": wall, "t0": w0, "t1": w1, "times": times}
 
 
 def summarize(results: list[dict]) -> dict:
@@ -212,7 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-reads", type=int, default=5)
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "reader_stall.log"))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--gc-probe", action="store_true",
+                    help="time the garbage collections of the server's processes (bench/gcprobe)")
+    ap.add_argument("--no-freeze-gc", action="store_true",
+                    help="do not send SGLang's freeze_gc once the server is up (cli.server does by default): "
+                         "the freeze is then left to SGLang's own race with uvicorn")
+    ap.add_argument("--gc-census", action="store_true",
+                    help="with --gc-probe: also count, at each full collection once the arms start, what the "
+                         "process kept and promoted, by kind (slow: a diagnosis; gcprobe/sitecustomize.py)")
     ns = ap.parse_args(argv)
+    ns.gc_probe = ns.gc_probe or ns.gc_census
     from sglang_ctxprof.cli.server import ServerProcess, cpu_args
     from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
     import sglang_ctxprof
@@ -225,14 +246,23 @@ def main(argv: list[str] | None = None) -> int:
         m = build(TinyModelArgs(arch="deepseek-v3", out=str(ROOT / ".cache" / "models" / "deepseek-v3-eagle-ha"),
                                 draft="eagle", high_acceptance=True))
         Path(ns.log).parent.mkdir(parents=True, exist_ok=True)
+        env = {}
+        if ns.gc_probe:
+            probe_dir = gcprobe.new_dir(Path(ns.log).parent)
+            env = gcprobe.server_env(probe_dir)
+            print(f"gc probe: {probe_dir}", flush=True)
         srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
-                            log_path=ns.log, timeout=900)
+                            log_path=ns.log, timeout=900, env=env, **({"freeze_gc": False} if ns.no_freeze_gc else {}))
         srv.start()
         url = srv.url
-        print(f"server up in {srv.startup_s:.0f} s", flush=True)
+        print(f"server up in {srv.startup_s:.0f} s; SGLang's freeze_gc after start-up: "
+              f"{ {True: 'answered', False: 'failed', None: 'left to SGLang'}[getattr(srv, 'gc_frozen', None)]}",
+              flush=True)
     try:
         with cf.ThreadPoolExecutor(8) as ex:
             list(ex.map(lambda i: _generate(url, 40 + 60 * i, 96, 100 + i), range(ns.warm)))
+        if ns.gc_probe and ns.gc_census and srv is not None:
+            (probe_dir / "census").touch()
         results = []
         order = list(ARMS)
         for k in range(ns.rounds):
@@ -243,10 +273,18 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(r)
         summary = summarize(results)
         idle = idle_reads(url, ns.idle_reads) if ns.idle_reads > 0 else None
+        roles = gcprobe.roles(srv.proc.pid) if srv is not None and ns.gc_probe else {}
     finally:
         if srv is not None:
             srv.stop()
     report(summary, idle)
+    if srv is not None and ns.gc_probe:
+        summary["gc"] = gcprobe.attribute(probe_dir, roles, results)
+        summary["gc"]["sglang_own_freeze_failed"] = "post-warmup freeze_gc failed" in Path(ns.log).read_text(errors="replace")
+        summary["gc"]["freeze_after_start"] = getattr(srv, "gc_frozen", None)
+        print(f"SGLang's own post-warmup freeze_gc: {'failed' if summary['gc']['sglang_own_freeze_failed'] else 'ok'}; "
+              f"ours after start-up: {summary['gc']['freeze_after_start']}")
+        gcprobe.report(summary["gc"])
     if ns.out:
         with open(ns.out, "w") as f:
             json.dump({"summary": summary, "idle": idle, "args": vars(ns)}, f, indent=1)

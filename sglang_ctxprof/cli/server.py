@@ -5,6 +5,15 @@ then SIGKILL the whole group, so no scheduler or detokenizer survives.  Readines
 answers 200 and ``/v1/models`` lists the model; a process that exits early, or a timeout, raises
 :class:`ServerError` with the tail of the server log.
 
+Once ready, a server started with ``--skip-server-warmup`` (as ``cpu_args`` does) is sent SGLang's
+own ``POST /freeze_gc``.  SGLang posts it itself after its warm-up so that its start-up heap leaves
+the garbage collector's generations, but with ``--skip-server-warmup`` it posts at once from the
+warm-up thread, with no retry, racing uvicorn's bind: on this machine it lost about two starts in
+three ("post-warmup freeze_gc failed" in the log).  Then every full collection of the HTTP process,
+the scheduler and the detokenizer walks that heap: 0.5-1 s pauses, one streamed chunk gap each,
+where a frozen server pauses 2-8 ms (``bench/reader_stall.py --gc-probe``).  ``gc_frozen`` says
+whether the freeze was answered.
+
 ``cpu_args()`` is the measured CPU recipe (see launch/cpu-demo.sh).
 """
 
@@ -48,6 +57,14 @@ def cpu_args(model: str, *, algorithm: str | None = None, draft: str | None = No
     return args
 
 
+def _arg(cmd: Sequence[str], flag: str) -> str | None:
+    """The value after ``flag`` in ``cmd`` (None when absent)."""
+    for i, a in enumerate(cmd[:-1]):
+        if a == flag:
+            return cmd[i + 1]
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,7 +74,7 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, args: Sequence[str], *, port: int | None = None, host: str = "127.0.0.1",
                  env: Mapping[str, str] | None = None, log_path: str | None = None,
-                 timeout: float = 600.0, python: str | None = None) -> None:
+                 timeout: float = 600.0, python: str | None = None, freeze_gc: bool = True) -> None:
         self.port = port or free_port()
         self.host = host
         self.url = f"http://{host}:{self.port}"
@@ -67,6 +84,8 @@ class ServerProcess:
         self.log_path = log_path
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
+        self.freeze_after_start = freeze_gc  # False: leave the freeze to SGLang's race (benches compare)
+        self.gc_frozen: bool | None = None  # after ready(): whether SGLang's freeze_gc was answered
         self.startup_s: float | None = None
         self._t0 = 0.0
         self._log: "IO[str] | int | None" = None
@@ -97,6 +116,20 @@ class ServerProcess:
             self.stop()
             raise
         self.startup_s = time.time() - self._t0
+        if self.freeze_after_start and "--skip-server-warmup" in self.cmd:
+            self.gc_frozen = self.freeze_gc()
+
+    def freeze_gc(self) -> bool:
+        """SGLang's post-warm-up ``POST /freeze_gc`` (its processes freeze their heaps), with the
+        admin (else API) key of the command line; True when answered 200."""
+        key = _arg(self.cmd, "--admin-api-key") or _arg(self.cmd, "--api-key")
+        req = urllib.request.Request(self.url + "/freeze_gc", data=b"", method="POST",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def wait_ready(self, t0: float) -> None:
         proc = self.proc

@@ -232,13 +232,23 @@ class PointSample:
         return c
 
     def to_state(self) -> dict[str, Any]:
-        return {"seen": self.seen, "points": [[x, y] for x, y in self.points]}
+        """``xy``: the points flat, x0, y0, x1, y1...: one list of floats, not one list per point.
+        A state crosses from the scheduler to SGLang's HTTP process on every profile read and lives
+        through the build there; hundreds of point lists each time were promoted to the oldest GC
+        generation and brought on full collections of SGLang's heap, which one flat list does not."""
+        return {"seen": self.seen, "xy": [v for pt in self.points for v in pt]}
 
     @classmethod
     def from_state(cls, s: Mapping[str, Any], cap: int = 512) -> "PointSample":
+        """From ``to_state``, or from a state of before ``xy`` (``points``: [[x, y], ...])."""
         c = cls(cap)
         c.seen = int(s.get("seen", 0))
-        c.points = [(float(x), float(y)) for x, y in (s.get("points") or [])]
+        xy = s.get("xy")
+        if xy is not None:
+            it = iter(xy)
+            c.points = [(float(x), float(y)) for x, y in zip(it, it)]
+        else:
+            c.points = [(float(x), float(y)) for x, y in (s.get("points") or [])]
         return c
 
 

@@ -10,7 +10,9 @@ event that depends on the other steps is ``ts`` (microseconds from the earliest 
 ``ts`` with the event's start in ns; :meth:`TraceWriter.render` then writes ``ts`` for the current
 ``t0`` and joins.  The text equals ``http_guard.json_response(steps_trace(...))``'s body byte for
 byte (the same key order, separators, float repr and non-finite-as-null).  The memo keeps only
-the rows of the last render, so it is bounded by what one read ships.  One writer per thread: the
+the rows of the last render, so it is bounded by what one read ships; its entries are tuples of
+ints and strings, which the garbage collector stops tracking, so the 2048 steps it holds add nothing
+to the full collections of SGLang's HTTP process.  One writer per thread: the
 build thread (``http_build``) is its only user.
 """
 
@@ -22,9 +24,10 @@ from typing import Any, Optional, Sequence
 from .http_guard import finite
 from .trace_events import PID, other_data, process_event, rank_label, record_slices, track_meta
 
-# (event start ns, text before the ts value, text after it)
-Piece = tuple[int, str, str]
-Entry = tuple[int, list[Piece]]  # (step start ns, its events)
+# A step's events, flat: (step start ns, then per event: its start ns, the text before the ts
+# value, the text after it).  One tuple of ints and strings: the garbage collector stops tracking
+# it the first time it looks (a nested tuple may need several looks).
+Entry = tuple[int | str, ...]
 
 
 def _dumps(obj: Any) -> str:
@@ -51,13 +54,13 @@ def _head(name: str, cat: str, tid: int) -> str:
 def _entry(row: str, tid: int) -> Entry:
     d = json.loads(row)
     start = int(d.get("t_start_ns", 0))
-    pieces = []
+    flat: list[int | str] = [start]
     for name, cat, s, e, args in record_slices(d):
         tail = ',"dur":' + repr((e - s) / 1e3)  # ints over 1e3: finite, and json writes floats by repr
         if args:
             tail += ',"args":' + _dumps(args)
-        pieces.append((s, _head(name, cat, tid), tail + "}"))
-    return start, pieces
+        flat += (s, _head(name, cat, tid), tail + "}")
+    return tuple(flat)
 
 
 class TraceWriter:
@@ -87,8 +90,8 @@ class TraceWriter:
         parts = [_dumps(process_event())]
         for i, (label, entries) in enumerate(tracks):
             parts += [_dumps(m) for m in track_meta(i + 1, label, i)]
-            for _, pieces in entries:
-                parts += [head + repr((s - t0) / 1e3) + tail for s, head, tail in pieces]
+            for en in entries:
+                parts += [en[k + 1] + repr((en[k] - t0) / 1e3) + en[k + 2] for k in range(1, len(en), 3)]
         steps = sum(len(ents) for _, ents in tracks)
         return ('{"traceEvents":[' + ",".join(parts) + '],"displayTimeUnit":"ms","otherData":'
                 + _dumps(other_data(t0, last, steps)) + "}")

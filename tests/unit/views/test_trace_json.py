@@ -7,6 +7,7 @@ phase times, start times and several ranks (out of order, prefill among them).
 
 from __future__ import annotations
 
+import gc
 import json
 
 from hypothesis import given, settings
@@ -72,3 +73,23 @@ def test_the_memo_keeps_only_the_last_read_and_tracks_are_apart():
     w.render([({"dp": 0}, [])], 3)
     assert len(w._memo) == 0  # bounded by the last read
 
+
+
+def _tracked(obj) -> int:
+    n = int(gc.is_tracked(obj))
+    if isinstance(obj, (list, tuple)):
+        n += sum(_tracked(v) for v in obj)
+    return n
+
+
+def test_the_memo_of_2048_steps_leaves_nothing_for_the_collector_to_walk():
+    # SGLang's HTTP process keeps this memo for the life of the server: its entries must be atoms in
+    # tuples (untracked by the GC once it has seen them), else every read's new steps add
+    # containers to the oldest generation and bring on full collections of SGLang's heap.
+    w = TraceWriter()
+    rows = _rows(2048)
+    for k in range(3):  # a read loop: the window moves on by 100 steps
+        w.render([({"dp": 0}, rows[k * 100:] + _rows(k * 100, start=2048)[-k * 100:] if k else rows)], 2048)
+    gc.collect()
+    assert len(w._memo) == 2048
+    assert sum(_tracked(key) + _tracked(entry) for key, entry in w._memo.items()) == 0

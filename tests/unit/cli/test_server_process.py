@@ -1,0 +1,95 @@
+"""``ServerProcess.ready()`` against a fake SGLang HTTP front: once ``/v1/models`` lists a model, a
+server started with ``--skip-server-warmup`` is sent SGLang's ``POST /freeze_gc`` (which SGLang's
+own warm-up thread may have lost to uvicorn's bind), with the admin key where one is given."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_ctxprof.cli.server import ServerProcess
+
+
+class _Front(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str, str]] = []
+    freeze_status = 200
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def _reply(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.seen.append(("GET", self.path, self.headers.get("Authorization", "")))
+        self._reply(200, json.dumps({"data": [{"id": "m"}]}).encode() if self.path == "/v1/models" else b"{}")
+
+    def do_POST(self) -> None:
+        self.seen.append(("POST", self.path, self.headers.get("Authorization", "")))
+        self._reply(self.freeze_status if self.path == "/freeze_gc" else 404, b"{}")
+
+
+@pytest.fixture
+def front():
+    _Front.seen = []
+    _Front.freeze_status = 200
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Front)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def _ready(port: int, args: list[str]) -> ServerProcess:
+    sp = ServerProcess(args, port=port, timeout=20)
+    sp.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for SGLang
+    sp._t0 = __import__("time").time()
+    try:
+        sp.ready()
+    finally:
+        sp.proc.kill()
+        sp.proc.wait()
+    return sp
+
+
+def test_skip_warmup_server_is_frozen_once_ready(front):
+    sp = _ready(front, ["--model-path", "m", "--skip-server-warmup", "--admin-api-key", "adm"])
+    posts = [s for s in _Front.seen if s[0] == "POST"]
+    assert posts == [("POST", "/freeze_gc", "Bearer adm")]
+    assert sp.gc_frozen is True
+    # after the server answered its models: the freeze is of a ready server
+    assert _Front.seen.index(posts[0]) > max(i for i, s in enumerate(_Front.seen) if s[1] == "/v1/models")
+
+
+def test_warmed_server_is_left_to_sglang(front):
+    sp = _ready(front, ["--model-path", "m"])
+    assert [s for s in _Front.seen if s[0] == "POST"] == []
+    assert sp.gc_frozen is None
+
+
+def test_refused_freeze_is_reported_not_raised(front):
+    _Front.freeze_status = 403
+    sp = _ready(front, ["--model-path", "m", "--skip-server-warmup", "--api-key", "k"])
+    assert [s for s in _Front.seen if s[0] == "POST"] == [("POST", "/freeze_gc", "Bearer k")]
+    assert sp.gc_frozen is False
+
+
+def test_freeze_can_be_left_to_sglang(front):
+    sp = ServerProcess(["--model-path", "m", "--skip-server-warmup"], port=front, timeout=20, freeze_gc=False)
+    sp.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sp._t0 = __import__("time").time()
+    try:
+        sp.ready()
+    finally:
+        sp.proc.kill()
+        sp.proc.wait()
+    assert [s for s in _Front.seen if s[0] == "POST"] == [] and sp.gc_frozen is None
