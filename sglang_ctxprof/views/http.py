@@ -52,6 +52,7 @@ from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
 from ..model.config import CtxProfConfig
+from .http_body import BodyTexts, served_json
 from .http_build import CACHE, off_loop, versions
 from .http_context import INSTALLED, Asker, PlainStore, ReadContext, Route
 from .http_gate import gate
@@ -65,23 +66,30 @@ MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
-def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile]:
-    """Each answering rank's profile body (None for a rank that answered an error) and the merged
-    profile.  One rank: its profile is the merged one (``merge`` of one snapshot changes nothing)."""
+def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile, BodyTexts]:
+    """Each answering rank's profile body (None for a rank that answered an error), the merged
+    profile and their JSON texts (written on first use).  One rank: its profile is the merged one
+    (``merge`` of one snapshot changes nothing)."""
     snaps = [Snapshot.from_dict(p["state"]) if "state" in p else None for p in payloads]
     ok = [s for s in snaps if s is not None]
     if len(ok) == 1:
         merged = build_profile(ok[0])
         one = merged.to_dict(envelope=False)
-        return [one if s is not None else None for s in snaps], merged
-    bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
-    return bodies, (build_profile(merge(ok)) if ok else Profile(bucketing={}))
+        bodies = [one if s is not None else None for s in snaps]
+    else:
+        bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
+        merged = build_profile(merge(ok)) if ok else Profile(bucketing={})
+    return bodies, merged, BodyTexts(bodies, merged)
 
 
 def served_profile(payloads: list[dict[str, Any]]) -> Profile:
     """Merge rank answers into the served profile: merged view at the top, per-rank views in ``ranks``.
     The build is cached per the ranks' versions (``http_build``); the envelope is read fresh."""
-    bodies, merged = CACHE.get(versions(payloads), lambda: _built(payloads))
+    return _served(payloads)[0]
+
+
+def _served(payloads: list[dict[str, Any]]) -> tuple[Profile, BodyTexts]:
+    bodies, merged, texts = CACHE.get(versions(payloads), lambda: _built(payloads))
     ranks = [{"status": p["status"], "profile": b} if "state" in p else {"error": p.get("error", "no answer")}
              for p, b in zip(payloads, bodies)]
     statuses = [p["status"] for p in payloads if "state" in p]
@@ -93,7 +101,7 @@ def served_profile(payloads: list[dict[str, Any]]) -> Profile:
         dropped=sum(int(s.get("dropped", 0)) for s in statuses),
         spans_dropped=sum(int((s.get("exporters") or {}).get("spans_dropped", 0)) for s in statuses),
         ranks=tuple(ranks),
-    )
+    ), texts
 
 
 def served_state(payloads: list[dict[str, Any]]):
@@ -131,7 +139,7 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         out = served_state(payloads)
         return out if isinstance(out, Response) else _json(out)
     try:
-        profile = served_profile(payloads)
+        profile, texts = _served(payloads)
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -139,7 +147,7 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered",
                       degraded=profile.degraded)
     if fmt == "json":
-        return _json(profile.to_dict())
+        return served_json(profile, texts)  # the bytes of _json(profile.to_dict()), from kept texts
     from fastapi.responses import PlainTextResponse
 
     if fmt == "text":
