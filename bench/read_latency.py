@@ -19,7 +19,8 @@ Prometheus, the diagnosis as JSON and text):
 Reads of the other phases are ``--gap`` seconds apart (a dashboard's poll), so the gate's
 cool-down of the previous read is over when the next one arrives.
 
-Printed: per route and phase the latency p50 / p99 / max (ms, client side: the whole HTTP round
+``/ctx_profile/status`` and SGLang's ``/get_server_info`` (both ask the scheduler and build nothing)
+are measured alike as the floor of any read that asks the scheduler.  Printed: per route and phase the latency p50 / p99 / max (ms, client side: the whole HTTP round
 trip) and the body size, with the step count when the phase ran.  The issue's goal is
 ``/ctx_profile`` under 50 ms after 10^4 steps.  The server's code is whatever ``sglang_ctxprof``
 the environment imports (``PYTHONPATH`` wins over this checkout).  ``--url`` measures a running
@@ -45,7 +46,9 @@ sys.path.append(str(ROOT / "bench"))
 from reader_stall import _generate, _get, pct, stream  # noqa: E402
 
 ROUTES = ("/ctx_profile", "/ctx_profile?format=text", "/ctx_profile?format=prometheus",
-          "/ctx_profile/diagnosis", "/ctx_profile/diagnosis?format=text")
+          "/ctx_profile/diagnosis", "/ctx_profile/diagnosis?format=text",
+          # baselines: a round trip to the scheduler with no build, ours and SGLang's own
+          "/ctx_profile/status", "/get_server_info")
 
 
 def totals(url: str) -> dict:
