@@ -16,7 +16,7 @@ def _agg(n: int, seed: int) -> Aggregator:
     agg = Aggregator()
     for i in range(n):
         ctx = 100 + (37 * i + seed) % 5000
-        attn = 0.5 + ctx / 2000 + (i % 7) * 0.01
+        attn = 0.5 + ctx / 2000 + (i % 7) * 0.01 + (400.0 if i % 53 == 7 else 0.0)  # a few slow steps
         ph = {"draft": 1.0, "verify": attn + 3.0, "verify_attn": attn, "verify_moe": 2.0, "verify_rest": 1.0,
               "draft_extend": 0.5, "overhead": 0.2}
         agg.observe(StepRecord(step_id=i, kind="prefill" if i % 40 == 0 else "decode", algorithm="EAGLE",
