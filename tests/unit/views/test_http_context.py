@@ -93,3 +93,21 @@ def test_uninstall_mirrors_install_and_a_new_install_reads_through_the_new_clien
     assert c.get(names.ROUTE_STATUS).json()["ranks"][0]["status"]["client"] == "new"
     assert c.get("/mine").json() == {"ok": True}
     assert old.calls == []
+
+
+def test_the_test_only_fault_switch_reads_through_the_context_outside_the_guard(monkeypatch):
+    from sglang_ctxprof.model.guard import FAULT_RUNTIME
+
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(FAULT_RUNTIME))
+    rec, wrapped = Recorder("faulty"), []
+    app = fastapi.FastAPI()
+    http.install_routes(app, rec, admin=lambda f: wrapped.append(f) or f)
+    c = TestClient(app)
+    r = c.post(names.ROUTE_FAULT, json={"component": "http"})
+    assert r.status_code == 200 and r.json()["ranks"] == [{"rank": 0, "client": "faulty"}]
+    assert rec.calls == [names.CMD_FAULT]
+    assert c.get(names.ROUTE_STATUS).status_code == 503  # the http component is broken now
+    assert c.post(names.ROUTE_FAULT, json={"component": ""}).status_code == 200  # the switch is not guarded
+    assert c.get(names.ROUTE_STATUS).status_code == 200
+    assert c.post(names.ROUTE_FAULT, json={"component": "nope"}).status_code == 400
+    assert any(getattr(getattr(f, "__wrapped__", None), "func", None) is http.post_fault for f in wrapped)  # admin
