@@ -8,7 +8,8 @@ pairs each, plus the rest) is timed alternately with the pairwise slopes from nu
 the pure-Python loop (before), ``--reps`` times each.  Prints both medians and their ratio, and checks
 the two profiles are equal.  Then one served ``/ctx_profile`` body, changed against unchanged
 (``http_build``'s cache), and a read loop with 3 new steps between reads: every fit refitted against
-fits remembered by their points (``stats.theil_sen``), alternately.
+fits remembered by their points (``stats.theil_sen``), alternately.  Last, the JSON reply from kept
+body texts (``http_body``) against ``json_response(profile.to_dict())``, changed and cached.
 
 A benchmark, not a test: it asserts nothing about timing.
 """
@@ -134,6 +135,35 @@ def loop(agg: Aggregator, reps: int) -> None:
     stats.FITS_KEPT, stats._FITS = kept, memo
     a, b = statistics.median(t["refit"]), statistics.median(t["remembered"])
     print(f"read loop (3 new steps a read): refit every fit {a:.1f} ms, fits remembered {b:.1f} ms, ratio {a / b:.1f}x")
+    json_reply(agg, reps)
+
+
+def json_reply(agg: Aggregator, reps: int) -> None:
+    """The JSON reply of ``GET /ctx_profile`` (one rank), built and serialized: from kept body texts
+    (``http_body``, now) against ``json_response(profile.to_dict())`` (before), for a changed state
+    (a build) and an unchanged one (cached), alternately; the bytes must be equal."""
+    from sglang_ctxprof.views import http, http_build
+    from sglang_ctxprof.views.http_guard import json_response
+
+    payload = {"state": agg.state(with_requests=False),
+               "status": {"enabled": True, "pid": 1, "submitted": agg.records, "dropped": 0}}
+    ways = {"texts": lambda: http._profile_reply([payload], "json").body,
+            "to_dict": lambda: json_response(http.served_profile([payload]).to_dict()).body}
+    t: dict = {(w, c): [] for w in ways for c in ("changed", "cached")}
+    bodies = {}
+    for r in range(reps * 2):
+        for w in (("texts", "to_dict") if r % 2 == 0 else ("to_dict", "texts")):
+            http_build.CACHE.clear()
+            t0 = time.perf_counter()
+            bodies[w] = ways[w]()
+            t1 = time.perf_counter()
+            ways[w]()
+            t[(w, "changed")].append((t1 - t0) * 1e3)
+            t[(w, "cached")].append((time.perf_counter() - t1) * 1e3)
+    for c in ("changed", "cached"):
+        a, b = statistics.median(t[("to_dict", c)]), statistics.median(t[("texts", c)])
+        print(f"/ctx_profile JSON reply, {c}: to_dict + dumps {a:.2f} ms, kept texts {b:.2f} ms, ratio {a / b:.1f}x")
+    print(f"  bytes equal: {bodies['texts'] == bodies['to_dict']} ({len(bodies['texts']) / 1e3:.0f} kB)")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,17 @@ with ``degraded`` and one warning with the traceback, and only repeated failures
 (503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.  Responses hold ids,
 lengths and timings only, never prompt or output text.
 
+Every handler reads through one ``views.http_context.ReadContext`` (the control client, the read gate,
+the configuration, the plain reference) that :func:`install_routes` makes and hands to each route
+module's ``routes(rc)`` factory; :func:`uninstall_routes` removes exactly what it added.
+
 Test only: with ``SGLANG_CTXPROF_FAULT=runtime`` at start, ``POST /ctx_profile/fault`` with
 ``{"component": "<name>"}`` breaks one component (``""`` heals all); see ``safety``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any, Callable, Optional
@@ -42,12 +47,14 @@ from typing import Any, Callable, Optional
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..control.client import ControlClient
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
+from ..model.config import CtxProfConfig
+from .http_body import BodyTexts, served_json
 from .http_build import CACHE, off_loop, versions
+from .http_context import INSTALLED, Asker, PlainStore, ReadContext, Route
 from .http_gate import gate
 from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
@@ -59,33 +66,30 @@ MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
-_CLIENT: Optional[ControlClient] = None  # given by install_routes
-
-
-async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
-    """Send one control command to every DP group and return their ctx_profile payloads."""
-    if _CLIENT is None:
-        raise RuntimeError("sglang-ctxprof: the control client is not installed (install_routes)")
-    return await _CLIENT.ask(cmd, **args)
-
-
-def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile]:
-    """Each answering rank's profile body (None for a rank that answered an error) and the merged
-    profile.  One rank: its profile is the merged one (``merge`` of one snapshot changes nothing)."""
+def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile, BodyTexts]:
+    """Each answering rank's profile body (None for a rank that answered an error), the merged
+    profile and their JSON texts (written on first use).  One rank: its profile is the merged one
+    (``merge`` of one snapshot changes nothing)."""
     snaps = [Snapshot.from_dict(p["state"]) if "state" in p else None for p in payloads]
     ok = [s for s in snaps if s is not None]
     if len(ok) == 1:
         merged = build_profile(ok[0])
         one = merged.to_dict(envelope=False)
-        return [one if s is not None else None for s in snaps], merged
-    bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
-    return bodies, (build_profile(merge(ok)) if ok else Profile(bucketing={}))
+        bodies = [one if s is not None else None for s in snaps]
+    else:
+        bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
+        merged = build_profile(merge(ok)) if ok else Profile(bucketing={})
+    return bodies, merged, BodyTexts(bodies, merged)
 
 
 def served_profile(payloads: list[dict[str, Any]]) -> Profile:
     """Merge rank answers into the served profile: merged view at the top, per-rank views in ``ranks``.
     The build is cached per the ranks' versions (``http_build``); the envelope is read fresh."""
-    bodies, merged = CACHE.get(versions(payloads), lambda: _built(payloads))
+    return _served(payloads)[0]
+
+
+def _served(payloads: list[dict[str, Any]]) -> tuple[Profile, BodyTexts]:
+    bodies, merged, texts = CACHE.get(versions(payloads), lambda: _built(payloads))
     ranks = [{"status": p["status"], "profile": b} if "state" in p else {"error": p.get("error", "no answer")}
              for p, b in zip(payloads, bodies)]
     statuses = [p["status"] for p in payloads if "state" in p]
@@ -97,7 +101,7 @@ def served_profile(payloads: list[dict[str, Any]]) -> Profile:
         dropped=sum(int(s.get("dropped", 0)) for s in statuses),
         spans_dropped=sum(int((s.get("exporters") or {}).get("spans_dropped", 0)) for s in statuses),
         ranks=tuple(ranks),
-    )
+    ), texts
 
 
 def served_state(payloads: list[dict[str, Any]]):
@@ -111,19 +115,19 @@ def served_state(payloads: list[dict[str, Any]]):
             "enabled": all(p["status"].get("enabled") for p in states)}
 
 
-async def get_profile(request: Request):
+async def get_profile(rc: ReadContext, request: Request):
     fmt = request.query_params.get("format", "json")
     if fmt not in FORMATS:
         return _error(400, f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    return await gate().run(("profile", fmt), lambda: _profile_read(fmt))
+    return await rc.gate.run(("profile", fmt), lambda: _profile_read(rc, fmt))
 
 
-async def _profile_read(fmt: str) -> Any:
+async def _profile_read(rc: ReadContext, fmt: str) -> Any:
     try:
-        payloads = await _ask(names.CMD_SNAPSHOT)
+        payloads = await rc.ask(names.CMD_SNAPSHOT)
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -135,7 +139,7 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         out = served_state(payloads)
         return out if isinstance(out, Response) else _json(out)
     try:
-        profile = served_profile(payloads)
+        profile, texts = _served(payloads)
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -143,7 +147,7 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered",
                       degraded=profile.degraded)
     if fmt == "json":
-        return _json(profile.to_dict())
+        return served_json(profile, texts)  # the bytes of _json(profile.to_dict()), from kept texts
     from fastapi.responses import PlainTextResponse
 
     if fmt == "text":
@@ -155,7 +159,7 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
     return PlainTextResponse(render_prom(profile), media_type="text/plain; version=0.0.4")
 
 
-async def get_diagnosis(request: Request):
+async def get_diagnosis(rc: ReadContext, request: Request):
     """The verdict (``views.diagnosis``) of the merged profile; ``?format=text``, ``?ctx=N`` (what-if)."""
     qp = dict(request.query_params)
     unknown = set(qp) - {"format", "ctx"}
@@ -172,23 +176,18 @@ async def get_diagnosis(request: Request):
             return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx'][:40]!r}")
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
-    return await gate().run(("diagnosis", ctx, fmt),
-                            lambda: _read(names.CMD_SNAPSHOT, {}, _diagnosis_reply, ctx, fmt))
+    return await rc.gate.run(("diagnosis", ctx, fmt),
+                             lambda: rc.read(names.CMD_SNAPSHOT, {}, _diagnosis_reply, rc.plain, ctx, fmt))
 
 
-async def _read(cmd: str, ask: dict[str, Any], reply: Callable[..., Any], *args: Any) -> Any:
-    """Ask every DP group, then ``reply(payloads, *args)`` on the build thread (off the event loop)."""
-    return await off_loop(reply, await _ask(cmd, **ask), *args)
-
-
-def _diagnosis_reply(payloads: list[dict[str, Any]], ctx: Any, fmt: str) -> Any:
+def _diagnosis_reply(payloads: list[dict[str, Any]], plain: PlainStore, ctx: Any, fmt: str) -> Any:
     from . import http_plain
     from .diagnosis import diagnose, evidence_from_profile
 
     profile = served_profile(payloads)
     if not any("error" not in r for r in profile.ranks):
         return _error(503, "; ".join(r["error"] for r in profile.ranks) or "no scheduler answered")
-    ref = http_plain.reference()
+    ref = plain.ref
     d = diagnose(evidence_from_profile(profile, source="server"), ctx=ctx,
                  plain=ref.evidence if ref is not None else None)
     if not d["ledger"].get("available") and ref is None:
@@ -211,11 +210,11 @@ def _failed(payloads: list[dict[str, Any]]) -> Optional[Response]:
     return _error(503, "; ".join(errors)) if errors else None
 
 
-async def _command(request: Request, cmd: str, **args: Any):
+async def _command(rc: ReadContext, request: Request, cmd: str, **args: Any):
     if request.query_params and not args:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(request.query_params))}")
     try:
-        payloads = await _ask(cmd, **args)
+        payloads = await rc.ask(cmd, **args)
     except Exception as exc:  # noqa: BLE001
         return _error(500, f"ctx profile command failed: {type(exc).__name__}")
     failed = _failed(payloads)  # e.g. a clock a rank cannot use
@@ -224,32 +223,32 @@ async def _command(request: Request, cmd: str, **args: Any):
     return {"ok": True, "command": cmd, "ranks": [p.get("status") for p in payloads]}
 
 
-async def post_reset(request: Request):
+async def post_reset(rc: ReadContext, request: Request):
     """``?clock=wall|thread`` (optional): empty the profile and time the steps on that CPU clock from now on."""
     qp = dict(request.query_params)
     if set(qp) - {"clock"}:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(set(qp) - {'clock'}))}")
     if "clock" in qp and qp["clock"] not in names.CLOCKS:
         return _error(400, f"clock must be one of {', '.join(names.CLOCKS)}, got {qp['clock'][:40]!r}")
-    return await _command(request, names.CMD_RESET, **qp)
+    return await _command(rc, request, names.CMD_RESET, **qp)
 
 
-async def post_enable(request: Request):
-    return await _command(request, names.CMD_ENABLE)
+async def post_enable(rc: ReadContext, request: Request):
+    return await _command(rc, request, names.CMD_ENABLE)
 
 
-async def post_disable(request: Request):
-    return await _command(request, names.CMD_DISABLE)
+async def post_disable(rc: ReadContext, request: Request):
+    return await _command(rc, request, names.CMD_DISABLE)
 
 
-async def get_status(request: Request):
+async def get_status(rc: ReadContext, request: Request):
     if request.query_params:
         return _error(400, "this route takes no query parameters")
-    payloads = await _ask(names.CMD_STATUS)
+    payloads = await rc.ask(names.CMD_STATUS)
     return {"schema_version": names.SCHEMA_VERSION, "ranks": payloads}
 
 
-async def get_requests(request: Request):
+async def get_requests(rc: ReadContext, request: Request):
     qp = dict(request.query_params)
     unknown = set(qp) - {"slowest", "steps"}
     if unknown:
@@ -264,8 +263,8 @@ async def get_requests(request: Request):
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
     ask = {"slowest": n, **({"steps": True} if qp.get("steps") == "1" else {})}
-    return await gate().run(("requests", n, "steps" in ask),
-                            lambda: _read(names.CMD_REQUESTS, ask, _requests_reply, n))
+    return await rc.gate.run(("requests", n, "steps" in ask),
+                             lambda: rc.read(names.CMD_REQUESTS, ask, _requests_reply, n))
 
 
 def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
@@ -274,11 +273,11 @@ def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
     return _json({"schema_version": names.SCHEMA_VERSION, "requests": rows[:n]})
 
 
-async def get_request(request: Request):
+async def get_request(rc: ReadContext, request: Request):
     rid = request.path_params.get("rid", "")
     if not _RID_RE.match(rid):
         return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-    payloads = await _ask(names.CMD_REQUESTS, rid=short_rid(rid))
+    payloads = await rc.ask(names.CMD_REQUESTS, rid=short_rid(rid))
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:
         errors = [p["error"] for p in payloads if "error" in p]
@@ -288,7 +287,7 @@ async def get_request(request: Request):
     return rows[0]
 
 
-async def post_fault(request: Request):
+async def post_fault(rc: ReadContext, request: Request):
     """Test-only runtime fault switch (installed only with ``SGLANG_CTXPROF_FAULT=runtime``)."""
     try:
         body = await request.json()
@@ -300,14 +299,14 @@ async def post_fault(request: Request):
     g = guard()
     g.set_fault("http" if comp == "http" else "")
     reset_strikes()
-    ranks = await _ask(names.CMD_FAULT, component="" if comp == "http" else comp)
+    ranks = await rc.ask(names.CMD_FAULT, component="" if comp == "http" else comp)
     errors = [p["error"] for p in ranks if "error" in p]
     if errors:
         return _error(503, "; ".join(errors))
     return {"ok": True, "component": comp, "http": g.status(), "ranks": [p.get("status") for p in ranks]}
 
 
-async def trace_policy(request: Request):
+async def trace_policy(rc: ReadContext, request: Request):
     """``GET`` shows, ``POST`` (JSON body: mode, slow_tok_s, slow_step_ms) changes the trace policy."""
     if request.query_params:
         return _error(400, "this route takes no query parameters")
@@ -319,7 +318,7 @@ async def trace_policy(request: Request):
             return _error(400, "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
         if not isinstance(changes, dict) or not changes:
             return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
-    payloads = await _ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
+    payloads = await rc.ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
     failed = _failed(payloads)
     if failed is not None:
         return failed
@@ -327,43 +326,63 @@ async def trace_policy(request: Request):
             "ranks": [p.get("exporters") for p in payloads]}
 
 
-def install_routes(app: Any, client: ControlClient, admin: Any) -> None:
-    """Add the routes to SGLang's FastAPI ``app``.  ``client`` (a ControlClient) reaches the
-    schedulers; ``admin`` wraps a write route in SGLang's ADMIN_OPTIONAL auth level (given by the
-    wiring from the adapter, so this module imports nothing of SGLang's internals)."""
-    global _CLIENT
-    _CLIENT = client
-    if any(getattr(r, "path", None) == names.ROUTE for r in app.router.routes):
-        return
-    r = names.ROUTE
-    app.add_api_route(r, _guarded(get_profile), methods=["GET"])
-    app.add_api_route(names.ROUTE_RESET, admin(_guarded(post_reset)), methods=["POST"])
-    app.add_api_route(names.ROUTE_ENABLE, admin(_guarded(post_enable)), methods=["POST"])
-    app.add_api_route(names.ROUTE_DISABLE, admin(_guarded(post_disable)), methods=["POST"])
-    app.add_api_route(names.ROUTE_STATUS, _guarded(get_status), methods=["GET"])
-    app.add_api_route(names.ROUTE_REQUESTS, _guarded(get_requests), methods=["GET"])
-    app.add_api_route(names.ROUTE_REQUESTS + "/{rid}", _guarded(get_request), methods=["GET"])
-    app.add_api_route(names.ROUTE_TRACE_POLICY, _guarded(trace_policy), methods=["GET"])
-    app.add_api_route(names.ROUTE_DIAGNOSIS, _guarded(get_diagnosis), methods=["GET"])
-    from .http_plain import delete_plain, get_plain, post_plain
-
-    app.add_api_route(names.ROUTE_PLAIN, _guarded(get_plain), methods=["GET"])
-    app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(post_plain)), methods=["POST"])
-    app.add_api_route(names.ROUTE_PLAIN, admin(_guarded(delete_plain)), methods=["DELETE"])
-    app.add_api_route(names.ROUTE_TRACE_POLICY, admin(_guarded(trace_policy)), methods=["POST"])
-    from . import http_trace
-
-    http_trace.ASK, http_trace.READ = _ask, _read
-    app.add_api_route(names.ROUTE_TRACE_JSON, _guarded(http_trace.get_trace_json), methods=["GET"])
-    from . import http_capture
-    from .http_capture import get_capture, post_capture
-
-    http_capture.ASK = _ask
-    app.add_api_route(names.ROUTE_CAPTURE, admin(_guarded(post_capture)), methods=["POST"])
-    app.add_api_route(names.ROUTE_CAPTURE + "/{cid}", _guarded(get_capture), methods=["GET"])
+def routes(rc: ReadContext) -> list[Route]:
+    """This module's routes, the live page's and (test only) the fault switch, bound to ``rc``."""
     from .ui import get_ui, get_ui_file
 
-    app.add_api_route(names.ROUTE_UI, _guarded(get_ui), methods=["GET"])
-    app.add_api_route(names.ROUTE_UI + "/{name}", _guarded(get_ui_file), methods=["GET"])
+    def bound(h: Callable[..., Any]) -> Callable[[Request], Any]:
+        return functools.partial(h, rc)
+
+    out = [Route(names.ROUTE, bound(get_profile)),
+           Route(names.ROUTE_RESET, bound(post_reset), "POST", admin=True),
+           Route(names.ROUTE_ENABLE, bound(post_enable), "POST", admin=True),
+           Route(names.ROUTE_DISABLE, bound(post_disable), "POST", admin=True),
+           Route(names.ROUTE_STATUS, bound(get_status)),
+           Route(names.ROUTE_REQUESTS, bound(get_requests)),
+           Route(names.ROUTE_REQUESTS + "/{rid}", bound(get_request)),
+           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy)),
+           Route(names.ROUTE_DIAGNOSIS, bound(get_diagnosis)),
+           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy), "POST", admin=True),
+           Route(names.ROUTE_UI, get_ui), Route(names.ROUTE_UI + "/{name}", get_ui_file)]
     if guard().switchable:  # test only, never in production (see module docstring)
-        app.add_api_route(names.ROUTE_FAULT, admin(post_fault), methods=["POST"])
+        out.append(Route(names.ROUTE_FAULT, bound(post_fault), "POST", admin=True, guarded=False))
+    return out
+
+
+def install_routes(app: Any, client: Asker, admin: Any, config: Optional[CtxProfConfig] = None) -> ReadContext:
+    """Add the routes to SGLang's FastAPI ``app`` and return their read context.  ``client`` (a
+    ControlClient) reaches the schedulers; ``admin`` wraps a write route in SGLang's ADMIN_OPTIONAL
+    auth level (given by the wiring from the adapter, so this module imports nothing of SGLang's
+    internals).  Installing again replaces the earlier install's routes (a new client wins)."""
+    from . import http_capture, http_plain, http_trace
+
+    uninstall_routes(app)
+    rc = ReadContext(client=client, gate=gate(), config=config or CtxProfConfig.from_env())
+    if any(getattr(r, "path", None) == names.ROUTE for r in app.router.routes):
+        return rc  # someone else's route of that path: leave the app as it is
+    before = {id(r) for r in app.router.routes}
+    for r in routes(rc) + http_plain.routes(rc) + http_trace.routes(rc) + http_capture.routes(rc):
+        endpoint = _guarded(r.handler) if r.guarded else _plain_endpoint(r.handler)
+        app.add_api_route(r.path, admin(endpoint) if r.admin else endpoint, methods=[r.method])
+    setattr(app.state, INSTALLED, [r for r in app.router.routes if id(r) not in before])
+    return rc
+
+
+def uninstall_routes(app: Any) -> None:
+    """Remove the routes ``install_routes`` added to ``app`` (nothing else); a no-op when none."""
+    added = getattr(app.state, INSTALLED, None)
+    if not added:
+        return
+    gone = {id(r) for r in added}
+    app.router.routes[:] = [r for r in app.router.routes if id(r) not in gone]
+    setattr(app.state, INSTALLED, None)
+
+
+def _plain_endpoint(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """An async function for FastAPI around a bound handler (a partial is not one)."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Any:
+        return await handler(request)
+
+    return endpoint

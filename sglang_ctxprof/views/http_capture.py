@@ -12,22 +12,22 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 from starlette.requests import Request
 
 from ..model import names
+from .http_context import ReadContext, Route
 
 _RID_RE = re.compile(names.RID_PATTERN)
-# The control client's ask (``views.http._ask``), given when the routes are installed.
-ASK: Optional[Callable[..., Awaitable[list[dict[str, Any]]]]] = None
 
 
-async def _ask(cmd: str, **args: Any) -> list[dict[str, Any]]:
-    if ASK is None:
-        raise RuntimeError("sglang-ctxprof: the control client is not installed (install_routes)")
-    return await ASK(cmd, **args)
+def routes(rc: ReadContext) -> list[Route]:
+    """The capture routes, asking the ranks through ``rc``."""
+    return [Route(names.ROUTE_CAPTURE, functools.partial(post_capture, rc), "POST", admin=True),
+            Route(names.ROUTE_CAPTURE + "/{cid}", functools.partial(get_capture, rc))]
 
 
 def _error(status: int, message: str, **extra: Any):
@@ -41,7 +41,7 @@ def _bad_request(payloads: list[dict[str, Any]]):
     return _error(400, bad[0]) if bad else None
 
 
-async def post_capture(request: Request):
+async def post_capture(rc: ReadContext, request: Request):
     """Ask for a deep capture (``collect.capture``): ``?steps=N`` the next N steps, ``?rid=RID`` that
     request's next steps.  200 when accepted, 429 when the budget refuses (counted as suppressed)."""
     import time
@@ -60,7 +60,7 @@ async def post_capture(request: Request):
         if not _RID_RE.match(qp["rid"]):
             return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
         args["rid"] = qp["rid"]
-    payloads = await _ask(names.CMD_CAPTURE, **args)
+    payloads = await rc.ask(names.CMD_CAPTURE, **args)
     bad = _bad_request(payloads)
     if bad is not None:
         return bad
@@ -83,7 +83,7 @@ def _load_trace(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-async def get_capture(request: Request):
+async def get_capture(rc: ReadContext, request: Request):
     """One capture: ``?format=json`` (its record and step records), ``trace`` (the file SGLang's
     profiler wrote) or ``timeline`` (``views.timeline``: the trace with our step slices)."""
     import asyncio
@@ -99,7 +99,7 @@ async def get_capture(request: Request):
     fmt = qp.get("format", "json")
     if fmt not in ("json", "trace", "timeline"):
         return _error(400, f"unknown format {fmt!r}; use json, trace or timeline")
-    found = [p for p in await _ask(names.CMD_CAPTURE, id=cid) if p.get("capture")]
+    found = [p for p in await rc.ask(names.CMD_CAPTURE, id=cid) if p.get("capture")]
     if not found:
         return _error(404, f"capture {cid!r} not found")
     info = found[0]["capture"]

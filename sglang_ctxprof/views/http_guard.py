@@ -64,11 +64,15 @@ def finite(obj: Any) -> Any:
 
 def json_response(content: Any, status: int = 200) -> Response:
     """Serialize now (inside the guard), non-finite floats as null; the walk runs only when needed."""
+    return Response(content=dumps(content).encode(), status_code=status, media_type="application/json")
+
+
+def dumps(content: Any) -> str:
+    """The compact JSON text of ``content`` (non-finite floats as null) that :func:`json_response` sends."""
     try:
-        body = json.dumps(content, allow_nan=False, separators=(",", ":"), default=_default)
+        return json.dumps(content, allow_nan=False, separators=(",", ":"), default=_default)
     except ValueError:
-        body = json.dumps(finite(content), allow_nan=False, separators=(",", ":"), default=_default)
-    return Response(content=body.encode(), status_code=status, media_type="application/json")
+        return json.dumps(finite(content), allow_nan=False, separators=(",", ":"), default=_default)
 
 
 def _default(obj: Any) -> Any:

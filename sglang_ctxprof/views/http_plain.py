@@ -12,7 +12,8 @@ here?") needs the other arm measured on the same model, so the operator register
   false``.
 * ``DELETE /ctx_profile/plain`` (admin) - forget it.
 
-The reference lives in the HTTP process's memory: a restart forgets it, ``/ctx_profile/reset`` does
+The reference lives in the HTTP process's memory (the read context's ``PlainStore``, one per
+installed app, ``views.http_context``): a restart forgets it, ``/ctx_profile/reset`` does
 not (it resets this server's own profile, not the other arm).  Without one, the diagnosis's ledger
 is ``available: false`` with :func:`reason`, and the draft-budget advice keeps its assumed costs;
 no number is invented.  Only timings and lengths are held, as in every profile.
@@ -20,6 +21,7 @@ no number is invented.  Only timings and lengths are held, as in every profile.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from starlette.requests import Request
 from ..model import names
 from ..model.names import Phase
 from .diagnosis import Evidence, evidence_from_profile
+from .http_context import PlainStore, ReadContext, Route
 from .http_guard import error as _error
 from .profile import Profile
 
@@ -45,13 +48,6 @@ class PlainReference:
     registered_at: float  # unix seconds
     buckets: tuple[str, ...]
     steps: int
-
-
-_REF: Optional[PlainReference] = None
-
-
-def reference() -> Optional[PlainReference]:
-    return _REF
 
 
 def reason(profile: Profile) -> str:
@@ -79,8 +75,14 @@ def check(profile: Profile) -> Optional[str]:
     return None
 
 
-async def post_plain(request: Request):
-    global _REF
+def routes(rc: ReadContext) -> list[Route]:
+    """The plain reference's routes, on ``rc``'s store."""
+    return [Route(names.ROUTE_PLAIN, functools.partial(get_plain, rc.plain)),
+            Route(names.ROUTE_PLAIN, functools.partial(post_plain, rc.plain), "POST", admin=True),
+            Route(names.ROUTE_PLAIN, functools.partial(delete_plain, rc.plain), "DELETE", admin=True)]
+
+
+async def post_plain(store: PlainStore, request: Request):
     qp = dict(request.query_params)
     unknown = set(qp) - {"source"}
     if unknown:
@@ -105,22 +107,21 @@ async def post_plain(request: Request):
     if why:
         return _error(400, why)
     ev = evidence_from_profile(profile, source=f"plain reference: {src}")
-    _REF = PlainReference(ev, src, time.time(), tuple(b.label for b in profile.buckets if b.steps),
-                          sum(b.steps for b in profile.buckets))
-    return {"ok": True, **_describe(_REF)}
+    store.ref = PlainReference(ev, src, time.time(), tuple(b.label for b in profile.buckets if b.steps),
+                               sum(b.steps for b in profile.buckets))
+    return {"ok": True, **_describe(store.ref)}
 
 
-async def get_plain(request: Request):
+async def get_plain(store: PlainStore, request: Request):
     if request.query_params:
         return _error(400, "this route takes no query parameters")
-    return _describe(_REF)
+    return _describe(store.ref)
 
 
-async def delete_plain(request: Request):
-    global _REF
+async def delete_plain(store: PlainStore, request: Request):
     if request.query_params:
         return _error(400, "this route takes no query parameters")
-    had, _REF = _REF is not None, None
+    had, store.ref = store.ref is not None, None
     return {"ok": True, "removed": had}
 
 

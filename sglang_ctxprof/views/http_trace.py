@@ -9,32 +9,32 @@ that request's steps from the recent-request ring, 404 when it is not there.  Ba
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..model import names
 from ..model.rids import short_rid
-from .http_gate import gate
+from .http_context import ReadContext, Route
 from .http_guard import error as _error
 from .trace_json import TraceWriter
 
 _RID_RE = re.compile(names.RID_PATTERN)
 TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
-# Given when the routes are installed (``views.http``): the control client's ask, and the read that
-# asks every rank and then builds the reply on the build thread.
-ASK: Optional[Callable[..., Awaitable[list[dict[str, Any]]]]] = None
-READ: Optional[Callable[..., Awaitable[Any]]] = None
 
 
-async def get_trace_json(request: Request):
+def routes(rc: ReadContext) -> list[Route]:
+    """The trace route, reading through ``rc``."""
+    return [Route(names.ROUTE_TRACE_JSON, functools.partial(get_trace_json, rc))]
+
+
+async def get_trace_json(rc: ReadContext, request: Request):
     """Chrome trace events of the last ``last`` steps per rank (bounded), or of one ``rid``."""
     from .trace_events import request_trace
 
-    if ASK is None or READ is None:
-        raise RuntimeError("sglang-ctxprof: the control client is not installed (install_routes)")
     qp = dict(request.query_params)
     unknown = set(qp) - {"last", "rid"}
     if unknown:
@@ -44,7 +44,7 @@ async def get_trace_json(request: Request):
             return _error(400, "give either last=N or rid=RID, not both")
         if not _RID_RE.match(qp["rid"]):
             return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-        rows = [r for p in await ASK(names.CMD_REQUESTS, rid=short_rid(qp["rid"])) for r in p.get("requests", [])]
+        rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=short_rid(qp["rid"])) for r in p.get("requests", [])]
         if not rows:
             return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
         return request_trace(rows[0])
@@ -56,8 +56,7 @@ async def get_trace_json(request: Request):
     if not 1 <= n <= names.MAX_TRACE_STEPS:
         return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
                            f"last {names.MAX_TRACE_STEPS} steps), got {n}")
-    read = READ
-    return await gate().run(("trace", n), lambda: read(names.CMD_RECENT, {"last": n}, trace_reply, n))
+    return await rc.gate.run(("trace", n), lambda: rc.read(names.CMD_RECENT, {"last": n}, trace_reply, n))
 
 
 def trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:

@@ -16,7 +16,7 @@ from sglang_ctxprof.aggregate.snapshot import Snapshot, merge
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.guard import Guard
 from sglang_ctxprof.model.records import RankId, StepRecord
-from sglang_ctxprof.views import http, http_build, http_gate, http_guard, http_plain
+from sglang_ctxprof.views import http, http_build, http_gate, http_guard
 from sglang_ctxprof.views.profile import build_profile
 
 
@@ -60,7 +60,6 @@ class Channel:
 def app(monkeypatch):
     monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
     monkeypatch.setattr(http_guard, "_strikes", 0)
-    monkeypatch.setattr(http_plain, "_REF", None)
     monkeypatch.setattr(http_build, "CACHE", http_build.BuildCache())
     monkeypatch.setattr(http, "CACHE", http_build.CACHE)
     monkeypatch.setattr(http_gate, "_GATE", http_gate.ReadGate(1.0))  # no cool-down: reads run back to back

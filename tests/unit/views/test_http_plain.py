@@ -60,7 +60,6 @@ class FakeChannel:
 def client(monkeypatch):
     monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
     monkeypatch.setattr(http_guard, "_strikes", 0)
-    monkeypatch.setattr(http_plain, "_REF", None)
     app = fastapi.FastAPI()
     http.install_routes(app, FakeChannel(_agg(spec=True)), admin=lambda f: f)
     return TestClient(app)
@@ -145,7 +144,6 @@ def test_a_speculative_profile_is_not_a_plain_reference_and_delete_forgets(clien
 
 def test_a_plain_server_says_it_has_no_ledger_of_its_own(monkeypatch):
     monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
-    monkeypatch.setattr(http_plain, "_REF", None)
     app = fastapi.FastAPI()
     http.install_routes(app, FakeChannel(_agg(spec=False)), admin=lambda f: f)
     led = TestClient(app).get(names.ROUTE_DIAGNOSIS).json()["ledger"]

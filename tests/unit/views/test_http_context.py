@@ -1,0 +1,113 @@
+"""views/http_context: every route module reads through the one context its install made (no module
+global holds a client or the plain reference), and ``uninstall_routes`` removes exactly what
+``install_routes`` added, on real FastAPI apps with a recording control client."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ctxprof.aggregate.aggregator import Aggregator
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.guard import Guard
+from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.views import http, http_gate, http_guard
+from sglang_ctxprof.views.profile import build_profile
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+
+class Recorder:
+    """A control client that notes each command and answers with its own name."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.calls = name, []
+
+    async def ask(self, cmd: str, **args):
+        self.calls.append(cmd)
+        return [{"status": {"rank": 0, "client": self.name}}]
+
+
+def _plain_profile() -> dict:
+    agg = Aggregator()
+    for i in range(12):
+        ctx = 100 + 400 * (i % 3)
+        ph = {"decode": 5.0 + ctx / 1e3, "decode_attn": ctx / 1e3, "decode_moe": 3.0, "decode_rest": 2.0}
+        agg.observe(StepRecord(step_id=i, kind="decode", algorithm=names.ALGORITHM_NONE, rank=RankId(),
+                               rids=("r",), ctx_lens=(ctx,), accepted=(1,), committed=(1,), finished=(False,),
+                               draft_tokens=0, step_ms=5.5 + ctx / 1e3, phases_ms=ph, t_start_ns=i * 10**7))
+    return build_profile(agg.snapshot()).to_dict()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    monkeypatch.setattr(http_gate, "_GATE", http_gate.ReadGate(1.0))
+
+
+def _app(client: Recorder):
+    app = fastapi.FastAPI()
+    http.install_routes(app, client, admin=lambda f: f)
+    return app
+
+
+def test_two_apps_each_read_through_their_own_client_and_plain_reference():
+    one, two = Recorder("one"), Recorder("two")
+    a, b = TestClient(_app(one)), TestClient(_app(two))
+    assert a.get(names.ROUTE_STATUS).json()["ranks"][0]["status"]["client"] == "one"
+    assert b.get(names.ROUTE_STATUS).json()["ranks"][0]["status"]["client"] == "two"
+    assert a.get(names.ROUTE_TRACE_JSON + "?rid=abc").status_code == 404  # http_trace asked its app's client
+    assert a.get(names.ROUTE_CAPTURE + "/c1").status_code == 404  # and so did http_capture
+    assert one.calls == [names.CMD_STATUS, names.CMD_REQUESTS, names.CMD_CAPTURE]
+    assert two.calls == [names.CMD_STATUS]
+    r = a.post(names.ROUTE_PLAIN + "?source=arm", json=_plain_profile())
+    assert r.status_code == 200, r.text
+    assert a.get(names.ROUTE_PLAIN).json()["registered"] is True
+    assert b.get(names.ROUTE_PLAIN).json()["registered"] is False  # app two keeps its own reference
+
+
+def test_uninstall_mirrors_install_and_a_new_install_reads_through_the_new_client():
+    app = fastapi.FastAPI()
+
+    @app.get("/mine")
+    def mine():
+        return {"ok": True}
+
+    before = [(getattr(r, "path", None), tuple(sorted(getattr(r, "methods", ()) or ()))) for r in app.router.routes]
+    old = Recorder("old")
+    rc = http.install_routes(app, old, admin=lambda f: f)
+    assert rc.client is old and rc.gate is http_gate.gate()
+    added = len(app.router.routes) - len(before)
+    assert added >= 15 and any(getattr(r, "path", None) == names.ROUTE_TRACE_JSON for r in app.router.routes)
+    http.uninstall_routes(app)
+    after = [(getattr(r, "path", None), tuple(sorted(getattr(r, "methods", ()) or ()))) for r in app.router.routes]
+    assert after == before
+    http.uninstall_routes(app)  # twice: nothing more to remove
+    assert len(app.router.routes) == len(before)
+    new = Recorder("new")
+    http.install_routes(app, old, admin=lambda f: f)
+    http.install_routes(app, new, admin=lambda f: f)  # installing again replaces, never duplicates
+    assert len(app.router.routes) == len(before) + added
+    c = TestClient(app)
+    assert c.get(names.ROUTE_STATUS).json()["ranks"][0]["status"]["client"] == "new"
+    assert c.get("/mine").json() == {"ok": True}
+    assert old.calls == []
+
+
+def test_the_test_only_fault_switch_reads_through_the_context_outside_the_guard(monkeypatch):
+    from sglang_ctxprof.model.guard import FAULT_RUNTIME
+
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(FAULT_RUNTIME))
+    rec, wrapped = Recorder("faulty"), []
+    app = fastapi.FastAPI()
+    http.install_routes(app, rec, admin=lambda f: wrapped.append(f) or f)
+    c = TestClient(app)
+    r = c.post(names.ROUTE_FAULT, json={"component": "http"})
+    assert r.status_code == 200 and r.json()["ranks"] == [{"rank": 0, "client": "faulty"}]
+    assert rec.calls == [names.CMD_FAULT]
+    assert c.get(names.ROUTE_STATUS).status_code == 503  # the http component is broken now
+    assert c.post(names.ROUTE_FAULT, json={"component": ""}).status_code == 200  # the switch is not guarded
+    assert c.get(names.ROUTE_STATUS).status_code == 200
+    assert c.post(names.ROUTE_FAULT, json={"component": "nope"}).status_code == 400
+    assert any(getattr(getattr(f, "__wrapped__", None), "func", None) is http.post_fault for f in wrapped)  # admin
