@@ -40,7 +40,7 @@ from .outliers import SlowSteps
 from .recent import RecentSteps
 from .requests import RequestLog
 from .waterfall import waterfall
-from .snapshot import COUNTS, BucketState, Snapshot, merge
+from .snapshot import COUNTS, BucketState, PartDicts, Snapshot, merge
 
 _STEP, _ATTN, _PREFILL = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.PREFILL.value
 # A decode phase's folds: its bucket histogram's add, its fit's and its point sample's.
@@ -51,7 +51,7 @@ class _Bucket:
     """Mutable accumulator behind one :class:`~.snapshot.BucketState`: one slot per count, plus the
     phase histograms, the batch-1 baseline, the execution modes and the slowest steps."""
 
-    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow", "fold")
+    __slots__ = COUNTS + ("phases", "step_bs1", "exec", "slow", "fold", "_frozen")
 
     def __init__(self) -> None:
         for k in COUNTS:
@@ -61,13 +61,23 @@ class _Bucket:
         self.exec: dict[str, Any] = {}
         self.slow: SlowSteps | None = None  # decode: the slowest steps (outliers)
         self.fold: dict[str, _Adds] = {}  # phase -> its folds (``Aggregator._fold``)
+        self._frozen: tuple[int, BucketState] | None = None  # (steps, the copy made at that count)
 
     def frozen(self) -> BucketState:
-        return BucketState(**{k: getattr(self, k) for k in COUNTS},
+        """An immutable copy, made again only when the bucket has taken a step since the last one
+        (every change to a bucket comes with a record that counts a step in it; a snapshot is taken
+        between whole records).  Between reads of a server streaming at one context, the other
+        buckets' copies, and their state dicts (``snapshot.PartDicts``), are reused."""
+        f = self._frozen
+        if f is not None and f[0] == self.steps:
+            return f[1]
+        st = BucketState(**{k: getattr(self, k) for k in COUNTS},
                            phases={p: s.copy() for p, s in self.phases.items()},
                            step_bs1=self.step_bs1.copy() if self.step_bs1 is not None else None,
                            exec=acc.merge_exec(self.exec, {}),
                            slow=self.slow.copy() if self.slow is not None else None)
+        self._frozen = (self.steps, st)
+        return st
 
 
 class Aggregator:
@@ -95,6 +105,7 @@ class Aggregator:
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
         self.audit = Audit() if self._audit else None
         self._reported: dict[tuple[str, ...], tuple[str, ...]] = {}  # phase names -> the reported ones, in order
+        self._dicts = PartDicts()  # the state dicts of the buckets' copies, while they are unchanged
 
     def observe(self, rec: StepRecord) -> None:
         for _ in self.stages(rec):
@@ -261,9 +272,13 @@ class Aggregator:
             fit_points={p: s.copy() for p, s in self.points.items()},
         )
 
-    def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
-        """``snapshot(...).to_dict()``: the builtins that cross the control channel."""
-        return self.snapshot(with_request_steps, with_requests).to_dict()
+    def state(self, with_request_steps: bool = False, with_requests: bool = True,
+              hw: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """``snapshot(...).with_hw(hw).to_dict()``: the builtins that cross the control channel.  A
+        bucket unchanged since the last state gives the same dict object as then (``PartDicts``):
+        read it, never change it."""
+        snap = self.snapshot(with_request_steps, with_requests)
+        return (snap.with_hw(hw) if hw is not None else snap).to_dict(self._dicts)
 
 
 def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

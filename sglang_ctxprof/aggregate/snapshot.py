@@ -124,14 +124,20 @@ class Snapshot:
     def with_hw(self, hw: Optional[Mapping[str, Any]]) -> "Snapshot":
         return replace(self, hw=hw)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, dicts: Optional["PartDicts"] = None) -> dict[str, Any]:
+        """Builtins; with ``dicts``, a bucket written before (the same object) is not written again."""
+        if dicts is None:
+            decode = {str(i): b.to_dict() for i, b in self.decode.items()}
+            prefill = {str(i): b.to_dict() for i, b in self.prefill.items()}
+        else:
+            decode, prefill = dicts.buckets(self.decode, "d"), dicts.buckets(self.prefill, "p")
         return {
             "schema_version": self.schema_version,
             "bucketing": dict(self.bucketing),
             "records": self.records,
             "meta": {"algorithms": dict(self.algorithms), "timing": self.timing, "hw": self.hw},
-            "decode": {str(i): b.to_dict() for i, b in self.decode.items()},
-            "prefill": {str(i): b.to_dict() for i, b in self.prefill.items()},
+            "decode": decode,
+            "prefill": prefill,
             "fits": {p: f.to_state() for p, f in self.fits.items()},
             "requests": [dict(r) for r in self.requests],
             "requests_tracked": self.requests_tracked,
@@ -173,6 +179,30 @@ class Snapshot:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a ctx profile state: {type(exc).__name__}: {exc}") from exc
+
+
+class PartDicts:
+    """The state dicts of the bucket copies last written, by bucket: a bucket whose copy is the very
+    object written last time (an unchanged bucket, ``aggregator._Bucket.frozen``) gives the same
+    dict again.  Writing a rank's state on every profile read runs on SGLang's scheduler thread, and
+    a server streaming at one context changes one or two buckets between reads.  Holds one entry per
+    bucket (buckets are never removed; a reset starts a new one); one writer at a time (the caller
+    holds the aggregator lock)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], tuple[BucketState, dict[str, Any]]] = {}
+
+    def buckets(self, table: Mapping[int, BucketState], kind: str) -> dict[str, dict[str, Any]]:
+        last = self._last
+        out: dict[str, dict[str, Any]] = {}
+        for i, b in table.items():
+            hit = last.get((kind, i))
+            if hit is None or hit[0] is not b:
+                hit = last[(kind, i)] = (b, b.to_dict())
+            out[str(i)] = hit[1]
+        return out
 
 
 def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] = None) -> Snapshot:

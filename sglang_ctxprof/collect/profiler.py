@@ -354,9 +354,7 @@ class Profiler:
         return cov
 
     def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
-        snap = self.recorder.with_aggregator(lambda a: a.snapshot(with_request_steps=with_request_steps,
-                                                                   with_requests=with_requests))
-        st = snap.with_hw(self.hw).to_dict()
+        st = self.recorder.with_aggregator(lambda a: a.state(with_request_steps, with_requests, hw=self.hw))
         return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st}
 
     def reset(self, clock: Optional[str] = None) -> None:

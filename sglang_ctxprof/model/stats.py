@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from itertools import chain
 from typing import Any, Mapping
 
 _GROWTH = 1.02
@@ -236,7 +237,7 @@ class PointSample:
         A state crosses from the scheduler to SGLang's HTTP process on every profile read and lives
         through the build there; hundreds of point lists each time were promoted to the oldest GC
         generation and brought on full collections of SGLang's heap, which one flat list does not."""
-        return {"seen": self.seen, "xy": [v for pt in self.points for v in pt]}
+        return {"seen": self.seen, "xy": list(chain.from_iterable(self.points))}
 
     @classmethod
     def from_state(cls, s: Mapping[str, Any], cap: int = 512) -> "PointSample":
@@ -245,8 +246,8 @@ class PointSample:
         c.seen = int(s.get("seen", 0))
         xy = s.get("xy")
         if xy is not None:
-            it = iter(xy)
-            c.points = [(float(x), float(y)) for x, y in zip(it, it)]
+            v = list(map(float, xy))
+            c.points = list(zip(v[0::2], v[1::2]))
         else:
             c.points = [(float(x), float(y)) for x, y in (s.get("points") or [])]
         return c

@@ -249,3 +249,35 @@ def test_stages_take_a_large_record_in_pieces_with_the_result_of_observe():
     assert pieces == 2 + 2 + 1  # the bucket counts | the phase folds | 3 chunks of requests | the audit
     assert staged.state(with_request_steps=True) == whole.state(with_request_steps=True)
     assert staged.audit.status() == whole.audit.status()
+
+
+def test_state_reuses_the_dicts_of_unchanged_buckets_and_equals_a_fresh_write():
+    import random
+
+    rng = random.Random(7)
+    agg = Aggregator()
+    for step in range(300):
+        ctx = [rng.choice((100, 900, 3000, 9000)) + rng.randint(0, 50) for _ in range(rng.randint(1, 3))]
+        kind = "prefill" if step % 17 == 0 else "decode"
+        agg.observe(rec(step, ctx, kind=kind, fin=(step % 5 == 0,) * len(ctx)))
+        if step % 7 == 0:  # a read now and then: the cached dicts must equal a fresh write every time
+            assert agg.state(with_requests=False) == agg.snapshot(with_requests=False).to_dict()
+    first = agg.state(with_requests=False)
+    agg.observe(rec(999, (100,)))  # one step, in the bucket of context 100 only
+    again = agg.state(with_requests=False)
+    assert again == agg.snapshot(with_requests=False).to_dict()
+    changed = str(agg.bucketing.index(100))
+    assert again["decode"][changed] is not first["decode"][changed]
+    assert again["decode"][changed]["steps"] == first["decode"][changed]["steps"] + 1
+    others = [k for k in again["decode"] if k != changed]
+    assert others and all(again["decode"][k] is first["decode"][k] for k in others)
+    assert all(again["prefill"][k] is first["prefill"][k] for k in again["prefill"])
+    agg.reset()
+    assert agg.state(with_requests=False)["decode"] == {}
+
+
+def test_state_carries_the_device_facts_it_is_given():
+    agg = Aggregator()
+    agg.observe(rec(1, (100,)))
+    assert agg.state(hw={"device": "cpu"})["meta"]["hw"] == {"device": "cpu"}
+    assert agg.state()["meta"]["hw"] is None
