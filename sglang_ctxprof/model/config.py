@@ -68,9 +68,11 @@ Environment variables (all optional):
 ``SGLANG_CTXPROF_CAPTURE_SLOW_REQUEST`` (default 0: off) - ``capture``
     ``1``: capture the next steps of a running request the trace policy already judges slow
     (``SGLANG_CTXPROF_SLOW_TOK_S``, ``SGLANG_CTXPROF_SLOW_STEP_MS``, as changed at run time).
-``SGLANG_CTXPROF_READ_SHARE`` (default 0.2)
+``SGLANG_CTXPROF_READ_SHARE`` (default 0.1)
     The most of SGLang's HTTP process the read routes' builds may take (0 < share <= 1): a read
     soon after another waits (asynchronously) for a cool-down in proportion (``views.http_gate``).
+    The build thread shares the GIL with the event loop that streams every response, so this is
+    also about the most a loop of reads can delay a streamed chunk.
 ``SGLANG_CTXPROF_FAULT`` (test only)
     A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
     ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
@@ -160,9 +162,12 @@ def _choice(env: Mapping[str, str], key: str, default: str, choices: tuple[str, 
     return default if raw is None else parse_choice(key, raw, choices)
 
 
+READ_SHARE = 0.1  # the default share of SGLang's HTTP process the read builds may take
+
+
 def _share(env: Mapping[str, str]) -> float:
     raw = _raw(env, names.ENV_READ_SHARE)
-    v = 0.2 if raw is None else parse_float(names.ENV_READ_SHARE, raw, positive=True)
+    v = READ_SHARE if raw is None else parse_float(names.ENV_READ_SHARE, raw, positive=True)
     if v > 1:
         raise ValueError(f"{names.ENV_READ_SHARE}={raw!r} must be at most 1 (a share of the time)")
     return v
@@ -257,7 +262,7 @@ class CtxProfConfig:
     max_ctx: int = DEFAULT_MAX_CTX
     queue_size: int = 8192
     request_ring: int = 4096
-    read_share: float = 0.2
+    read_share: float = READ_SHARE
     fault: str = ""
     trace: TraceSettings = field(default_factory=TraceSettings)
     logs: LogSettings = field(default_factory=LogSettings)

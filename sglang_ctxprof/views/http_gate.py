@@ -13,7 +13,7 @@ serving), then asks and builds anew, so a reply is never older than its request.
 same route and query that arrive while one such read is waiting to start share it (one build, the
 same reply).  Reads run one at a time, as the one build thread would run them anyway.
 
-``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.2); ``1``
+``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.1); ``1``
 disables the cool-down.  On an idle server a read starts at once.  The clock, the sleep and the
 meter of the build thread's busy time are injected (tests use fakes).
 """

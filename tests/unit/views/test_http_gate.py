@@ -114,7 +114,7 @@ def test_a_gate_serves_a_new_event_loop():
 
 
 def test_the_share_is_a_setting_with_clear_errors():
-    assert CtxProfConfig.from_env({}).read_share == 0.2
+    assert CtxProfConfig.from_env({}).read_share == 0.1
     assert CtxProfConfig.from_env({names.ENV_READ_SHARE: "1"}).read_share == 1.0
     for bad in ("0", "1.5", "-0.1", "half"):
         with pytest.raises(ValueError, match=names.ENV_READ_SHARE):
