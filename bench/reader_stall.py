@@ -18,7 +18,9 @@ Printed: per arm the chunk gap p50 / p99 / max (ms) and the CPU time of SGLang's
 of its children (schedulers, detokenizer) over the stream's wall time (``http cpu``, ``sched cpu``:
 1.0 is one core; less noisy than the gaps on a shared machine; only for a server this script
 started), the ratio of the ctxprof arm's p99 to the
-sglang arm's (the goal is at most 1.2), and per read route its count, latency p50 / p99 and body
+sglang arm's (the goal is at most 1.2), over all rounds and per round (the two arms of a round ran
+back to back) with the median of the rounds' ratios (one p99 of a few hundred gaps moves by about
+±0.2 from run to run on a shared machine), and per read route its count, latency p50 / p99 and body
 size.  Last, ``/ctx_profile`` latency on the idle server (``--idle-reads`` reads: the first after
 the last change builds, the rest may be served from a cache) with the server's decode-step count.
 
@@ -185,7 +187,14 @@ def summarize(results: list[dict]) -> dict:
                      "reads": {p: {"n": len(v), "bad": sum(1 for s, _, _ in v if s != 200),
                                    "ms_p50": pct([m for _, _, m in v], 50), "ms_p99": pct([m for _, _, m in v], 99),
                                    "bytes_p50": pct([b for _, b, _ in v], 50)} for p, v in reads.items()}}
-    return {"arms": arms, "ratio_p99_ctxprof_over_sglang": arms["ctxprof"]["gap_p99_ms"] / arms["sglang"]["gap_p99_ms"]}
+    per_round = []  # the two reader arms of one round ran back to back: a drift of the machine cancels
+    for k in sorted({r["round"] for r in results if "round" in r}):
+        p99 = {r["arm"]: pct(r["gaps_ms"], 99) for r in results if r.get("round") == k}
+        if p99.get("ctxprof") and p99.get("sglang"):
+            per_round.append(p99["ctxprof"] / p99["sglang"])
+    return {"arms": arms, "ratio_p99_ctxprof_over_sglang": arms["ctxprof"]["gap_p99_ms"] / arms["sglang"]["gap_p99_ms"],
+            "ratio_p99_per_round": per_round,
+            "ratio_p99_median_of_rounds": statistics.median(per_round) if per_round else float("nan")}
 
 
 def report(summary: dict, idle: Optional[dict]) -> None:
@@ -196,6 +205,9 @@ def report(summary: dict, idle: Optional[dict]) -> None:
               f"{a['http_cpu_share']:>10.2f}{a['sched_cpu_share']:>11.2f}")
     print(f"p99 chunk gap, ctxprof readers / sglang readers: {summary['ratio_p99_ctxprof_over_sglang']:.2f} "
           "(goal <= 1.2)")
+    if summary.get("ratio_p99_per_round"):
+        print("  per round: " + ", ".join(f"{x:.2f}" for x in summary["ratio_p99_per_round"])
+              + f"; median {summary['ratio_p99_median_of_rounds']:.2f}")
     for arm in ("sglang", "ctxprof"):
         for p, r in summary["arms"][arm]["reads"].items():
             print(f"  {p:<40} n={r['n']:<4} bad={r['bad']:<3} p50 {r['ms_p50']:7.1f} ms  p99 {r['ms_p99']:7.1f} ms  "
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_arm(url, arm, ns, seed=9000 + k, pid=srv.proc.pid if srv is not None else None)
                 print(f"round {k} {arm}: {r['chunks']} chunks, gap p50 {pct(r['gaps_ms'], 50):.1f} ms "
                       f"p99 {pct(r['gaps_ms'], 99):.1f} ms", flush=True)
-                results.append(r)
+                results.append({**r, "round": k})
         summary = summarize(results)
         idle = idle_reads(url, ns.idle_reads) if ns.idle_reads > 0 else None
         roles = gcprobe.roles(srv.proc.pid) if srv is not None and ns.gc_probe else {}
