@@ -87,9 +87,11 @@ class Aggregator:
         self._request_capacity = request_capacity
         self._max_steps = max_steps_per_request
         self._audit = audit
+        self.resets = -1  # resets so far (the first is the one below): a state's version names it
         self.reset()
 
     def reset(self) -> None:
+        self.resets += 1
         self.decode: dict[int, _Bucket] = {}
         self.prefill: dict[int, _Bucket] = {}
         self.fits: dict[str, LinearFit] = {}

@@ -29,9 +29,10 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from . import adapter
 from ..aggregate.aggregator import Aggregator
@@ -88,6 +89,8 @@ class Profiler:
         self.pending: "OrderedDict[int, StepBuilder]" = OrderedDict()
         self.pending_evicted = 0
         self.unresolved = 0
+        self.states_written = 0  # states answered to readers (``state``)
+        self.states_unchanged = 0  # reads answered ``unchanged``: the reader held that state
         self.active = True
         self.serving = Serving()
         self.scheduler: Any = None  # the SGLang scheduler identified (identify)
@@ -334,6 +337,7 @@ class Profiler:
             "cost": self.cost.to_dict(),
             "capture": self.capture.status(),
             "audit": self._audit(),
+            "states": {"written": self.states_written, "unchanged": self.states_unchanged},
         }
 
     def _audit(self) -> Optional[dict[str, Any]]:
@@ -353,9 +357,25 @@ class Profiler:
             cov["graph_blocks"] = sorted(self.graph.blocks)
         return cov
 
-    def state(self, with_request_steps: bool = False, with_requests: bool = True) -> dict[str, Any]:
-        st = self.recorder.with_aggregator(lambda a: a.state(with_request_steps, with_requests, hw=self.hw))
-        return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st}
+    def state(self, with_request_steps: bool = False, with_requests: bool = True,
+              known: Sequence[str] = ()) -> dict[str, Any]:
+        """The status and the aggregator's state with its ``version``: a token that changes whenever
+        the state may (this process, the items submitted, the records and resets the aggregator took,
+        the device facts and what the state includes).  A state whose version the reader names in
+        ``known`` (it holds that state) is answered ``unchanged`` instead, with no state written."""
+        def read(a: Aggregator) -> tuple[str, Optional[dict[str, Any]]]:
+            version = (f"{os.getpid()}.{self.recorder.submitted}.{a.records}.{a.resets}."
+                       f"{zlib.crc32(repr(self.hw).encode())}.{int(with_request_steps)}{int(with_requests)}")
+            if version in known:
+                return version, None
+            return version, a.state(with_request_steps, with_requests, hw=self.hw)
+
+        version, st = self.recorder.with_aggregator(read)
+        if st is None:
+            self.states_unchanged += 1
+            return {"schema_version": SCHEMA_VERSION, "status": self.status(), "unchanged": version}
+        self.states_written += 1
+        return {"schema_version": SCHEMA_VERSION, "status": self.status(), "state": st, "version": version}
 
     def reset(self, clock: Optional[str] = None) -> None:
         """Empty the profile; with ``clock`` (names.CLOCKS), time the steps from now on on that CPU clock

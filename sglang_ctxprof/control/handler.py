@@ -9,7 +9,8 @@ SGLang: the tokenizer manager waits for exactly one reply per rank, so we always
 undecodable) is answered ``{"error", "bad_request": true}`` and disables nothing; a failure of our
 own code disables the ``control`` component.
 
-Commands: ``snapshot`` (state + status), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``,
+Commands: ``snapshot`` (state + status; with ``known``, the versions of states the reader holds,
+one of which is answered ``unchanged`` without its state), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``,
 ``disable``, ``status``, ``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid``
 with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
@@ -92,7 +93,10 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
         cap.idle(scheduler)
     if cmd == CMD_SNAPSHOT:
         p.identify(scheduler)  # facts for the status; starts nothing
-        return p.state(with_request_steps=False, with_requests=False)  # bounded, cheap snapshot
+        known = req.get("known", [])
+        if not isinstance(known, list) or not all(isinstance(k, str) for k in known):
+            raise BadRequest(f"known must be a list of state versions, got {known!r:.80}")
+        return p.state(with_request_steps=False, with_requests=False, known=known)  # bounded, cheap snapshot
     if cmd == CMD_STATUS:
         return {"status": p.status()}
     if cmd == CMD_RESET:

@@ -127,7 +127,7 @@ async def get_profile(rc: ReadContext, request: Request):
 
 async def _profile_read(rc: ReadContext, fmt: str) -> Any:
     try:
-        payloads = await rc.ask(names.CMD_SNAPSHOT)
+        payloads = await rc.snapshot()
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -177,7 +177,11 @@ async def get_diagnosis(rc: ReadContext, request: Request):
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
     return await rc.gate.run(("diagnosis", ctx, fmt),
-                             lambda: rc.read(names.CMD_SNAPSHOT, {}, _diagnosis_reply, rc.plain, ctx, fmt))
+                             lambda: _diagnosis_read(rc, ctx, fmt))
+
+
+async def _diagnosis_read(rc: ReadContext, ctx: Optional[int], fmt: str) -> Any:
+    return await off_loop(_diagnosis_reply, await rc.snapshot(), rc.plain, ctx, fmt)
 
 
 def _diagnosis_reply(payloads: list[dict[str, Any]], plain: PlainStore, ctx: Any, fmt: str) -> Any:

@@ -1,7 +1,8 @@
 """What the ``/ctx_profile`` route modules read through: one :class:`ReadContext` per installed app.
 
 ``views.http.install_routes`` makes one context (the control client that reaches the schedulers,
-the HTTP process's read gate, the configuration, the plain-decode reference store) and hands it to
+the HTTP process's read gate, the configuration, the plain-decode reference store, the schedulers'
+last states: :class:`KnownStates`, so an unchanged state is not sent twice) and hands it to
 each route module's factory (``routes(rc)`` in ``views.http``, ``http_plain``, ``http_trace``,
 ``http_capture``), which returns its :class:`Route` rows with handlers bound to that context.  No
 route module keeps a client in a global: two apps installed in one process each read through
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol
 from starlette.requests import Request
 
 from ..model.config import CtxProfConfig
+from ..model.names import CMD_SNAPSHOT
 from .http_build import off_loop
 from .http_gate import ReadGate
 
@@ -43,16 +45,65 @@ class PlainStore:
     ref: Optional[PlainReference] = None
 
 
+class KnownStates:
+    """The last state each scheduler process answered, by the version it gave (``Profiler.state``),
+    so a rank whose state has not changed since answers ``unchanged`` instead of writing and
+    sending it again (an idle server's reads, a dashboard's polls).  One entry per process (``pid``
+    of its status), at most ``size``; the event loop's only (no lock)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._by_pid: dict[int, tuple[str, Any]] = {}
+
+    def versions(self) -> list[str]:
+        return [v for v, _ in self._by_pid.values()]
+
+    def fill(self, payloads: Payloads) -> Optional[Payloads]:
+        """The payloads with each ``unchanged`` answer given its state back, remembering the new
+        states; None when an answer names a version not held here (ask again, naming none)."""
+        out = []
+        for p in payloads:
+            if "unchanged" in p:
+                held = self._by_pid.get(_pid(p))
+                if held is None or held[0] != p["unchanged"]:
+                    return None
+                p = {**p, "state": held[1], "version": held[0]}
+                del p["unchanged"]
+            elif "state" in p and isinstance(p.get("version"), str) and _pid(p) is not None:
+                if len(self._by_pid) >= self.size and _pid(p) not in self._by_pid:
+                    self._by_pid.pop(next(iter(self._by_pid)))
+                self._by_pid[_pid(p)] = (p["version"], p["state"])  # type: ignore[index]
+            out.append(p)
+        return out
+
+
+def _pid(p: dict[str, Any]) -> Optional[int]:
+    st = p.get("status")
+    pid = st.get("pid") if isinstance(st, dict) else None
+    return pid if isinstance(pid, int) else None
+
+
 @dataclass(frozen=True)
 class ReadContext:
     client: Asker
     gate: ReadGate
     config: CtxProfConfig
     plain: PlainStore = field(default_factory=PlainStore)
+    states: KnownStates = field(default_factory=KnownStates)
 
     async def ask(self, cmd: str, **args: Any) -> Payloads:
         """Send one control command to every DP group and return their ctx_profile payloads."""
         return await self.client.ask(cmd, **args)
+
+    async def snapshot(self) -> Payloads:
+        """Every DP group's status and state (``snapshot``), naming the states held here so an
+        unchanged one is not sent again; the answers come back whole, as a plain ``snapshot`` gives."""
+        known = self.states.versions()
+        payloads = await self.ask(CMD_SNAPSHOT, known=known) if known else await self.ask(CMD_SNAPSHOT)
+        out = self.states.fill(payloads)
+        if out is None:  # a rank named a state not held here (another app's reads): ask for it whole
+            out = self.states.fill(await self.ask(CMD_SNAPSHOT)) or []
+        return out
 
     async def read(self, cmd: str, ask: dict[str, Any], reply: Callable[..., Any], *args: Any) -> Any:
         """Ask every DP group, then ``reply(payloads, *args)`` on the build thread (off the event loop)."""

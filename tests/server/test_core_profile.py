@@ -98,6 +98,19 @@ def test_profiler_reports_its_own_cost(server, traffic):
     assert re.search(r"profiler cost: \d+ µs/step on the scheduler thread \(\d+\.\d% of the step\)", text), text
 
 
+def test_an_idle_servers_state_is_sent_once(server, traffic):
+    """A read names the states it holds: the scheduler of an idle server answers its state unchanged
+    instead of writing and sending it again, and the profile read is the same."""
+    _, a = http("GET", server.url + "/ctx_profile")
+    _, b = http("GET", server.url + "/ctx_profile")
+    sa, sb = (x["ranks"][0]["status"]["states"] for x in (a, b))
+    assert sb["unchanged"] == sa["unchanged"] + 1 and sb["written"] == sa["written"], (sa, sb)
+    assert b["buckets"] == a["buckets"] and b["totals"] == a["totals"]
+    assert http("GET", server.url + "/ctx_profile/diagnosis")[0] == 200
+    _, st = http("GET", server.url + "/ctx_profile/status")
+    assert st["ranks"][0]["status"]["states"] == {"written": sb["written"], "unchanged": sb["unchanged"] + 1}
+
+
 def test_text_format_and_reset(server, traffic):
     status, text = http("GET", server.url + "/ctx_profile?format=text")
     assert status == 200 and "2048-4095" in text and "v.attn ms" in text

@@ -126,3 +126,21 @@ def test_reset_with_a_clock_switches_it_and_a_bad_clock_is_a_bad_request(session
     assert body["reset"] and body["status"]["clock"] == names.CLOCK_THREAD
     assert body["status"]["timing"] == names.TIMING_CPU_THREAD
     assert ask(session, names.CMD_RESET)["status"]["clock"] == names.CLOCK_THREAD  # a plain reset keeps it
+
+
+def test_a_snapshot_the_reader_holds_is_answered_unchanged_until_the_state_moves(session):
+    p = session.profiler
+    p.recorder.submit(_rec(0))
+    first = ask(session, names.CMD_SNAPSHOT)
+    v = first["version"]
+    same = ask(session, names.CMD_SNAPSHOT, known=["someone-else", v])
+    assert same["unchanged"] == v and "state" not in same and same["status"]["submitted"] == 1
+    assert same["status"]["states"] == {"written": 1, "unchanged": 1}
+    p.recorder.submit(_rec(1))  # a new record: a new version, and the state again
+    moved = ask(session, names.CMD_SNAPSHOT, known=[v])
+    assert moved["version"] != v and moved["state"]["records"] == 2
+    ask(session, names.CMD_RESET)  # a reset with nothing new after it is a new state too
+    reset = ask(session, names.CMD_SNAPSHOT, known=[v, moved["version"]])
+    assert reset["state"]["records"] == 0 and reset["version"] not in (v, moved["version"])
+    bad = ask(session, names.CMD_SNAPSHOT, known="all")
+    assert bad["bad_request"] and p.guard.ok("control")

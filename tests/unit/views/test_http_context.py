@@ -111,3 +111,64 @@ def test_the_test_only_fault_switch_reads_through_the_context_outside_the_guard(
     assert c.get(names.ROUTE_STATUS).status_code == 200
     assert c.post(names.ROUTE_FAULT, json={"component": "nope"}).status_code == 400
     assert any(getattr(getattr(f, "__wrapped__", None), "func", None) is http.post_fault for f in wrapped)  # admin
+
+
+class StateRank:
+    """One scheduler answering ``snapshot`` as ``Profiler.state`` does: ``unchanged`` for a version
+    the reader names, else the state with its version; ``version`` moves when ``bump`` is called."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.n, self.asked = pid, 0, []
+
+    def answer(self, known) -> dict:
+        v = f"{self.pid}.{self.n}"
+        st = {"pid": self.pid, "submitted": self.n}
+        if v in known:
+            return {"status": st, "unchanged": v}
+        return {"status": st, "state": {"records": self.n, "who": self.pid}, "version": v}
+
+
+class States:
+    def __init__(self, *ranks: StateRank) -> None:
+        self.ranks, self.calls = ranks, []
+
+    async def ask(self, cmd: str, **args):
+        self.calls.append(args.get("known"))
+        return [r.answer(args.get("known") or []) for r in self.ranks]
+
+
+def test_unchanged_states_come_back_whole_and_a_version_not_held_is_asked_for_again():
+    import asyncio
+
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.views.http_context import ReadContext
+
+    a, b = StateRank(11), StateRank(12)
+    client = States(a, b)
+    rc = ReadContext(client, http_gate.ReadGate(1.0), CtxProfConfig())
+    first = asyncio.run(rc.snapshot())
+    assert client.calls == [None] and [p["state"]["who"] for p in first] == [11, 12]
+    b.n += 1  # rank 12 moved, rank 11 did not
+    second = asyncio.run(rc.snapshot())
+    assert sorted(client.calls[-1]) == ["11.0", "12.0"]
+    assert [p["state"] for p in second] == [{"records": 0, "who": 11}, {"records": 1, "who": 12}]
+    assert all("unchanged" not in p for p in second) and second[0]["state"] is first[0]["state"]
+    other = ReadContext(client, http_gate.ReadGate(1.0), CtxProfConfig())  # holds nothing yet
+    client.calls.clear()
+    rc.states._by_pid[11] = ("11.stale", {})  # a version the rank no longer has: it sends the state
+    assert [p["state"]["who"] for p in asyncio.run(other.snapshot())] == [11, 12] and client.calls == [None]
+    # Two reads on the loop at once: while one waits for the ranks, the other stores a newer state of
+    # rank 12, so the first one's "unchanged" names a version no longer held: it asks again, naming none.
+    racer = ReadContext(client, http_gate.ReadGate(1.0), CtxProfConfig())
+    asyncio.run(racer.snapshot())
+    real_ask = client.ask
+
+    async def ask_while_another_read_lands(cmd, **args):
+        racer.states._by_pid[12] = ("12.9", {"records": 9, "who": 12})
+        client.ask = real_ask
+        return await real_ask(cmd, **args)
+
+    client.ask = ask_while_another_read_lands
+    client.calls.clear()
+    out = asyncio.run(racer.snapshot())
+    assert [p["state"]["who"] for p in out] == [11, 12] and client.calls[0] and client.calls[-1] is None
