@@ -84,7 +84,9 @@ def reply(route: str):
     if route == "profile":
         return lambda p: http._profile_reply(p, "json")
     if route == "diagnosis":
-        return lambda p: http._diagnosis_reply(p, None, "json")
+        from sglang_ctxprof.views.http_context import PlainStore
+
+        return lambda p: http._diagnosis_reply(p, PlainStore(), None, "json")
     if route == "requests":
         return lambda p: http._requests_reply(p, 1000)
     try:
