@@ -167,6 +167,7 @@ class Aggregator:
                 adds[0](ms)
                 adds[1](x, ms)
                 adds[2](x, ms)
+            b._frozen = None  # the folds came a stage after the step count: a copy made between is stale
         else:
             self._stat(b, _PREFILL).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens

@@ -281,3 +281,15 @@ def test_state_carries_the_device_facts_it_is_given():
     agg.observe(rec(1, (100,)))
     assert agg.state(hw={"device": "cpu"})["meta"]["hw"] == {"device": "cpu"}
     assert agg.state()["meta"]["hw"] is None
+
+
+def test_a_state_written_between_two_stages_of_a_record_is_not_reused_after_it():
+    agg = Aggregator()
+    agg.observe(rec(1, (100,)))
+    stages = agg.stages(rec(2, (100,), step_ms=30.0))
+    next(stages)  # the bucket counts are in, the phase folds not yet
+    agg.state(with_requests=False)
+    for _ in stages:
+        pass
+    bucket = agg.state(with_requests=False)["decode"][str(agg.bucketing.index(100))]
+    assert bucket["steps"] == 2 and bucket["phases"]["step"]["n"] == 2 and bucket["phases"]["step"]["max"] == 30.0
