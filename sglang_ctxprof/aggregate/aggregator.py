@@ -77,6 +77,7 @@ class Aggregator:
         self._request_capacity = request_capacity
         self._max_steps = max_steps_per_request
         self._audit = audit
+        self.counts = acc.CountsMemo()  # each record's acceptance counts, kept for the live metrics' read
         self.reset()
 
     def reset(self) -> None:
@@ -186,7 +187,7 @@ class Aggregator:
             if b.step_bs1 is None:
                 b.step_bs1 = DurationStats()
             b.step_bs1.add(rec.step_ms)
-        for (i, budget, correct), n in acc.record_counts(rec, self.bucketing.edges).items():
+        for (i, budget, correct), n in self.counts(rec, self.bucketing.edges).items():
             counts = self.acceptance.get(i)
             if counts is None:
                 counts = self.acceptance[i] = {}

@@ -14,7 +14,7 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_position_accepted_total`` and ``sglang_ctxprof_position_observed_total`` counters,
   labels ``ctx_bucket`` and ``position``: request-steps whose draft position ``i`` (1..32) was accepted,
   and those whose draft budget reached ``i``, so ``p_i`` = accepted rate / observed rate, exactly the
-  ``acceptance_by_position`` of ``/ctx_profile`` (both count from ``acceptance.record_counts``; here,
+  ``acceptance_by_position`` of ``/ctx_profile`` (both count with ``acceptance.count_record``; here,
   as there, ``ctx_bucket`` is each *request's own* context, and a position beyond a step's adaptive
   budget is unobserved, not rejected);
 * ``sglang_ctxprof_prefill_cached_tokens_total`` counter, label ``ctx_bucket`` (the prefill batch's
@@ -48,7 +48,8 @@ from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTE
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
                            METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase, METRIC_CACHED_TOKENS)
 from ..model.records import StepRecord
-from ..aggregate.acceptance import record_counts
+from ..aggregate.acceptance import count_record
+from ..model.sinks import Counts
 
 _STEP = Phase.STEP.value
 
@@ -59,12 +60,15 @@ PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 
 class MetricsView:
     """``dropped()`` gives the recorder's dropped-record count, ``degraded()`` the guard's status
-    (``{"components": {name: why}}`` or None); both are read as records drain."""
+    (``{"components": {name: why}}`` or None); both are read as records drain.  ``counts`` reads a
+    record's acceptance: the aggregator's ``CountsMemo`` (its count of the same record, made just
+    before), else a fresh ``count_record``."""
 
     def __init__(self, bucketing: Bucketing, registry: Any = None, model: str = "",
                  dropped: Callable[[], int] = lambda: 0,
                  degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None,
-                 audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None) -> None:
+                 audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None,
+                 counts: Optional[Counts] = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
@@ -74,6 +78,7 @@ class MetricsView:
         self._dropped_fn = dropped
         self._degraded_fn = degraded
         self._audit_fn = audit
+        self._counts: Counts = counts if counts is not None else count_record  # the aggregator's memo, if given
         self.phase_seconds = Histogram(METRIC_PHASE_SECONDS, "Seconds per speculative decode step phase.",
                                        [m, "phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
         self.accepted = Counter(METRIC_ACCEPTED, "Accepted tokens (incl. the bonus token) of decode steps.",
@@ -165,7 +170,7 @@ class MetricsView:
         kids.draft_tokens.inc(rec.draft_tokens * rec.batch_size)
         # per own-context bucket: [accepted, observed] request-steps per position (index 0 unused)
         labels: dict[int, list[list[int]]] = {}
-        for (i, budget, correct), n in record_counts(rec, self.bucketing.edges).items():
+        for (i, budget, correct), n in self._counts(rec, self.bucketing.edges).items():
             hit, seen = labels.setdefault(i, [[0] * (MAX_POSITION_LABEL + 1), [0] * (MAX_POSITION_LABEL + 1)])
             for pos in range(1, min(budget, MAX_POSITION_LABEL) + 1):
                 seen[pos] += n
@@ -209,7 +214,7 @@ class _Kids:
 
 def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None, **kw: Any) -> Optional[MetricsView]:
     """A view when SGLang exports metrics (``--enable-metrics``) and prometheus_client is present;
-    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped`` and ``degraded``."""
+    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped``, ``degraded``, ``audit`` and ``counts``."""
     if not enabled:
         return None
     try:
