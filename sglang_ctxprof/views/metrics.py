@@ -46,12 +46,10 @@ from ..model.guard import COMPONENTS
 from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
-                           METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase, METRIC_CACHED_TOKENS)
-from ..model.records import StepRecord
+                           METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
+from ..model.records import PhaseShapes, StepRecord
 from ..aggregate.acceptance import count_record
 from ..model.sinks import Counts
-
-_STEP = Phase.STEP.value
 
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
 PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -113,6 +111,7 @@ class MetricsView:
         self._degraded_seen: Optional[frozenset] = None
         self._update_health()
         self.observed = 0
+        self._shapes: PhaseShapes = {}  # phases_ms keys -> what ``reported_phases`` reads
         self._kids: dict[int, _Kids] = {}  # decode ctx bucket index -> its children
         self._cached: dict[int, Any] = {}  # prefill ctx bucket index -> its cached-tokens child
         self._pos_kids: dict[tuple[int, int], tuple[Any, Any]] = {}  # (own bucket, position) -> children
@@ -152,14 +151,8 @@ class MetricsView:
         kids = self._kids.get(i)
         if kids is None:
             kids = self._kids[i] = _Kids(self, self.bucketing.label(i))
-        ph, step_ms, phase = rec.phases_ms, rec.step_ms, kids.phase
-        for name in REPORTED_PHASES:  # what rec.phase(name) reads
-            if name == _STEP:
-                ms = step_ms
-            elif name in ph:
-                ms = float(ph[name])
-            else:
-                continue
+        phase = kids.phase
+        for name, ms in rec.reported_phases(self._shapes):
             child = phase.get(name)
             if child is None:
                 child = phase[name] = self.phase_seconds.labels(self.model, name, kids.label)
