@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_server import start_server  # noqa: E402
 from overhead import generate, http  # noqa: E402 - the same request loop as the overhead benchmark
 
 
@@ -99,17 +100,9 @@ def main(argv=None) -> int:
     if a.url:
         res = measure(a.url, a)
     else:
-        from sglang_ctxprof.cli.server import ServerProcess, cpu_args
-        from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
-
-        cache = ROOT / ".cache" / "models" / "deepseek-v3-eagle-ha"
-        mdl = build(TinyModelArgs(arch="deepseek-v3", out=str(cache), draft="eagle", high_acceptance=True))
         log = ROOT / ".cache" / "bench-capture-gap.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        srv = ServerProcess(cpu_args(mdl["target"], algorithm="EAGLE", draft=mdl["draft"]) + ["--enable-ctx-profile"],
-                            log_path=str(log), timeout=900)
         print(f"starting SGLang (log {log}) ...", flush=True)
-        srv.start()
+        srv = start_server(log, quiet=False)
         try:
             res = measure(srv.url, a)
         finally:

@@ -52,7 +52,7 @@ def metrics_view(rec):
     from sglang_ctxprof.views.metrics import MetricsView
 
     return MetricsView(rec.aggregator.bucketing, CollectorRegistry(), model="bench",
-                       audit=lambda: rec.aggregator.audit.status()["violations"])
+                       audit=lambda: rec.aggregator.audit.status()["violations"], counts=rec.aggregator.counts)
 
 
 def parts(rec, view=None) -> tuple[int, Counter]:

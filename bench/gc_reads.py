@@ -27,31 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
+sys.path.append(str(ROOT / "bench"))
 
-from sglang_ctxprof.aggregate.aggregator import Aggregator  # noqa: E402
 from sglang_ctxprof.model.records import RankId, StepRecord  # noqa: E402
 
-
-def fill(n: int) -> Aggregator:
-    """``n`` EAGLE decode steps (batch 1..8, contexts 100..30k), as ``bench/profile_build.fill``."""
-    import random
-
-    rng = random.Random(3)
-    agg = Aggregator()
-    for s in range(n):
-        bs = rng.randint(1, 8)
-        ctx = tuple(rng.randint(100, 30000) for _ in range(bs))
-        k = sum(ctx) / 1000
-        attn, moe, draft, de = 0.02 * k + rng.random() * 0.1, 0.8 + rng.random() * 0.1, 0.5, 0.3
-        rest, over = 0.4 + rng.random() * 0.05, 0.2
-        ph = {"draft": draft, "verify": attn + moe + rest, "verify_attn": attn, "verify_moe": moe,
-              "verify_rest": rest, "draft_extend": de, "overhead": over}
-        agg.observe(StepRecord(step_id=s, kind="decode", algorithm="EAGLE", rank=RankId(),
-                               rids=tuple(f"r{(s // 50) * 8 + j}" for j in range(bs)), ctx_lens=ctx,
-                               accepted=(3,) * bs, committed=(3,) * bs, finished=(False,) * bs, draft_tokens=4,
-                               step_ms=draft + attn + moe + rest + de + over, phases_ms=ph,
-                               t_start_ns=s * 10_000_000, timing="cpu"))
-    return agg
+# After sglang_ctxprof is imported (profile_build puts ROOT first on sys.path; the package imported
+# above, from the PYTHONPATH revision, stays the one every submodule comes from).
+from profile_build import fill  # noqa: E402,F401  - the same n decode steps as bench/profile_build
 
 
 def more(agg, start: int, n: int) -> None:

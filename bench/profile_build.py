@@ -8,7 +8,7 @@ pairs each, plus the rest) is timed alternately with the pairwise slopes from nu
 the pure-Python loop (before), ``--reps`` times each.  Prints both medians and their ratio, and checks
 the two profiles are equal.  Then one served ``/ctx_profile`` body, changed against unchanged
 (``http_build``'s cache), and a read loop with 3 new steps between reads: every fit refitted against
-fits remembered by their points (``stats.theil_sen``), alternately.  Last, the JSON reply from kept
+fits remembered by their points (the build cache's ``stats.FitMemo``), alternately.  Last, the JSON reply from kept
 body texts (``http_body``) against ``json_response(profile.to_dict())``, changed and cached.
 
 A benchmark, not a test: it asserts nothing about timing.
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     agg = fill(ns.steps)
     snap = agg.snapshot(with_requests=False)
-    fast = stats._median_slope
-    kept, stats.FITS_KEPT = stats.FITS_KEPT, 0  # every build fits (none remembered)
+    fast = stats._median_slope  # build_profile without a fit memo: every build fits
 
     def slow(pts, eps):
         s = stats._pair_slopes_py(pts, eps)
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             bodies[name] = build_profile(snap).to_dict()
             t[name].append((time.perf_counter() - t0) * 1e3)
-    stats._median_slope, stats.FITS_KEPT = fast, kept
+    stats._median_slope = fast
     fits = sum(1 for p in snap.fit_points.values() if len(p.points) >= 2)
     a, b = statistics.median(t["python"]), statistics.median(t["numpy"])
     print(f"{ns.steps} steps, {fits} robust fits of up to 256 points: build_profile "
@@ -91,7 +90,7 @@ def served(agg: Aggregator, reps: int) -> None:
     miss, hit = [], []
     for r in range(reps):
         http_build.CACHE.clear()
-        stats._FITS.clear()  # a changed state whose every fit changed too
+        http_build.CACHE.fits.clear()  # a changed state whose every fit changed too
         t0 = time.perf_counter()
         http.served_profile([payload]).to_dict()
         t1 = time.perf_counter()
@@ -105,17 +104,17 @@ def served(agg: Aggregator, reps: int) -> None:
 
 def loop(agg: Aggregator, reps: int) -> None:
     """A read loop: 3 new steps between reads (a read every ~100 ms at ~30 ms a step), so every read
-    builds; with the Theil-Sen fits remembered by their points (now) and without (before)."""
+    builds; with the Theil-Sen fits remembered by their points in the build cache's memo
+    (``http_build.CACHE.fits``, now) and with a memo that keeps none (before)."""
     from sglang_ctxprof.views import http, http_build
 
     rng = random.Random(9)
     t = {"remembered": [], "refit": []}
-    kept, memo = stats.FITS_KEPT, stats._FITS
+    memo, none = http_build.CACHE.fits, stats.FitMemo(kept=0)
     base = agg.records
     for r in range(reps * 2):
         name = ("remembered", "refit")[r % 2]
-        stats.FITS_KEPT = kept if name == "remembered" else 0
-        stats._FITS = memo if name == "remembered" else stats.OrderedDict()
+        http_build.CACHE.fits = memo if name == "remembered" else none
         for k in range(3):
             bs = rng.randint(1, 8)
             agg.observe(StepRecord(step_id=base + r * 3 + k, kind="decode", algorithm="EAGLE", rank=RankId(),
@@ -132,7 +131,7 @@ def loop(agg: Aggregator, reps: int) -> None:
         t0 = time.perf_counter()
         http.served_profile([payload]).to_dict()
         t[name].append((time.perf_counter() - t0) * 1e3)
-    stats.FITS_KEPT, stats._FITS = kept, memo
+    http_build.CACHE.fits = memo
     a, b = statistics.median(t["refit"]), statistics.median(t["remembered"])
     print(f"read loop (3 new steps a read): refit every fit {a:.1f} ms, fits remembered {b:.1f} ms, ratio {a / b:.1f}x")
     json_reply(agg, reps)

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
 sys.path.append(str(ROOT / "bench"))
 
+from bench_server import start_server  # noqa: E402
 from reader_stall import _generate, _get, pct, stream  # noqa: E402
 
 ROUTES = ("/ctx_profile", "/ctx_profile?format=text", "/ctx_profile?format=prometheus",
@@ -163,21 +164,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "read_latency.log"))
     ap.add_argument("--out", default=None)
     ns = ap.parse_args(argv)
-    from sglang_ctxprof.cli.server import ServerProcess, cpu_args
-    from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
     import sglang_ctxprof
 
     print(f"server code: {Path(sglang_ctxprof.__file__).parent}", flush=True)
     srv = None
     url = ns.url
     if url is None:
-        os.environ.setdefault("CTXPROF_QUIET", "1")
-        m = build(TinyModelArgs(arch="deepseek-v3", out=str(ROOT / ".cache" / "models" / "deepseek-v3-eagle-ha"),
-                                draft="eagle", high_acceptance=True))
-        Path(ns.log).parent.mkdir(parents=True, exist_ok=True)
-        srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
-                            log_path=ns.log, timeout=900)
-        srv.start()
+        srv = start_server(ns.log)
         url = srv.url
         print(f"server up in {srv.startup_s:.0f} s", flush=True)
     try:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
 import random
 import statistics
 import sys
@@ -58,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gcprobe_report as gcprobe  # noqa: E402  (bench/, beside this script)
+from bench_server import start_server  # noqa: E402
 
 SGLANG_READS = ("/get_server_info", "/get_model_info", "/health", "/v1/models")
 CTXPROF_READS = ("/ctx_profile", "/ctx_profile/diagnosis", "/ctx_profile/requests?slowest=1000",
@@ -246,26 +246,19 @@ def main(argv: list[str] | None = None) -> int:
                          "process kept and promoted, by kind (slow: a diagnosis; gcprobe/sitecustomize.py)")
     ns = ap.parse_args(argv)
     ns.gc_probe = ns.gc_probe or ns.gc_census
-    from sglang_ctxprof.cli.server import ServerProcess, cpu_args
-    from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
     import sglang_ctxprof
 
     print(f"server code: {Path(sglang_ctxprof.__file__).parent}", flush=True)
     srv = None
     url = ns.url
     if url is None:
-        os.environ.setdefault("CTXPROF_QUIET", "1")
-        m = build(TinyModelArgs(arch="deepseek-v3", out=str(ROOT / ".cache" / "models" / "deepseek-v3-eagle-ha"),
-                                draft="eagle", high_acceptance=True))
         Path(ns.log).parent.mkdir(parents=True, exist_ok=True)
         env = {}
         if ns.gc_probe:
             probe_dir = gcprobe.new_dir(Path(ns.log).parent)
             env = gcprobe.server_env(probe_dir)
             print(f"gc probe: {probe_dir}", flush=True)
-        srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
-                            log_path=ns.log, timeout=900, env=env, **({"freeze_gc": False} if ns.no_freeze_gc else {}))
-        srv.start()
+        srv = start_server(ns.log, env=env, freeze_gc=not ns.no_freeze_gc)
         url = srv.url
         print(f"server up in {srv.startup_s:.0f} s; SGLang's freeze_gc after start-up: "
               f"{ {True: 'answered', False: 'failed', None: 'left to SGLang'}[getattr(srv, 'gc_frozen', None)]}",

@@ -13,8 +13,9 @@ and ``budget`` the step's draft budget in positions (``StepRecord.draft_depth``)
 * ``observed[i-1]`` / ``accepted[i-1]``: the exact counts behind ``p[i-1]`` (what the Prometheus
   counters ``..._position_observed_total`` / ``..._position_accepted_total`` add up to).
 
-:func:`record_counts` is the one reading of a record's acceptance: the aggregator and the live
-metrics both count from it, so every view gives the same ``p_i``.
+:func:`count_record` is the one reading of a record's acceptance: the aggregator and the live
+metrics both count with it (through the aggregator's :class:`CountsMemo`, which the live metrics
+share), so every view gives the same ``p_i``.
 
 The execution fingerprint counts steps per mode ("graph" | "eager" | "piecewise" | "unknown"), the
 attention backends seen and the reasons SGLang gave for not running a graph.  A **downgrade** is an
@@ -27,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from itertools import repeat
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import Any, Mapping, MutableMapping, Optional, Sequence
 
 from ..model.names import EXEC_EAGER, EXEC_GRAPH, EXEC_MODES, EXEC_PIECEWISE, EXEC_REASON_DISABLED, EXEC_UNKNOWN
 from ..model.records import StepRecord, accepted_drafts
@@ -47,23 +48,30 @@ def add(counts: MutableMapping[str, int], budget: int, correct: int, n: int = 1)
     counts[k] = counts.get(k, 0) + n
 
 
-MEMO = 64  # records whose counts are remembered (by identity) for the next reader of the same record
-_memo: list[Any] = [None] * MEMO  # slot by id(record): (record, edges, counts)
+MEMO = 64  # records whose counts a CountsMemo remembers (by identity) for the next reader of the same record
 
 
-def record_counts(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:
-    """:func:`count_record`, remembered for the record's next reader: the aggregator reads a record
-    first, the live metrics the same record on the drain thread a little later, so the grouping
-    over a large batch's requests runs once.  A slot holds one (record, edges, counts) by the
-    record's identity (one list store: safe across threads; a collision only costs a recount).
-    The counts are shared between readers: read them, never change them."""
-    slot = (id(rec) >> 4) % MEMO
-    hit = _memo[slot]
-    if hit is not None and hit[0] is rec and (hit[1] is edges or hit[1] == edges):
-        return hit[2]
-    out = count_record(rec, edges)
-    _memo[slot] = (rec, edges, out)
-    return out
+class CountsMemo:
+    """:func:`count_record`, remembered for the record's next reader: the aggregator that owns this
+    memo reads a record first, the live metrics (handed the same memo) the same record on the drain
+    thread a little later, so the grouping over a large batch's requests runs once.  A slot holds one
+    (record, edges, counts) by the record's identity (one list store: safe across threads; a
+    collision only costs a recount).  The counts are shared between readers: read them, never
+    change them."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self) -> None:
+        self._slots: list[Optional[tuple[StepRecord, Sequence[int], dict[tuple[int, int, int], int]]]] = [None] * MEMO
+
+    def __call__(self, rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:
+        slot = (id(rec) >> 4) % MEMO
+        hit = self._slots[slot]
+        if hit is not None and hit[0] is rec and (hit[1] is edges or hit[1] == edges):
+            return hit[2]
+        out = count_record(rec, edges)
+        self._slots[slot] = (rec, edges, out)
+        return out
 
 
 def count_record(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, int], int]:

@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import ABORT_RETRACTED, KIND_DECODE, REPORTED_PHASES, TIMING_RANK, Phase
-from ..model.records import RequestEnd, StepRecord
+from ..model.names import ABORT_RETRACTED, KIND_DECODE, TIMING_RANK, Phase
+from ..model.records import PhaseShapes, RequestEnd, StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .audit import Audit
@@ -42,7 +42,7 @@ from .requests import RequestLog
 from .waterfall import waterfall
 from .snapshot import COUNTS, BucketState, PartDicts, Snapshot, merge
 
-_STEP, _ATTN, _PREFILL = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.PREFILL.value
+_ATTN, _PREFILL = Phase.VERIFY_ATTN.value, Phase.PREFILL.value
 # A decode phase's folds: its bucket histogram's add, its fit's and its point sample's.
 _Adds = tuple[Callable[[float], None], Callable[[float, float], None], Callable[[float, float], None]]
 
@@ -88,6 +88,7 @@ class Aggregator:
         self._max_steps = max_steps_per_request
         self._audit = audit
         self.resets = -1  # resets so far (the first is the one below): a state's version names it
+        self.counts = acc.CountsMemo()  # each record's acceptance counts, kept for the live metrics' read
         self.reset()
 
     def reset(self) -> None:
@@ -106,7 +107,7 @@ class Aggregator:
         self._last_end_ns = 0
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
         self.audit = Audit() if self._audit else None
-        self._reported: dict[tuple[str, ...], tuple[str, ...]] = {}  # phase names -> the reported ones, in order
+        self._shapes: PhaseShapes = {}  # phases_ms keys -> what ``reported_phases`` reads
         self._dicts = PartDicts()  # the state dicts of the buckets' copies, while they are unchanged
 
     def observe(self, rec: StepRecord) -> None:
@@ -152,15 +153,8 @@ class Aggregator:
             ph = rec.phases_ms
             if _ATTN in ph:
                 b.attn_ctx_sum += ctx_sum
-            keys = tuple(ph)
-            names = self._reported.get(keys)
-            if names is None:
-                names = tuple(n for n in REPORTED_PHASES if n == _STEP or n in ph)
-                if len(self._reported) < 256:
-                    self._reported[keys] = names
-            fold, step_ms = b.fold, rec.step_ms
-            for name in names:  # what rec.phase(name) reads, in REPORTED_PHASES order
-                ms = step_ms if name == _STEP else float(ph.get(name, 0.0))
+            fold = b.fold
+            for name, ms in rec.reported_phases(self._shapes):
                 adds = fold.get(name)
                 if adds is None:
                     adds = fold[name] = self._fold(b, name)
@@ -200,7 +194,7 @@ class Aggregator:
             if b.step_bs1 is None:
                 b.step_bs1 = DurationStats()
             b.step_bs1.add(rec.step_ms)
-        for (i, budget, correct), n in acc.record_counts(rec, self.bucketing.edges).items():
+        for (i, budget, correct), n in self.counts(rec, self.bucketing.edges).items():
             counts = self.acceptance.get(i)
             if counts is None:
                 counts = self.acceptance[i] = {}

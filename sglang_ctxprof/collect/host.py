@@ -84,8 +84,8 @@ class IdCache:
             plen_of.update(zip(new, new_plens))
             rids = tuple(map(rid_of.get, reqs))
         plens = tuple(map(plen_of.get, reqs))
-        if None in rids or None in plens:  # forgotten meanwhile (a flush racing a stopping drain thread)
-            return adapter.req_ids(reqs)
+        if None in rids or None in plens:  # defensive: builds run one at a time (under the recorder's
+            return adapter.req_ids(reqs)  # lock, a stopped drain thread stays stopped); read all, not a KeyError
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
         return rids, plens

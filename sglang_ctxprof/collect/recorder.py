@@ -82,7 +82,7 @@ class Recorder:
         self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
         self.submitted = 0
         self.dropped = 0
-        self._stop = threading.Event()
+        self._stop: threading.Event | None = None  # the current drain thread's own stop event
         self._thread: threading.Thread | None = None
 
     # ---- hot path -----------------------------------------------------------------------------
@@ -101,21 +101,26 @@ class Recorder:
 
     # ---- drain -----------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start a drain thread with a stop event of its own: one that ``stop`` told to stop stays
+        stopped, even if it outlived the join (a slow pass) and a new one was started since."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="ctxprof-recorder", daemon=True)
+            self._stop = stop = threading.Event()
+            self._thread = threading.Thread(target=self._loop, args=(stop,), name="ctxprof-recorder",
+                                            daemon=True)
             self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, stop: threading.Event) -> None:
         tt = time.thread_time_ns
-        while not self._stop.is_set():
+        stopped = stop.is_set
+        while not stopped():
             if self._q or self._fan:
                 t0 = tt()  # one pass timed as a whole (a thread-time read is a system call: ~1 us)
                 if self._q:
-                    self.pacer.drain(self._q, self._consume, self._lock, self._stop.is_set)
-                self._feed_sinks()
+                    self.pacer.drain(self._q, self._consume, self._lock, stopped)
+                self._feed_sinks(stopped)
                 self.cost.add_drain(tt() - t0, records=0)
             else:
-                self._stop.wait(POLL_S)
+                stop.wait(POLL_S)
 
     def _consume(self, item: Item) -> Optional[_Started]:
         """Take one item, or one stage of it: building a record is a stage, and the aggregator's
@@ -163,10 +168,10 @@ class Recorder:
                 q.appendleft(rest)
         self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
-    def _feed_sinks(self) -> None:
+    def _feed_sinks(self, stopped: Callable[[], bool] = lambda: False) -> None:
         """Feed the sinks what the aggregator took, in the same order, outside the aggregator lock,
-        in the pacer's slices (the drain thread hands the GIL over between two)."""
-        self.pacer.drain(self._fan, self._feed_one, self._sink_lock, self._stop.is_set)
+        in the pacer's slices (the drain thread hands the GIL over between two) until ``stopped()``."""
+        self.pacer.drain(self._fan, self._feed_one, self._sink_lock, stopped)
 
     def _feed_one(self, rec: Union[StepRecord, RequestEnd]) -> None:
         if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
@@ -199,12 +204,16 @@ class Recorder:
             return fn(self.aggregator)
 
     def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
+        """Tell the drain thread to stop (its own event, never cleared), wait up to ``timeout`` for
+        it, forget it, and drain what is left here.  A thread still inside a slow pass ends with its
+        current slice (the queue is consumed only under ``_lock``: never by two threads at once)."""
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
         self.flush()
-        self._stop.clear()
 
     def close(self) -> None:
         """Stop the drain thread, drain what is left, then stop each sink (its threads, providers),

@@ -21,13 +21,34 @@ Imports nothing from SGLang, torch or OTel.
 from __future__ import annotations
 
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, Callable, Mapping
+from operator import itemgetter
+from typing import Any, Callable, Iterator, Mapping
 
-from .names import ABORT_QUEUED, ABORT_RETRACTED, KIND_DECODE, KIND_PREFILL, LEAF_PHASES, Phase
+from .names import ABORT_QUEUED, ABORT_RETRACTED, KIND_DECODE, KIND_PREFILL, LEAF_PHASES, REPORTED_PHASES, Phase
 
 
 def _same(v: Any) -> Any:
     return v
+
+
+_STEP = Phase.STEP.value
+SHAPES_KEPT = 256  # shapes of ``phases_ms`` a caller's cache keeps (``StepRecord.reported_phases``)
+# keys of a ``phases_ms`` -> (its reported names, the step first; a getter of the others' values)
+PhaseShapes = dict[tuple[str, ...], tuple[tuple[str, ...], Callable[[Mapping[str, float]], tuple]]]
+assert REPORTED_PHASES[0] == _STEP  # reported_phases puts the step first
+
+
+def _phase_shape(ph: Mapping[str, float]) -> tuple[tuple[str, ...], Callable[[Mapping[str, float]], tuple]]:
+    """The reported names of a ``phases_ms`` of this shape (step first) and a getter of the values of
+    those after the step, as a tuple (``itemgetter`` gives a bare value for one name)."""
+    rest = tuple(n for n in REPORTED_PHASES if n != _STEP and n in ph)
+    if len(rest) > 1:
+        get: Callable[[Mapping[str, float]], tuple] = itemgetter(*rest)
+    elif rest:
+        get = lambda d, n=rest[0]: (d[n],)  # noqa: E731
+    else:
+        get = lambda d: ()  # noqa: E731
+    return (_STEP, *rest), get
 
 
 # ---- the facts every view derives from a step the same way ----------------------------------------
@@ -164,6 +185,22 @@ class StepRecord:
         if name == Phase.STEP.value:
             return self.step_ms
         return float(self.phases_ms.get(name, 0.0))
+
+    def reported_phases(self, shapes: PhaseShapes) -> Iterator[tuple[str, float]]:
+        """The ``(name, ms)`` pairs this record reports, in ``REPORTED_PHASES`` order (an iterator,
+        read once): the step (``step_ms``, always first) and each phase present in ``phases_ms`` as a
+        float (what :meth:`phase` reads; an absent one is left out, not read as 0).  ``shapes`` is the
+        caller's own cache, per shape of ``phases_ms`` (its keys in order; at most ``SHAPES_KEPT``
+        shapes), of the reported names and a getter of their values, so a record costs one dict
+        look-up and C-level reads (this runs per record on the drain thread, twice)."""
+        ph = self.phases_ms
+        keys = tuple(ph)
+        shape = shapes.get(keys)
+        if shape is None:
+            shape = _phase_shape(ph)
+            if len(shapes) < SHAPES_KEPT:
+                shapes[keys] = shape
+        return zip(shape[0], (self.step_ms, *map(float, shape[1](ph))))
 
     def leaf_sum_ms(self) -> float:
         return sum(float(self.phases_ms.get(p, 0.0)) for p in LEAF_PHASES)

@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 from .records import StepRecord
 
 History = Callable[[str], Optional[Mapping[str, Any]]]  # rid -> request summary with its step rows
+# (record, bucket edges) -> {(own context bucket, budget, correct drafts): request-steps}
+Counts = Callable[[StepRecord, Sequence[int]], Mapping[tuple[int, int, int], int]]
 
 
 class RecordSink(Protocol):
@@ -76,8 +78,10 @@ class BindFacts:
     live self-audit's violations per invariant (``aggregate.audit``; None when it is off);
     ``policy()``: the exporters' trace policy as it is now (``ExporterSet.policy``, which
     ``POST /ctx_profile/trace_policy`` replaces; None without exporters), which the slow-request
-    capture trigger judges with.  The defaults are a primary rank with no history, metrics off and
-    no policy (before bind, and in tests)."""
+    capture trigger judges with; ``counts``: the aggregator's acceptance counts of a record
+    (``aggregate.acceptance.CountsMemo``, which remembers the aggregator's count of the record for
+    the live metrics; None: they count afresh).  The defaults are a primary rank with no history,
+    metrics off and no policy (before bind, and in tests)."""
 
     primary: bool = True
     model_name: str = ""
@@ -87,6 +91,7 @@ class BindFacts:
     degraded: Callable[[], Optional[Mapping[str, Any]]] = _healthy
     audit: Callable[[], Optional[Mapping[str, int]]] = _no_audit
     policy: Callable[[], Optional[Policy]] = _no_policy
+    counts: Optional[Counts] = None
 
 
 class ExporterSet(Protocol):

@@ -10,8 +10,9 @@
   :func:`theil_sen` fits a line robust to outliers on them (the median of pairwise slopes), so one
   362 ms warm-up step among 60 ms steps does not turn the context slope around.
 
-All export to and import from builtins with string keys (msgpack-safe) and merge; recent
-Theil-Sen fits are remembered by their points.
+All export to and import from builtins with string keys (msgpack-safe) and merge; a
+:class:`FitMemo`, owned and handed in by a caller that rebuilds often, remembers recent Theil-Sen
+fits by their points (no memo is kept here: a call without one computes).
 Pure: the standard library, and numpy for the pairwise slopes of :func:`theil_sen` (the same
 IEEE operations in the same order on each pair, so the very same result as the Python loop).
 """
@@ -22,7 +23,7 @@ import math
 import threading
 from collections import OrderedDict
 from itertools import chain
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 _GROWTH = 1.02
 _LOG_G = math.log(_GROWTH)
@@ -294,34 +295,57 @@ def _median_slope(pts: list[tuple[float, float]], eps: float) -> float | None:
     return 0.5 * (float(lo) + float(hi))
 
 
-_FITS: "OrderedDict[tuple, dict[str, float] | None]" = OrderedDict()
-_FITS_LOCK = threading.Lock()
-FITS_KEPT = 64  # recent fits remembered (a profile has at most ~9; the diagnosis a few more)
+FITS_KEPT = 64  # recent fits a FitMemo remembers (a profile has at most ~9; the diagnosis a few more)
+
+Fit = Optional[dict[str, float]]
 
 
-def theil_sen(points: list[tuple[float, float]], max_points: int = 256) -> dict[str, float] | None:
+class FitMemo:
+    """The last ``kept`` Theil-Sen fits, remembered by their exact points, in order: a reservoir
+    (:class:`PointSample`) that has seen many steps keeps its points for most of the next ones, so
+    a profile rebuilt every few steps by the owner of this memo (the HTTP process's build cache)
+    refits only the samples that changed.  Thread-safe (readers on several threads may share one)."""
+
+    def __init__(self, kept: int = FITS_KEPT) -> None:
+        self.kept = kept
+        self._fits: OrderedDict[tuple, Fit] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._fits)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fits.clear()
+
+    def fit(self, points: list[tuple[float, float]], max_points: int) -> Fit:
+        try:
+            key = (tuple(points), max_points)
+            hash(key)
+        except TypeError:  # points that are not tuples of numbers: fitted, not remembered
+            return _theil_sen(points, max_points)
+        with self._lock:
+            if key in self._fits:
+                self._fits.move_to_end(key)
+                return self._fits[key]
+        out = _theil_sen(points, max_points)
+        with self._lock:
+            self._fits[key] = out
+            while len(self._fits) > self.kept:
+                self._fits.popitem(last=False)
+        return out
+
+
+def theil_sen(points: list[tuple[float, float]], max_points: int = 256,
+              memo: Optional[FitMemo] = None) -> Fit:
     """Theil-Sen line through ``points``: slope = median of pairwise slopes (pairs with distinct x),
     intercept = median of y - slope*x; r2 of that line on all points.  None when x does not vary.
     Above ``max_points`` an evenly spaced subset (sorted by x) is used, so the cost stays bounded.
-
-    The last ``FITS_KEPT`` results are remembered by the exact points, in order: a reservoir
-    (:class:`PointSample`) that has seen many steps keeps its points for most of the next ones, so
-    a profile rebuilt every few steps refits only the samples that changed.  A copy is returned."""
-    try:
-        key = (tuple(points), max_points)
-        hash(key)
-    except TypeError:  # points that are not tuples of numbers: fitted, not remembered
+    With a ``memo`` a fit of the same points is taken from it (:class:`FitMemo`); without, it is
+    computed.  The result is the caller's own dict."""
+    if memo is None:
         return _theil_sen(points, max_points)
-    with _FITS_LOCK:
-        if key in _FITS:
-            _FITS.move_to_end(key)
-            hit = _FITS[key]
-            return dict(hit) if hit is not None else None
-    out = _theil_sen(points, max_points)
-    with _FITS_LOCK:
-        _FITS[key] = out
-        while len(_FITS) > FITS_KEPT:
-            _FITS.popitem(last=False)
+    out = memo.fit(points, max_points)
     return dict(out) if out is not None else None
 
 

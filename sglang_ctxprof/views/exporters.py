@@ -192,7 +192,7 @@ class MetricsSink:
                 from .metrics import maybe_create
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
-                                         degraded=f.degraded, audit=f.audit)
+                                         degraded=f.degraded, audit=f.audit, counts=f.counts)
         return self.view
 
     def observe(self, rec: StepRecord) -> None:

@@ -52,6 +52,7 @@ from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
 from ..model.rids import short_rid
 from ..model.config import CtxProfConfig
+from ..model.stats import FitMemo
 from .http_body import BodyTexts, served_json
 from .http_build import CACHE, off_loop, versions
 from .http_context import INSTALLED, Asker, PlainStore, ReadContext, Route
@@ -66,19 +67,19 @@ MAX_SLOWEST = names.MAX_SLOWEST
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
-def _built(payloads: list[dict[str, Any]]) -> tuple[list[Any], Profile, BodyTexts]:
+def _built(payloads: list[dict[str, Any]], fits: Optional[FitMemo] = None) -> tuple[list[Any], Profile, BodyTexts]:
     """Each answering rank's profile body (None for a rank that answered an error), the merged
-    profile and their JSON texts (written on first use).  One rank: its profile is the merged one
-    (``merge`` of one snapshot changes nothing)."""
+    profile and their JSON texts (written on first use), reusing the recent fits of ``fits``.  One
+    rank: its profile is the merged one (``merge`` of one snapshot changes nothing)."""
     snaps = [Snapshot.from_dict(p["state"]) if "state" in p else None for p in payloads]
     ok = [s for s in snaps if s is not None]
     if len(ok) == 1:
-        merged = build_profile(ok[0])
+        merged = build_profile(ok[0], fits)
         one = merged.to_dict(envelope=False)
         bodies = [one if s is not None else None for s in snaps]
     else:
-        bodies = [build_profile(s).to_dict(envelope=False) if s is not None else None for s in snaps]
-        merged = build_profile(merge(ok)) if ok else Profile(bucketing={})
+        bodies = [build_profile(s, fits).to_dict(envelope=False) if s is not None else None for s in snaps]
+        merged = build_profile(merge(ok), fits) if ok else Profile(bucketing={})
     return bodies, merged, BodyTexts(bodies, merged)
 
 
@@ -89,7 +90,8 @@ def served_profile(payloads: list[dict[str, Any]]) -> Profile:
 
 
 def _served(payloads: list[dict[str, Any]]) -> tuple[Profile, BodyTexts]:
-    bodies, merged, texts = CACHE.get(versions(payloads), lambda: _built(payloads))
+    cache = CACHE
+    bodies, merged, texts = cache.get(versions(payloads), lambda: _built(payloads, cache.fits))
     ranks = [{"status": p["status"], "profile": b} if "state" in p else {"error": p.get("error", "no answer")}
              for p, b in zip(payloads, bodies)]
     statuses = [p["status"] for p in payloads if "state" in p]

@@ -14,7 +14,8 @@ a record (``records`` and ``submitted`` both grow) or by a reset (``records`` dr
 ``submitted`` stays), so an unchanged version means an unchanged state.  The device facts
 (``hw``) are part of the version too.  An answer without these fields (an error, an old rank) is
 never cached.  So the live page's two builds per refresh cost one build per change of the data,
-however many tabs are open.
+however many tabs are open.  A build that does happen refits only the Theil-Sen samples that changed:
+the cache owns the memo of recent fits (``fits``, a ``model.stats.FitMemo``) that builds use.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, TypeVar
+
+from ..model.stats import FitMemo
 
 T = TypeVar("T")
 
@@ -79,10 +82,12 @@ def versions(payloads: Sequence[Mapping[str, Any]]) -> Optional[tuple]:
 
 class BuildCache:
     """The last ``size`` results by key; a key of None is never cached.  Thread-safe: the worker
-    thread builds, and two readers of one key may both build once (the later result is kept)."""
+    thread builds, and two readers of one key may both build once (the later result is kept).
+    ``fits``: the recent Theil-Sen fits its builds reuse (a changed state keeps most samples)."""
 
-    def __init__(self, size: int = 8) -> None:
+    def __init__(self, size: int = 8, fits: Optional[FitMemo] = None) -> None:
         self.size = size
+        self.fits = fits if fits is not None else FitMemo()
         self._d: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0

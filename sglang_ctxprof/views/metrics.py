@@ -14,7 +14,7 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_position_accepted_total`` and ``sglang_ctxprof_position_observed_total`` counters,
   labels ``ctx_bucket`` and ``position``: request-steps whose draft position ``i`` (1..32) was accepted,
   and those whose draft budget reached ``i``, so ``p_i`` = accepted rate / observed rate, exactly the
-  ``acceptance_by_position`` of ``/ctx_profile`` (both count from ``acceptance.record_counts``; here,
+  ``acceptance_by_position`` of ``/ctx_profile`` (both count with ``acceptance.count_record``; here,
   as there, ``ctx_bucket`` is each *request's own* context, and a position beyond a step's adaptive
   budget is unobserved, not rejected);
 * ``sglang_ctxprof_prefill_cached_tokens_total`` counter, label ``ctx_bucket`` (the prefill batch's
@@ -46,11 +46,10 @@ from ..model.guard import COMPONENTS
 from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
-                           METRIC_REQUEST_STEPS, METRIC_STEPS, REPORTED_PHASES, Phase, METRIC_CACHED_TOKENS)
-from ..model.records import StepRecord
-from ..aggregate.acceptance import record_counts
-
-_STEP = Phase.STEP.value
+                           METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
+from ..model.records import PhaseShapes, StepRecord
+from ..aggregate.acceptance import count_record
+from ..model.sinks import Counts
 
 # Seconds: 100 us .. 10 s, covering a draft phase on a GPU to a long-context CPU step.
 PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -59,12 +58,15 @@ PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 
 class MetricsView:
     """``dropped()`` gives the recorder's dropped-record count, ``degraded()`` the guard's status
-    (``{"components": {name: why}}`` or None); both are read as records drain."""
+    (``{"components": {name: why}}`` or None); both are read as records drain.  ``counts`` reads a
+    record's acceptance: the aggregator's ``CountsMemo`` (its count of the same record, made just
+    before), else a fresh ``count_record``."""
 
     def __init__(self, bucketing: Bucketing, registry: Any = None, model: str = "",
                  dropped: Callable[[], int] = lambda: 0,
                  degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None,
-                 audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None) -> None:
+                 audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None,
+                 counts: Optional[Counts] = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
@@ -74,6 +76,7 @@ class MetricsView:
         self._dropped_fn = dropped
         self._degraded_fn = degraded
         self._audit_fn = audit
+        self._counts: Counts = counts if counts is not None else count_record  # the aggregator's memo, if given
         self.phase_seconds = Histogram(METRIC_PHASE_SECONDS, "Seconds per speculative decode step phase.",
                                        [m, "phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
         self.accepted = Counter(METRIC_ACCEPTED, "Accepted tokens (incl. the bonus token) of decode steps.",
@@ -108,6 +111,7 @@ class MetricsView:
         self._degraded_seen: Optional[frozenset] = None
         self._update_health()
         self.observed = 0
+        self._shapes: PhaseShapes = {}  # phases_ms keys -> what ``reported_phases`` reads
         self._kids: dict[int, _Kids] = {}  # decode ctx bucket index -> its children
         self._cached: dict[int, Any] = {}  # prefill ctx bucket index -> its cached-tokens child
         self._pos_kids: dict[tuple[int, int], tuple[Any, Any]] = {}  # (own bucket, position) -> children
@@ -147,14 +151,8 @@ class MetricsView:
         kids = self._kids.get(i)
         if kids is None:
             kids = self._kids[i] = _Kids(self, self.bucketing.label(i))
-        ph, step_ms, phase = rec.phases_ms, rec.step_ms, kids.phase
-        for name in REPORTED_PHASES:  # what rec.phase(name) reads
-            if name == _STEP:
-                ms = step_ms
-            elif name in ph:
-                ms = float(ph[name])
-            else:
-                continue
+        phase = kids.phase
+        for name, ms in rec.reported_phases(self._shapes):
             child = phase.get(name)
             if child is None:
                 child = phase[name] = self.phase_seconds.labels(self.model, name, kids.label)
@@ -165,7 +163,7 @@ class MetricsView:
         kids.draft_tokens.inc(rec.draft_tokens * rec.batch_size)
         # per own-context bucket: [accepted, observed] request-steps per position (index 0 unused)
         labels: dict[int, list[list[int]]] = {}
-        for (i, budget, correct), n in record_counts(rec, self.bucketing.edges).items():
+        for (i, budget, correct), n in self._counts(rec, self.bucketing.edges).items():
             hit, seen = labels.setdefault(i, [[0] * (MAX_POSITION_LABEL + 1), [0] * (MAX_POSITION_LABEL + 1)])
             for pos in range(1, min(budget, MAX_POSITION_LABEL) + 1):
                 seen[pos] += n
@@ -209,7 +207,7 @@ class _Kids:
 
 def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None, **kw: Any) -> Optional[MetricsView]:
     """A view when SGLang exports metrics (``--enable-metrics``) and prometheus_client is present;
-    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped`` and ``degraded``."""
+    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped``, ``degraded``, ``audit`` and ``counts``."""
     if not enabled:
         return None
     try:

@@ -24,7 +24,7 @@ from ..model.buckets import Bucketing
 from ..model.names import ABORT_QUEUED, ABORT_RETRACTED, LEAF_PHASES, REPORTED_PHASES, SCHEMA_VERSION, Phase
 from ..model.roofline import bucket_roofline
 from ..model.names import FIT_ROBUST_METHOD
-from ..model.stats import DurationStats, theil_sen
+from ..model.stats import DurationStats, FitMemo, theil_sen
 from ..aggregate import acceptance as acc
 from ..aggregate.outliers import robust as robust_bucket
 from .bucket_views import BucketView, PhaseView, PrefillView, _div
@@ -162,9 +162,10 @@ def _phase_view(st: DurationStats) -> PhaseView:
     return PhaseView(int(s["count"]), s["mean_ms"], s["p50_ms"], s["p90_ms"], s["p99_ms"], s["total_ms"])
 
 
-def build_profile(snap: Snapshot) -> Profile:
+def build_profile(snap: Snapshot, fits: Optional[FitMemo] = None) -> Profile:
     """The public profile of a snapshot, with verify attention's % of the HBM roofline per bucket
-    when the snapshot's device facts allow (``model/roofline``)."""
+    when the snapshot's device facts allow (``model/roofline``).  ``fits``: the caller's memo of
+    recent Theil-Sen fits (a caller that rebuilds every few steps); without one every fit is computed."""
     bk = Bucketing.from_dict(snap.bucketing)
     buckets = []
     for i in sorted(snap.decode):
@@ -185,17 +186,17 @@ def build_profile(snap: Snapshot) -> Profile:
         st = b.phases.get(Phase.PREFILL.value)
         prefill.append(PrefillView(bk.label(i), lo, hi, b,
                                    _phase_view(st) if st is not None else PhaseView(0, 0, 0, 0, 0, 0)))
-    fits = {}
+    fit_views = {}
     for p in REPORTED_PHASES:
         f = snap.fits.get(p)
         sol = f.solve() if f is not None else None
         if sol is not None:
             pts = snap.fit_points.get(p)
-            rob = theil_sen(pts.points) if pts is not None and len(pts.points) >= 2 else None
+            rob = theil_sen(pts.points, memo=fits) if pts is not None and len(pts.points) >= 2 else None
             robust = None if rob is None or pts is None else {
                 "method": FIT_ROBUST_METHOD, "ms_per_1k_ctx": rob["slope"], "intercept_ms": rob["intercept"],
                 "r2": rob["r2"], "n": int(rob["n"]), "sampled_of": pts.seen}
-            fits[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]), robust)
+            fit_views[p] = FitView(sol["slope"], sol["intercept"], sol["r2"], int(sol["n"]), robust)
     totals = Totals(
         records=snap.records,
         decode_steps=sum(b.steps for b in snap.decode.values()),
@@ -216,7 +217,7 @@ def build_profile(snap: Snapshot) -> Profile:
             accept.append({"label": bk.label(i), "lo": lo, "hi": hi, "acceptance_by_position": v})
     host = {"between_steps": snap.host_gaps.summary(), "in_step": snap.host_in_step.summary()}
     return Profile(timing=snap.timing, hw=snap.hw, algorithms=tuple(sorted(snap.algorithms)),
-                   bucketing=bk.to_dict(), buckets=tuple(buckets), prefill=tuple(prefill), fits=fits,
+                   bucketing=bk.to_dict(), buckets=tuple(buckets), prefill=tuple(prefill), fits=fit_views,
                    totals=totals, schema_version=snap.schema_version, host=host,
                    acceptance_by_ctx=tuple(accept))
 

@@ -194,18 +194,50 @@ def test_state_round_trip_merge_and_old_records_load():
 
 
 def test_record_counts_are_remembered_per_record_and_equal_a_fresh_count():
-    """The aggregator and the live metrics read one record's acceptance one after the other: the
-    second read is the first's counts; another record, or other edges, is counted afresh."""
+    """The aggregator and the live metrics read one record's acceptance one after the other through
+    the aggregator's memo: the second read is the first's counts; another record, or other edges,
+    is counted afresh; another memo (another aggregator) shares nothing."""
     from sglang_ctxprof.model.buckets import Bucketing
 
     edges, other = Bucketing.parse("pow2").edges, Bucketing.parse("fixed:1024").edges
     recs = [rec(i, [f"r{k}" for k in range(n)], [100 * (k + 1) for k in range(n)], [1 + k % 4 for k in range(n)])
             for i, n in enumerate((1, 3, 70, 256))]
+    memo, mine = acc.CountsMemo(), acc.CountsMemo()
     for r in recs:
-        first = acc.record_counts(r, edges)
+        first = memo(r, edges)
         assert first == acc.count_record(r, edges)
-        assert acc.record_counts(r, edges) is first
-        assert acc.record_counts(r, tuple(edges)) is first  # equal edges: the same layout
-        assert acc.record_counts(r, other) == acc.count_record(r, other) != first
+        assert memo(r, edges) is first
+        assert memo(r, tuple(edges)) is first  # equal edges: the same layout
+        assert mine(r, edges) == first and mine(r, edges) is not first  # each memo counts for itself
+        assert memo(r, other) == acc.count_record(r, other) != first
     again = rec(0, ["r0"], [100], [4])  # same fields as recs[0] but accepted differs: a new record
-    assert acc.record_counts(again, edges) == acc.count_record(again, edges) != acc.record_counts(recs[0], edges)
+    assert memo(again, edges) == acc.count_record(again, edges) != memo(recs[0], edges)
+
+
+def test_the_live_metrics_read_the_aggregators_count_of_a_record():
+    """A metrics view handed the aggregator's memo counts a record the aggregator took no second
+    time; without one it counts afresh, with the same result."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.views.metrics import MetricsView
+
+    agg = Aggregator()
+    r = rec(1, [f"r{k}" for k in range(40)], [100 * (k + 1) for k in range(40)], [1 + k % 4 for k in range(40)])
+    agg.observe(r)
+    taken = agg.counts(r, agg.bucketing.edges)
+    reads: list = []
+
+    def spy(rec_, edges):
+        out = agg.counts(rec_, edges)
+        reads.append(out)
+        return out
+
+    regs = CollectorRegistry(), CollectorRegistry()
+    shared = MetricsView(agg.bucketing, regs[0], counts=spy)
+    fresh = MetricsView(agg.bucketing, regs[1])
+    shared.observe(r)
+    fresh.observe(r)
+    assert len(reads) == 1 and reads[0] is taken
+    samples = [[ln for ln in generate_latest(g).splitlines() if b"_created" not in ln] for g in regs]
+    assert samples[0] == samples[1] and any(b"position_accepted_total{" in ln for ln in samples[0])

@@ -49,8 +49,10 @@ def front():
     srv.server_close()
 
 
-def _ready(port: int, args: list[str]) -> ServerProcess:
-    sp = ServerProcess(args, port=port, timeout=20)
+def _ready(port: int, args: list[str], **kw: bool) -> ServerProcess:
+    """A ServerProcess on ``port`` (the fake front) taken through ``ready()``; ``kw`` go to it
+    (``freeze_gc``)."""
+    sp = ServerProcess(args, port=port, timeout=20, **kw)
     sp.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # stands for SGLang
     sp._t0 = __import__("time").time()
     try:
@@ -84,12 +86,5 @@ def test_refused_freeze_is_reported_not_raised(front):
 
 
 def test_freeze_can_be_left_to_sglang(front):
-    sp = ServerProcess(["--model-path", "m", "--skip-server-warmup"], port=front, timeout=20, freeze_gc=False)
-    sp.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    sp._t0 = __import__("time").time()
-    try:
-        sp.ready()
-    finally:
-        sp.proc.kill()
-        sp.proc.wait()
+    sp = _ready(front, ["--model-path", "m", "--skip-server-warmup"], freeze_gc=False)
     assert [s for s in _Front.seen if s[0] == "POST"] == [] and sp.gc_frozen is None

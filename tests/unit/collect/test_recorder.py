@@ -280,3 +280,52 @@ def test_the_drain_thread_feeds_the_sinks_in_slices():
     assert sink.got == []
     r._feed_sinks()
     assert sink.got == [0, 1, 2] and seen_at_pause == [1, 2]  # one record per slice, a pause between
+
+
+def test_a_drain_thread_told_to_stop_stays_stopped_even_when_its_stop_timed_out():
+    """A drain pass slower than ``stop``'s join (here: its pause between two slices waits on an
+    Event) leaves the old thread running past ``stop``; once that pass ends it must end too, and
+    never consume what is submitted after a new ``start`` (two drain threads on one queue)."""
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    entered, release = threading.Event(), threading.Event()
+
+    def sleep(s: float) -> None:  # the first pause of a pass blocks until released: a slow drain pass
+        if not entered.is_set():
+            entered.set()
+            release.wait()
+        time.sleep(s)
+
+    agg = Aggregator()
+    drained_by: list[int] = []
+
+    class ByThread(Sink):
+        def observe(self, rec: StepRecord) -> None:
+            drained_by.append(threading.get_ident())
+            super().observe(rec)
+
+    sink = ByThread("logs", agg)
+    r = Recorder(agg, Guard(), sinks=[sink], pacer=Pacer(slice_ns=0, sleep=sleep))
+    r.submit(_rec(0))
+    r.submit(_rec(1))  # one slice takes record 0, then the pause blocks with record 1 waiting
+    r.start()
+    old = r._thread
+    try:
+        assert old is not None and entered.wait(60)
+        r.stop(timeout=0.001)  # the join times out: the old thread is still inside its pass
+        assert old.is_alive() and agg.records == 2  # stop's own flush took what was left
+        drained_by.clear()
+        r.start()
+        new = r._thread
+        assert new is not None and new is not old
+        release.set()
+        old.join(30)  # liveness only: an old thread that kept running fails here
+        assert not old.is_alive(), "the stopped drain thread kept running"
+        for i in range(2, 6):
+            r.submit(_rec(i))
+        _wait(lambda: sink.got[-4:] == [2, 3, 4, 5], "the new drain thread took the new records")
+        assert set(drained_by) == {new.ident}
+    finally:
+        release.set()
+        r.close()
+    assert agg.records == 6

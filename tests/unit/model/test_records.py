@@ -45,3 +45,29 @@ def test_an_old_record_takes_the_defaults():
     assert (r.non_draft_tokens, r.block_size, r.timing, r.cached_lens) == (1, 0, "cpu", ())
     with pytest.raises(KeyError):
         StepRecord.from_dict({"rids": []})
+
+
+def test_reported_phases_are_what_phase_reads_in_reported_order_and_the_shape_cache_is_the_callers():
+    from sglang_ctxprof.model import records
+    from sglang_ctxprof.model.names import REPORTED_PHASES
+
+    def rec(ph: dict, step_ms: float = 7.0) -> StepRecord:
+        return StepRecord(step_id=1, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(10,),
+                          accepted=(1,), committed=(1,), finished=(False,), draft_tokens=2, step_ms=step_ms,
+                          phases_ms=ph)
+
+    ph = {"verify": 3, "draft": 1.5, "not_a_phase": 9.0, "verify_attn": 2.0}  # any order, an int, a stranger
+    r = rec(ph)
+    shapes: dict = {}
+    got = list(r.reported_phases(shapes))
+    assert got == [(n, r.phase(n)) for n in REPORTED_PHASES if n == "step" or n in ph]
+    assert got == [("step", 7.0), ("draft", 1.5), ("verify", 3.0), ("verify_attn", 2.0)]
+    assert all(type(ms) is float for _, ms in got[1:])
+    assert list(shapes) == [tuple(ph)] and list(r.reported_phases(shapes)) == got  # the same shape: one entry
+    for other in ({}, {"draft": 0.5}, {"decode": 2.0, "decode_attn": 1.0, "x": 1.0}):  # none, one, several
+        o = rec(other, 4.0)
+        assert list(o.reported_phases(shapes)) == [(n, o.phase(n)) for n in REPORTED_PHASES
+                                                   if n == "step" or n in other]
+    assert len(shapes) == 4
+    full: dict = {(str(i),): ((), None) for i in range(records.SHAPES_KEPT)}
+    assert list(r.reported_phases(full)) == got and len(full) == records.SHAPES_KEPT  # bounded: not kept

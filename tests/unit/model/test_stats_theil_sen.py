@@ -47,22 +47,35 @@ def test_even_and_odd_slope_counts_and_no_pair():
     assert stats._median_slope([(1.0, 0.0), (1.0, 5.0)], 1e-9) is None
 
 
-def test_a_fit_is_remembered_by_its_exact_points_and_handed_out_as_a_copy(monkeypatch):
+def test_a_fit_is_remembered_by_its_exact_points_in_its_memo_and_handed_out_as_a_copy(monkeypatch):
     calls = []
     real = stats._theil_sen
     monkeypatch.setattr(stats, "_theil_sen", lambda p, m: calls.append(len(p)) or real(p, m))
-    monkeypatch.setattr(stats, "_FITS", stats.OrderedDict())
+    memo = stats.FitMemo()
     rng = random.Random(5)
     pts = [(rng.uniform(0, 100), rng.uniform(0, 10)) for _ in range(300)]
-    a = stats.theil_sen(pts)
+    a = stats.theil_sen(pts, memo=memo)
     a["slope"] = -1.0  # the caller's copy: the remembered fit is untouched
-    b = stats.theil_sen(list(pts))
+    b = stats.theil_sen(list(pts), memo=memo)
     assert b == _reference(pts) and calls == [300]
     changed = pts[:-1] + [(pts[-1][0], pts[-1][1] + 1.0)]  # a reservoir replaced one point
-    assert stats.theil_sen(changed) == _reference(changed) and calls == [300, 300]
-    assert stats.theil_sen(pts[::-1]) == _reference(pts[::-1]) and len(calls) == 3  # order counts (sums)
+    assert stats.theil_sen(changed, memo=memo) == _reference(changed) and calls == [300, 300]
+    assert stats.theil_sen(pts[::-1], memo=memo) == _reference(pts[::-1]) and len(calls) == 3  # order counts (sums)
     lists = [[x, y] for x, y in pts[:50]]  # not hashable: fitted each time, still right
-    assert stats.theil_sen(lists) == _reference(lists) and len(calls) == 4
+    assert stats.theil_sen(lists, memo=memo) == _reference(lists) and len(calls) == 4
     for i in range(stats.FITS_KEPT + 5):
-        stats.theil_sen([(0.0, 0.0), (1.0, float(i))])
-    assert len(stats._FITS) == stats.FITS_KEPT
+        stats.theil_sen([(0.0, 0.0), (1.0, float(i))], memo=memo)
+    assert len(memo) == stats.FITS_KEPT
+
+
+def test_without_a_memo_every_fit_is_computed_and_memos_share_nothing(monkeypatch):
+    calls = []
+    real = stats._theil_sen
+    monkeypatch.setattr(stats, "_theil_sen", lambda p, m: calls.append(len(p)) or real(p, m))
+    pts = [(float(x), 2.0 * x + (x % 3)) for x in range(40)]
+    assert stats.theil_sen(pts) == stats.theil_sen(pts) == _reference(pts) and calls == [40, 40]
+    one, other = stats.FitMemo(), stats.FitMemo()
+    stats.theil_sen(pts, memo=one)
+    stats.theil_sen(pts, memo=other)  # another owner's memo has not seen these points
+    stats.theil_sen(pts, memo=one)
+    assert calls == [40, 40, 40, 40] and len(one) == len(other) == 1

@@ -107,6 +107,7 @@ def test_sinks_are_registered_in_order_and_get_their_facts_at_bind():
         p.bind(fakes.Scheduler(fakes.Worker()))
         facts = exp.facts
         assert facts.primary and facts.metrics_enabled is False
+        assert facts.counts is p.aggregator.counts  # the live metrics read the aggregator's counts of a record
         assert exp.requests.facts is exp.steps.facts is exp.metrics.facts is facts
         for i in range(3):
             p.recorder.submit(_rec(i, fin=i == 2))

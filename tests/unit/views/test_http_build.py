@@ -66,9 +66,9 @@ def app(monkeypatch):
     builds: list[str] = []
     real = http.build_profile
 
-    def counting(snap):
+    def counting(snap, fits=None):
         builds.append(threading.current_thread().name)
-        return real(snap)
+        return real(snap, fits)
 
     monkeypatch.setattr(http, "build_profile", counting)
     ch = Channel(_agg())
@@ -109,11 +109,11 @@ def test_one_build_at_a_time_and_the_loop_answers_meanwhile(app, monkeypatch):
     release = threading.Event()
     real = http._built
 
-    def slow(payloads):
+    def slow(payloads, fits=None):
         running[0] += 1
         most[0] = max(most[0], running[0])
         release.wait(30)  # liveness only: on the loop this would block the status read below
-        out = real(payloads)
+        out = real(payloads, fits)
         running[0] -= 1
         order.append("built")
         return out
@@ -156,10 +156,10 @@ def test_reads_arriving_during_a_build_share_the_next_one_which_sees_their_data(
     release, started = threading.Event(), threading.Event()
     real = http._built
 
-    def held(payloads):
+    def held(payloads, fits=None):
         started.set()
         release.wait(30)  # liveness only
-        return real(payloads)
+        return real(payloads, fits)
 
     monkeypatch.setattr(http, "_built", held)
 
@@ -182,3 +182,24 @@ def test_reads_arriving_during_a_build_share_the_next_one_which_sees_their_data(
     assert [r.json()["totals"]["records"] for r in later] == [301] * 3
     assert len(builds) == 2  # three later readers, one build
     assert http_gate._GATE.shared == 2
+
+
+def test_a_rebuild_reuses_the_fits_its_build_cache_remembers(monkeypatch):
+    """The build cache owns the memo of recent Theil-Sen fits: a rebuild of the same samples (here
+    forced by clearing the kept builds) refits nothing; a cache of its own starts with no fit."""
+    from sglang_ctxprof.model import stats
+
+    fitted: list[int] = []
+    real = stats._theil_sen
+    monkeypatch.setattr(stats, "_theil_sen", lambda p, m: fitted.append(len(p)) or real(p, m))
+    monkeypatch.setattr(http, "CACHE", http_build.BuildCache())
+    agg = _agg(600)
+    payload = {"state": agg.state(with_requests=False), "status": {"enabled": True, "pid": 1, "submitted": agg.records}}
+    first = http.served_profile([payload]).to_dict()
+    n = len(fitted)
+    assert n and len(http.CACHE.fits) == n
+    http.CACHE.clear()  # the kept builds go; the fits stay
+    assert http.served_profile([payload]).to_dict()["fits"] == first["fits"] and len(fitted) == n
+    monkeypatch.setattr(http, "CACHE", http_build.BuildCache())
+    http.served_profile([payload])
+    assert len(fitted) == 2 * n
