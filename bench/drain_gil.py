@@ -27,7 +27,9 @@ p99 as % of the idle p50 step (the goal: p99 ≤ 1%).  The wall time carries the
 less its time on a CPU and in the run queue (``/proc/thread-self/schedstat``; the loop never sleeps),
 at p50 and p99 for each mode, and busy - idle as % of the step's CPU time.  Then the drain
 thread's own CPU µs per record
-(``Cost``), the longest garbage-collector pause on each thread, and "catch-up": the most steps a busy
+(``Cost``), the longest garbage-collector pause on each thread (the start-up heap, torch's
+included, is frozen first, as SGLang's scheduler freezes its own on ``POST /freeze_gc``;
+``--no-freeze`` leaves it to the collector, whose full collections then walk it: 0.2-0.3 s), and "catch-up": the most steps a busy
 window ran past its planned ones until its records were drained (they are timed with it, so work a
 slow drain defers counts against it).
 ``--json FILE`` writes the rows.
@@ -279,9 +281,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds of one window per mode, per batch size")
     ap.add_argument("--life", type=int, default=128, help="steps each request runs before it finishes")
     ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="leave the start-up heap to the collector (SGLang's scheduler freezes its own)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     _Forward.ops, _Forward.size = a.ops, calibrate(a.op_us)
+    if not a.no_freeze:  # as SGLang's scheduler does on POST /freeze_gc (cli.server.ServerProcess sends it)
+        gc.collect()
+        gc.freeze()
     gcp = GcPauses()
     gc.callbacks.append(gcp)
     print(f"forward: {a.ops} torch matmuls of {_Forward.size}x{_Forward.size} (~{a.op_us:.0f} us each, GIL released); "
