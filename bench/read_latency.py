@@ -14,7 +14,7 @@ Prometheus, the diagnosis as JSON and text):
 * ``loaded``: ``--reads`` reads while ``--load`` streams generate (each read sees new steps, so
   most build);
 * ``loaded_b2b``: the same, back to back: ``views.http_gate`` then holds each read until the build
-  thread's share allows it (a read that built for ``c`` ms waits ``4c`` ms at the default share 0.2).
+  thread's share allows it (a read that built for ``c`` ms waits ``9c`` ms at the default share 0.1).
 
 Reads of the other phases are ``--gap`` seconds apart (a dashboard's poll), so the gate's
 cool-down of the previous read is over when the next one arrives.
