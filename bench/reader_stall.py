@@ -9,7 +9,7 @@ run one after the other on the same server, ``--rounds`` times (the order revers
 round so a drift cancels):
 
 * ``none``: no reader;
-* ``sglang``: one thread looping, back to back, on SGLang's own ``/get_server_info``,
+* ``sglang``: one thread (``--readers`` threads) looping, back to back, on SGLang's own ``/get_server_info``,
   ``/get_model_info``, ``/health`` and ``/v1/models``;
 * ``ctxprof``: one thread looping on ``/ctx_profile``, ``/ctx_profile/diagnosis``,
   ``/ctx_profile/requests?slowest=1000`` and ``/ctx_profile/trace.json?last=2048``.
@@ -153,19 +153,24 @@ def cpu_s(pid: Optional[int]) -> tuple[float, float]:
 
 
 def run_arm(url: str, arm: str, ns, seed: int, pid: Optional[int] = None) -> dict:
-    reader = Reader(url, ARMS[arm]) if ARMS[arm] else None
-    if reader is not None:
-        reader.start()
+    readers = [Reader(url, ARMS[arm]) for _ in range(ns.readers)] if ARMS[arm] else []
+    for r in readers:
+        r.start()
+    if readers:
         time.sleep(0.5)  # the loop is running before the first chunk
     (h0, k0), w0 = cpu_s(pid), time.monotonic()
     times = stream(url, ns.prompt, ns.new, seed)
     w1 = time.monotonic()
     (h1, k1), wall = cpu_s(pid), w1 - w0
-    if reader is not None:
-        reader.stop_ev.set()
-        reader.join()
+    for r in readers:
+        r.stop_ev.set()
+    for r in readers:
+        r.join()
     gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])][ns.skip:]
-    reads = {p: v for p, v in (reader.seen.items() if reader else ())}
+    reads: dict[str, list] = {}
+    for r in readers:
+        for p, v in r.seen.items():
+            reads.setdefault(p, []).extend(v)
     return {"arm": arm, "chunks": len(times), "gaps_ms": gaps, "reads": reads,
             "http_cpu_s": h1 - h0, "sched_cpu_s": k1 - k0, "wall_s": wall, "t0": w0, "t1": w1, "times": times}
 
@@ -231,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens of the streamed request")
     ap.add_argument("--new", type=int, default=1500, help="tokens the streamed request generates")
     ap.add_argument("--warm", type=int, default=24, help="warm-up requests before the arms (96 new tokens each)")
+    ap.add_argument("--readers", type=int, default=1,
+                    help="threads looping on the arm's routes at once (several: a client hammering the server)")
     ap.add_argument("--rounds", type=int, default=1, help="each arm this many times (order reversed every other round)")
     ap.add_argument("--skip", type=int, default=5, help="first chunk gaps of each stream left out (prefill, start)")
     ap.add_argument("--idle-reads", type=int, default=5)
