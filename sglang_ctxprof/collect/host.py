@@ -10,38 +10,24 @@ is unchanged, so an unchanged batch yields the very same ``rids`` tuple), the ov
 context lengths, committed counts, the phase arithmetic of a CPU-clock step (``step.resolve``, plain
 integers) and the :class:`StepRecord` itself.
 
-The record is exactly what reading every request on the scheduler thread gave: per request counted
-by SGLang (speculative decode: ``spec_verify_ct`` moved; a row it skipped, e.g. a finished request
-reappearing for one overlap step, is left out; non-speculative decode: a request that had finished
-or been retracted before the step is left out, as SGLang skips it), ``ctx_len = len(origin_input_ids) + len(output_ids)``
-before processing, ``accepted = accept_lens[i]`` (1 without speculative decoding, 0 for a device
-tensor or a missing entry), ``committed = max(0, emitted after - len(output_ids) before)`` with
-emitted capped at ``finished_len``, and ``finished``.  A prefill row commits 0 tokens, except the
-re-prefill of a retracted request (it already had output): the one token that prefill appends.
-A request that finished at the step also carries SGLang's own books (``books``: ``spec_verify_ct``,
-``len(output_ids)`` and ``spec_num_correct_drafts``, read when its counters no longer move), which
-the drain thread's self-audit (``aggregate.audit``) checks ours against.
+The record is built by :meth:`model.facts.StepFacts.record` (pure) from the plain facts
+:meth:`HostFacts.facts` reads off the requests.  A request that finished at the step also carries
+SGLang's own books (``books``: ``spec_verify_ct``, ``len(output_ids)`` and
+``spec_num_correct_drafts``, read when its counters no longer move), which the drain thread's
+self-audit (``aggregate.audit``) checks ours against.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
 from itertools import compress, repeat
-from operator import add, eq, is_, ne, sub
+from operator import is_
 from typing import Iterable, Optional
 
-from ..model.names import KIND_DECODE
+from ..model.facts import CARRIED, Books, StepFacts
 from ..model.records import RankId, StepRecord
 from . import adapter
 from .clocks import CpuClock
 from .step import StepBuilder, resolve
-
-
-def _reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
-    """A prefill row's committed tokens: the token a re-prefill appends to a request that already had
-    output (SGLang retracted it under KV pressure and prefills prompt + output again), else 0.  The
-    first prefill's token is the ``1`` of ``1 + committed == completion_tokens``, not counted here."""
-    return tuple(max(0, e - p) if p else 0 for p, e in zip(lens_pre, emitted))
 
 
 PRUNE = 256  # requests the id cache may keep beyond twice the current batch before it forgets the gone ones
@@ -103,15 +89,9 @@ class IdCache:
                 self.reqs = ()  # the next batch is looked up again (its known requests from the dicts)
 
 
-# Record fields the drain thread computes from the requests; every other field of StepRecord is a
-# HostFacts attribute of the same name, carried over as it is.
-_PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
-_CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in _PER_REQUEST)
-
-
 class HostFacts:
     __slots__ = ("ids", "spec", "reqs", "lens_pre", "vct_pre", "emitted", "vct_post", "fin", "accepts",
-                 "builder", "full_phases", "done_pre") + _CARRIED
+                 "builder", "full_phases", "done_pre") + CARRIED
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Optional[RankId], spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -155,51 +135,29 @@ class HostFacts:
             return False in self.done_pre
         return bool(self.reqs)
 
-    def record(self) -> Optional[StepRecord]:
-        """The step's record (drain thread), or None when no row was counted."""
+    def facts(self) -> StepFacts:
+        """The step's plain facts (drain thread): a CPU-clock step's phase arithmetic, the request ids
+        and prompt lengths (``IdCache``), and the books of the requests that finished (then forgotten
+        by the cache); nothing of it refers to a request object."""
         if self.builder is not None:
             res = resolve(self.builder, CpuClock, self.full_phases)  # None only without a span
             if res is not None:
                 self.step_ms, self.phases_ms = res
             self.builder = None
-        n = len(self.reqs)
         rids, prompt = self.ids.get(self.reqs)
-        ctx = tuple(map(add, prompt, self.lens_pre))
-        fin = tuple(self.fin)
-        books = ()
-        if True in fin:
+        books: Books = ()
+        if True in self.fin:
             books = self._books()
-            self.ids.forget(compress(self.reqs, fin))
-        if self.kind == KIND_DECODE:
-            al = self.accepts
-            if al is None:
-                acc = (1,) * n
-            else:
-                acc = tuple(al[:n]) if al and type(al[0]) is int else tuple(map(int, al[:n]))
-                if len(acc) < n:
-                    acc += (0,) * (n - len(acc))
-            com = tuple(map(sub, self.emitted, self.lens_pre))
-            if com and min(com) < 0:
-                com = tuple(map(max, repeat(0), com))
-            post, pre = self.vct_post, self.vct_pre
-            if self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
-                keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
-                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
-                books = tuple(compress(books, keep)) if books else ()
-            elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
-                keep = [not d for d in self.done_pre]
-                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
-                books = tuple(compress(books, keep)) if books else ()
-        else:
-            acc = (0,) * n
-            com = _reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
-        if not rids:
-            return None
-        return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
-                          books=books if True in fin else (),
-                          **{name: getattr(self, name) for name in _CARRIED})
+            self.ids.forget(compress(self.reqs, self.fin))
+        return StepFacts(rids, prompt, self.spec, self.lens_pre, self.vct_pre, self.emitted, self.vct_post,
+                         self.fin, self.accepts, self.done_pre, books,
+                         **{name: getattr(self, name) for name in CARRIED})
 
-    def _books(self) -> tuple[tuple[int, int, int], ...]:
+    def record(self) -> Optional[StepRecord]:
+        """The step's record (drain thread), or None when no row was counted."""
+        return self.facts().record()
+
+    def _books(self) -> Books:
         """The engine's own counts of each request that finished at this step (records.StepRecord.books);
         (-1, -1, -1) for the others, so the work grows with the finished requests, not the batch."""
         vct, emitted, reqs = self.vct_post, self.emitted, self.reqs
