@@ -10,6 +10,12 @@
 * **Events per step** on a GPU: CUDA events recorded by the step's marks (two per timed region);
   None on the CPU clock.
 * **Step share**: scheduler-thread cost over the mean step time of the same sampled steps.
+* **Drain share**: the drain thread's CPU per record (one record per step) over that mean step.
+  The drain thread shares the scheduler thread's GIL, so this is what it can take from the
+  scheduler's step: all of it while the scheduler thread runs Python, less while it waits on a
+  device or a torch op that releases the GIL.  **Total share**: the two together, the profiler's
+  cost per step in the scheduler's process (``bench/overhead.py`` measures what it costs decode
+  throughput; the scheduler thread's share alone understated it).
 
 Counters only grow; ``to_dict()`` is the ``cost`` key of a rank's status.
 """
@@ -57,10 +63,15 @@ class Cost:
     def to_dict(self) -> dict[str, Any]:
         us = self.sched_ns / 1e3 / self.sched_steps if self.sched_steps else 0.0
         step_us = self.step_ms * 1e3 / self.step_n if self.step_n else 0.0
+        drain_us = self.drain_ns / 1e3 / self.drain_records if self.drain_records else 0.0
+        step_share = us / step_us if step_us > 0 else 0.0
+        drain_share = drain_us / step_us if step_us > 0 else 0.0
         return {
             "sched_us_per_step": us,
             "sampled_steps": self.sched_steps,
-            "drain_us_per_record": self.drain_ns / 1e3 / self.drain_records if self.drain_records else 0.0,
+            "drain_us_per_record": drain_us,
             "events_per_step": self.events,
-            "step_share": us / step_us if step_us > 0 else 0.0,
+            "step_share": step_share,
+            "drain_share": drain_share,
+            "total_share": step_share + drain_share,
         }

@@ -26,15 +26,19 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def cost_line(ranks) -> str:
-    """"profiler cost: 38 µs/step on the scheduler thread (0.2% of the step); ..." from the rank
-    that reports the largest cost, or "" when no rank has timed a step yet."""
+    """"profiler cost: 1.4% of the step in the scheduler's process: 38 µs/step on the scheduler
+    thread (0.2%), drain thread 150 µs/record (1.2%)" from the rank that reports the largest total
+    share, or "" when no rank has timed a step yet.  (A rank of an older version reports no drain
+    share: its scheduler thread's share stands for the total.)"""
     reported = [(r.get("status") or {}).get("cost") for r in ranks if isinstance(r, dict)]
     costs = [c for c in reported if c and c.get("sampled_steps")]
     if not costs:
         return ""
-    c = max(costs, key=lambda c: c["sched_us_per_step"])
-    line = (f"profiler cost: {c['sched_us_per_step']:.0f} µs/step on the scheduler thread "
-            f"({c['step_share']:.1%} of the step); drain thread {c['drain_us_per_record']:.0f} µs/record")
+    c = max(costs, key=lambda c: c.get("total_share", c["step_share"]))
+    drain = c.get("drain_share")
+    line = (f"profiler cost: {c.get('total_share', c['step_share']):.1%} of the step in the scheduler's process: "
+            f"{c['sched_us_per_step']:.0f} µs/step on the scheduler thread ({c['step_share']:.1%}), "
+            f"drain thread {c['drain_us_per_record']:.0f} µs/record" + (f" ({drain:.1%})" if drain is not None else ""))
     if c.get("events_per_step") is not None:
         line += f"; {c['events_per_step']} GPU events/step"
     return line + (f" (largest of {len(costs)} ranks)" if len(costs) > 1 else "")

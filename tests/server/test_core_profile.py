@@ -86,16 +86,20 @@ def test_exact_accounting_per_request(server, traffic):
 
 def test_profiler_reports_its_own_cost(server, traffic):
     """Each rank states its price: scheduler-thread µs per step (timed on sampled steps), drain µs
-    per record, GPU events per step (None on the CPU clock); the text view prints it in one line."""
+    per record, GPU events per step (None on the CPU clock), and as shares of the mean step: the
+    total counts the drain thread's work too (it shares the scheduler's GIL), not the scheduler
+    thread's alone; the text view prints it in one line."""
     status, st = http("GET", server.url + "/ctx_profile/status")
     assert status == 200, st
     cost = st["ranks"][0]["status"]["cost"]
     assert cost["sampled_steps"] >= 1 and cost["sched_us_per_step"] > 0 and cost["step_share"] > 0
     assert cost["drain_us_per_record"] > 0 and cost["events_per_step"] is None
+    assert cost["drain_share"] > 0 and cost["total_share"] == pytest.approx(cost["step_share"] + cost["drain_share"])
     _, body = http("GET", server.url + "/ctx_profile")
     assert body["ranks"][0]["status"]["cost"]["sampled_steps"] >= cost["sampled_steps"]
     _, text = http("GET", server.url + "/ctx_profile?format=text")
-    assert re.search(r"profiler cost: \d+ µs/step on the scheduler thread \(\d+\.\d% of the step\)", text), text
+    assert re.search(r"profiler cost: \d+\.\d% of the step in the scheduler's process: \d+ µs/step on the scheduler thread "
+                     r"\(\d+\.\d%\), drain thread \d+ µs/record \(\d+\.\d%\)", text), text
 
 
 def test_an_idle_servers_state_is_sent_once(server, traffic):

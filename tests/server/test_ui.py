@@ -473,7 +473,7 @@ def _contract_server():
         "enabled": True, "pid": 1, "rank": {"tp": 0, "dp": 0, "pp": 0}, "algorithm": "EAGLE", "timing": "cpu",
         "submitted": 5, "dropped": 0, "degraded": None, "hooks": {"a": "ok"},
         "cost": {"sched_us_per_step": 12.5, "sampled_steps": 5, "drain_us_per_record": 3.0, "events_per_step": None,
-                 "step_share": 0.004},
+                 "step_share": 0.004, "drain_share": 0.0024, "total_share": 0.0064},
         "capture": {"triggers": {"slow_step": {"factor": 3.0, "run": 2, "on": True}, "host_gap": {"ms": 0, "on": False},
                                  "slow_request": {"on": False}},
                     "fired": {"manual": 6, "slow_step": 1}, "suppressed": {"slow_step": 2},
@@ -550,7 +550,7 @@ def test_optional_parts_show_when_present(browser):
         assert cells == led["rows"] and led["notes"][-1].startswith("crossover (speedup < 1): ~")
         slower = browser.execute_script("return [...document.querySelectorAll('#ledger td.slower')].length")
         assert slower == sum(r["speedup"] < 1 for r in want["rows"]) >= 1
-        assert "12.5 µs/step (0.40% of step)" in browser.execute_script("return document.querySelector('#status tbody').textContent")
+        assert "0.64% of step (scheduler thread 12.5 µs/step, drain 3 µs/record)" in browser.execute_script("return document.querySelector('#status tbody').textContent")
         assert "eager" in browser.execute_script("return document.querySelector('#buckets tbody').textContent")
         browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
         _wait(browser, "return !document.getElementById('waterfall').hidden")

@@ -329,13 +329,19 @@ def test_cost_is_timed_on_sampled_steps_and_shown_in_status_and_text():
         p.recorder.flush()
         cost = p.status()["cost"]
         assert set(cost) == {"sched_us_per_step", "sampled_steps", "drain_us_per_record", "events_per_step",
-                             "step_share"}
+                             "step_share", "drain_share", "total_share"}
         assert cost["sampled_steps"] == 3 and cost["sched_us_per_step"] > 0 and cost["step_share"] > 0
         assert p.cost.drain_records == p.recorder.submitted == 3 * SAMPLE_EVERY
         assert cost["drain_us_per_record"] > 0 and cost["events_per_step"] is None  # CPU clock: no events
+        # the drain thread's work per record, over the same mean step: it shares the scheduler's GIL
+        step_us = p.cost.step_ms * 1e3 / p.cost.step_n
+        assert cost["drain_share"] == pytest.approx(cost["drain_us_per_record"] / step_us)
+        assert cost["total_share"] == pytest.approx(cost["step_share"] + cost["drain_share"])
     line = cost_line([{"status": {"cost": cost}}, {"error": "rank 1 did not answer"}])
-    assert line.startswith(f"profiler cost: {cost['sched_us_per_step']:.0f} µs/step on the scheduler thread "
-                           f"({cost['step_share']:.1%} of the step); drain thread")
+    assert line.startswith(f"profiler cost: {cost['total_share']:.1%} of the step in the scheduler's process: "
+                           f"{cost['sched_us_per_step']:.0f} µs/step on the scheduler thread "
+                           f"({cost['step_share']:.1%}), drain thread {cost['drain_us_per_record']:.0f} µs/record "
+                           f"({cost['drain_share']:.1%})")
     text = render(Profile(ranks=({"status": {"cost": cost}},)))
     assert line in text.splitlines()
     assert cost_line([{"status": {"cost": dict(cost, sampled_steps=0)}}]) == ""  # nothing timed yet
