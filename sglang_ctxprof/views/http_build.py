@@ -8,11 +8,11 @@ thread's CPU time in these jobs (``http_gate`` keeps it to a share of the time).
 
 :class:`BuildCache` keeps the last few profile builds (the merged profile and each rank's body;
 the formats, the diagnosis and the serving envelope are derived fresh from them, cheaply) per the
-ranks' versions.  A rank's
-version is ``(pid, submitted, records)`` from its answer: the aggregator changes only by observing
-a record (``records`` and ``submitted`` both grow) or by a reset (``records`` drops to 0 while
-``submitted`` stays), so an unchanged version means an unchanged state.  The device facts
-(``hw``) are part of the version too.  An answer without these fields (an error, an old rank) is
+ranks' versions: the token each rank's state comes with (``version``, which
+``collect.profiler.Profiler.state`` defines: it changes whenever the state may).  An answer from
+an older rank, without it, is keyed by ``(pid, submitted, records)`` and the device facts instead
+(the aggregator changes only by observing a record, when ``records`` and ``submitted`` both grow,
+or by a reset, when ``records`` drops while ``submitted`` stays).  An answer with neither is
 never cached.  So the live page's two builds per refresh cost one build per change of the data,
 however many tabs are open.  A build that does happen refits only the Theil-Sen samples that changed:
 the cache owns the memo of recent fits (``fits``, a ``model.stats.FitMemo``) that builds use.
@@ -68,11 +68,14 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
 
 def versions(payloads: Sequence[Mapping[str, Any]]) -> Optional[tuple]:
     """The ranks' versions, in answer order, or None when one cannot be told (never cached)."""
-    out = []
+    out: list[Hashable] = []
     for p in payloads:
         st, state = p.get("status"), p.get("state")
         if not isinstance(st, Mapping) or not isinstance(state, Mapping):
             return None
+        if isinstance(p.get("version"), str):
+            out.append(p["version"])
+            continue
         try:
             out.append((int(st["pid"]), int(st["submitted"]), int(state["records"]), repr(state.get("hw"))))
         except (KeyError, TypeError, ValueError):

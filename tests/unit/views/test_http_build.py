@@ -142,6 +142,16 @@ def test_one_rank_merged_is_that_rank():
     assert build_profile(merge([snap])).to_dict() == build_profile(snap).to_dict()
 
 
+def test_a_ranks_own_version_token_is_the_key_and_the_fields_only_stand_in_for_older_ranks():
+    """The rank defines its version (``Profiler.state``: resets and what the state includes are in
+    it); the fields (pid, submitted, records, device facts) key an answer only where it has none."""
+    st, state = {"pid": 7, "submitted": 5}, {"records": 5}
+    a = http_build.versions([{"status": st, "state": state, "version": "7.5.5.0.1.00"}])
+    b = http_build.versions([{"status": st, "state": state, "version": "7.5.5.1.1.00"}])  # one reset later
+    assert a == ("7.5.5.0.1.00",) and b == ("7.5.5.1.1.00",) and a != b
+    assert http_build.versions([{"status": st, "state": state}]) == ((7, 5, 5, "None"),)
+
+
 def test_answers_without_versions_are_never_cached():
     assert http_build.versions([{"error": "down"}]) is None
     assert http_build.versions([{"state": {"records": 1}, "status": {"enabled": True}}]) is None
