@@ -115,8 +115,9 @@ class Aggregator:
             pass
 
     def stages(self, rec: StepRecord) -> Iterator[None]:
-        """``observe`` in stages, yielding between two (a decode record's bucket counts, then its phase
-        histograms and fits; the request history a chunk of requests at a time; the audit), so the
+        """``observe`` in stages, yielding between two (a decode record's bucket counts, its acceptance
+        counts, then its phase histograms and fits; the request history a chunk of requests at a time,
+        then the rows it sheds; the audit), so the
         drain thread can hand the GIL over within a record.  Exhausting it is ``observe``; the caller exhausts it before the next
         record (``Recorder`` keeps a started record first in its queue, so a read finishes it first)."""
         self.records += 1
@@ -144,6 +145,7 @@ class Aggregator:
         b.ctx_sum += ctx_sum
         self._host_time(rec)
         if rec.kind == KIND_DECODE:
+            yield  # the acceptance counts (one C-level count over the batch, the longest piece before the folds)
             self._decode_extras(b, rec)
             b.accepted += sum(rec.accepted)
             b.committed += sum(rec.committed)

@@ -65,7 +65,7 @@ class RequestLog:
 
     def stages(self, rec: StepRecord) -> Iterator[None]:
         """``observe`` in stages: a decode step's requests ``CHUNK`` at a time, yielding between two
-        (the drain thread hands the GIL over there).  Exhausting it is ``observe``; the caller must
+        and before shedding rows past the budget (the drain thread hands the GIL over there).  Exhausting it is ``observe``; the caller must
         exhaust it before the next record."""
         if rec.kind != KIND_DECODE:
             self._observe_prefill(rec)
@@ -79,6 +79,7 @@ class RequestLog:
         if rec.trace_parents:
             self._trace_parents(rec)
         if self.rows > self.max_rows:
+            yield  # shedding the oldest rows is a piece of its own (at a full budget: every step)
             self._shed_rows()
 
     def _decode_rows(self, rec: StepRecord, lo: int, hi: int, meta: Meta) -> None:

@@ -19,8 +19,7 @@ self-audit (``aggregate.audit``) checks ours against.
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import is_
+from itertools import compress, filterfalse
 from typing import Iterable, Optional
 
 from ..model.facts import CARRIED, Books, StepFacts
@@ -60,18 +59,18 @@ class IdCache:
     def _lookup(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         rid_of, plen_of = self._rid, self._plen
         try:
-            rids = tuple(map(rid_of.get, reqs))
+            new = list(filterfalse(rid_of.__contains__, reqs))
         except TypeError:  # requests that cannot be dict keys: read them all
             return adapter.req_ids(reqs)
-        if None in rids:
-            new = tuple(compress(reqs, map(is_, rids, repeat(None))))
+        if new:
             new_rids, new_plens = adapter.req_ids(new)
             rid_of.update(zip(new, new_rids))
             plen_of.update(zip(new, new_plens))
-            rids = tuple(map(rid_of.get, reqs))
-        plens = tuple(map(plen_of.get, reqs))
-        if None in rids or None in plens:  # defensive: builds run one at a time (under the recorder's
-            return adapter.req_ids(reqs)  # lock, a stopped drain thread stays stopped); read all, not a KeyError
+        try:
+            rids = tuple(map(rid_of.__getitem__, reqs))
+            plens = tuple(map(plen_of.__getitem__, reqs))
+        except KeyError:  # defensive: builds run one at a time (under the recorder's lock, a stopped
+            return adapter.req_ids(reqs)  # drain thread stays stopped); read them all, never raise
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
         return rids, plens

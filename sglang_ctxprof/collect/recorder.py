@@ -1,7 +1,8 @@
 """Hand-off from the hot path to the aggregator: a bounded deque and a daemon drain thread.
 
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
-facts (``host.HostFacts``) whose record is built here, or with a :class:`RequestEnd` (a request
+facts (``host.HostFacts``) whose record is built here in two stages (their plain facts,
+``model.facts.StepFacts``, then the record), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
@@ -31,6 +32,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from ..aggregate.aggregator import Aggregator
+from ..model.facts import StepFacts
 from ..model.records import RequestEnd, StepRecord
 from ..model.guard import Guard
 from ..model.sinks import RecordSink
@@ -42,7 +44,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Item = Union[StepRecord, "HostFacts", RequestEnd, "_Started"]  # a record, host facts whose record is built here, an end, a record taken in part
+# a record; host facts, whose plain facts and then record are built here; an end; a record taken in part
+Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
 T = TypeVar("T")
 
 POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the queue
@@ -135,14 +138,16 @@ class Recorder:
             return None
         if kind is _Started:
             started = item
-        else:
-            rec = item if kind is StepRecord else self.guard.run("recorder", item.record)
-            if rec is None:
+        elif kind is StepRecord:
+            started = _Started(item, self.aggregator.stages(item))
+        else:  # host facts: their plain facts are one stage, the record built from them the next
+            built = self.guard.run("recorder", item.facts if kind is not StepFacts else item.record)
+            if built is None:
                 self.cost.add_drain(0)
                 return None
-            started = _Started(rec, self.aggregator.stages(rec))
-            if kind is not StepRecord:  # the build was this stage
-                return started
+            if kind is not StepFacts:
+                return built
+            return _Started(built, self.aggregator.stages(built))
         if self.guard.run("aggregator", started.step) is False:
             return started
         self._to_sinks(started.rec)

@@ -30,7 +30,7 @@ def test_dry_run_writes_every_stage(runner, tmp_path, monkeypatch):
     rc = r.main([str(tmp_path / "out"), "--dry", "--pairs", "2", "--skip", "probe", "--work", str(tmp_path / "w")])
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert rc == 0, res["summary"]
-    assert res["summary"] == {k: "ok" for k in ("imports", "server_graph", "decode", "diagnosis", "ab", "eager")}
+    assert res["summary"] == {k: "ok" for k in ("imports", "server_graph", "decode", "diagnosis", "ab", "eager", "drain")}
     st = res["stages"]
     assert st["server_graph"]["timed_copies"]["shapes"] == 6
     assert [b["label"] for b in st["decode"]["buckets"]["buckets"]] == ["64-128", "1024-2048", "4096-8192"]
@@ -44,6 +44,8 @@ def test_dry_run_writes_every_stage(runner, tmp_path, monkeypatch):
     assert gap["attn_ratio_graph_over_eager"] == pytest.approx(1.0)
     assert gap["moe_ratio_graph_over_eager"] == pytest.approx(0.5 / 0.55)
     assert (tmp_path / "out" / "server_logs.txt").exists()
+    drain = st["drain"]["rows"]  # bench/drain_gil.py ran for real (on this machine's CPU): every busy mode
+    assert [r["mode"] for r in drain] == ["whole", "paced", "process", "inline"] and all(r["batch"] == 1 for r in drain)
 
 
 @pytest.mark.parametrize("broken, check", [("leaves", "buckets"), ("reconcile", "requests"),

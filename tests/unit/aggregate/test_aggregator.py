@@ -246,7 +246,7 @@ def test_stages_take_a_large_record_in_pieces_with_the_result_of_observe():
     whole, staged = Aggregator(), Aggregator()
     whole.observe(big)
     pieces = sum(1 for _ in staged.stages(big))
-    assert pieces == 2 + 2 + 1  # the bucket counts | the phase folds | 3 chunks of requests | the audit
+    assert pieces == 3 + 2 + 1  # bucket counts | acceptance counts | phase folds | 3 chunks of requests | audit
     assert staged.state(with_request_steps=True) == whole.state(with_request_steps=True)
     assert staged.audit.status() == whole.audit.status()
 

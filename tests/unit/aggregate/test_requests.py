@@ -82,3 +82,15 @@ def test_a_step_larger_than_the_ring_evicts_as_if_recorded_request_by_request():
     assert list(log._reqs) == ["r4", "r0", "r3"] and log.evicted == 3 and log.rows == 4
     assert log.get("r3")["finished"] and [r["ctx_len"] for r in log.get("r3")["step_rows"]] == [103, 8]
     assert log.rows == sum(len(r["step_rows"]) for r in log.to_state(True))
+
+
+def test_shedding_rows_past_the_budget_is_a_stage_of_its_own_and_folds_what_observe_folds():
+    whole, staged = RequestLog(max_rows=CHUNK), RequestLog(max_rows=CHUNK)
+    counts = []
+    for i in range(3):
+        rec = _step(i, CHUNK + 1)
+        whole.observe(rec)
+        counts.append(sum(1 for _ in staged.stages(rec)))
+    assert counts == [2, 2, 2]  # two chunks, a hand-over between; then one more before the shedding
+    assert staged.to_state(with_steps=True) == whole.to_state(with_steps=True)
+    assert staged.rows == whole.rows <= CHUNK

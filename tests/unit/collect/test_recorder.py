@@ -10,6 +10,7 @@ import time
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect.recorder import Recorder
+from sglang_ctxprof.model.facts import CARRIED, StepFacts
 from sglang_ctxprof.model.guard import Guard
 from sglang_ctxprof.model.records import RankId, StepRecord
 
@@ -40,15 +41,18 @@ class Sink:
 
 
 class Host:
-    """A step's host facts: the record is built on the drain thread (``record()``)."""
+    """A step's host facts, as ``host.HostFacts``: the drain thread reads their plain facts
+    (``facts()``, a real ``StepFacts``), then builds the record from those."""
 
     def __init__(self, i: int, fail: bool = False) -> None:
         self.i, self.fail = i, fail
 
-    def record(self) -> StepRecord:
+    def facts(self) -> StepFacts:
         if self.fail:
             raise ValueError("bad host facts")
-        return _rec(self.i)
+        r = _rec(self.i)
+        return StepFacts(r.rids, (90,), True, [10], [0], [12], [1], [False], [2], None, (),
+                         **{n: getattr(r, n) for n in CARRIED})
 
 
 def _recorder(*sinks_spec, maxsize=65536):
@@ -183,6 +187,7 @@ def test_host_facts_are_built_on_the_drain_and_a_bad_one_disables_the_recorder()
     r.submit(Host(0))
     r.flush()
     assert agg.records == 1 and sink.got == [0]
+    assert agg.recent[-1] == _rec(0)  # built in two stages: the plain facts, then the record
     r.submit(Host(1, fail=True))
     r.flush()
     assert "recorder" in guard.status()["components"] and agg.records == 1
@@ -245,14 +250,18 @@ def test_a_large_record_is_taken_in_stages_and_a_read_between_two_finishes_it_fi
     agg, sink = Aggregator(), Sink("logs", Aggregator())
     r = Recorder(agg, Guard(), sinks=[sink], pacer=Pacer(slice_ns=0, sleep=lambda s: None))
     n = 4 * CHUNK
-    r.submit(Host(0))  # built on the drain thread: the build is a stage of its own
+    r.submit(Host(0))  # built on the drain thread: two stages of their own
     r.submit(_big(1, n))
-    r.pacer.run_slice(r._q, r._consume, r._lock)  # the build of record 0
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's plain facts
+    assert type(r._q[0]) is StepFacts and agg.records == 0
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0 built
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's bucket counts
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's acceptance counts
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's phase folds
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's request, then its audit waits
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0 done
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's bucket counts
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's acceptance counts
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's phase folds
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 1's first chunk of requests
     assert agg.records == 2 and len(agg.requests) == 1 + CHUNK  # record 1 taken in part
