@@ -8,7 +8,8 @@ session with its default exporters (``drain_gil.session``) run ``--steps`` steps
 the drain thread held, then this thread drains the queue one piece at a time, as the drain thread's
 slices do (``Recorder._consume``: a record's build, then each ``Aggregator.stages`` stage; then one
 record's sinks, ``Recorder._feed_one``).  Printed per batch: the drain's CPU µs per record, the
-pieces per record, the p99 and longest piece (µs), and the garbage collector's CPU time within the
+pieces per record, the p99 and longest piece (µs) (``--by-kind``: each kind of piece apart, the
+build, each stage of a record in order, the sinks), and the garbage collector's CPU time within the
 longest piece (a collection runs on whichever thread allocates when it triggers, so it can fall in
 any piece).  The self-audit's violations must stay 0.  ``--json FILE`` writes the rows.
 
@@ -61,16 +62,26 @@ def measure(n: int, steps: int, gcc: GcClock) -> dict:
             sched.process_batch_result(batch, sched.run_batch(batch))
         tt, q, fan = time.thread_time_ns, rec._q, rec._fan
         records, pieces = len(q), []  # (cpu ns, gc ns)
+        kinds: dict[str, list[int]] = {}  # piece kind -> its CPU ns: the item's type, and a record's stage number
+        stage = 0
         while q:
+            item = q.popleft()
+            kind = type(item).__name__
+            if kind == "_Started":
+                kind, stage = f"stage {stage}", stage + 1
+            else:
+                stage = 0
             g, t0 = gcc.ns, tt()
-            rest = rec._consume(q.popleft())
+            rest = rec._consume(item)
             pieces.append((tt() - t0, gcc.ns - g))
+            kinds.setdefault(kind, []).append(pieces[-1][0])
             if rest is not None:
                 q.appendleft(rest)
         while fan:
             g, t0 = gcc.ns, tt()
             rec._feed_one(fan.popleft())
             pieces.append((tt() - t0, gcc.ns - g))
+            kinds.setdefault("sinks", []).append(pieces[-1][0])
         audit = sum(rec.aggregator.audit.status()["violations"].values())
     finally:
         sess.uninstrument()
@@ -79,7 +90,9 @@ def measure(n: int, steps: int, gcc: GcClock) -> dict:
     return {"batch": n, "records": records, "us_per_record": sum(ns) / records / 1e3,
             "pieces_per_record": len(pieces) / records, "p99_piece_us": ns[int(0.99 * len(ns))] / 1e3,
             "longest_piece_us": longest[0] / 1e3, "gc_in_longest_us": longest[1] / 1e3,
-            "audit_violations": audit}
+            "audit_violations": audit,
+            "by_kind": {k: {"n": len(v), "p50_us": sorted(v)[len(v) // 2] / 1e3,
+                            "p99_us": sorted(v)[int(0.99 * len(v))] / 1e3} for k, v in kinds.items()}}
 
 
 def main(argv=None) -> int:
@@ -87,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--steps", type=int, default=300, help="steps per batch size (and as many to warm up)")
     ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--by-kind", action="store_true", help="each kind of piece apart: the build, each stage, the sinks")
     a = ap.parse_args(argv)
     gcc = GcClock()
     gc.callbacks.append(gcc)
@@ -98,6 +112,9 @@ def main(argv=None) -> int:
         rows.append(r)
         print(f"{n:>5} | {r['us_per_record']:9.0f} | {r['pieces_per_record']:10.1f} | {r['p99_piece_us']:12.0f} | "
               f"{r['longest_piece_us']:10.0f} | {r['gc_in_longest_us']:11.0f} | {r['audit_violations']}", flush=True)
+        if a.by_kind:
+            for k, v in r["by_kind"].items():
+                print(f"{'':>5}   {k:>22}: {v['n']:>6} pieces, p50 {v['p50_us']:7.1f} us, p99 {v['p99_us']:7.1f} us")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
     return 0
