@@ -18,14 +18,29 @@ Per batch size (default 1, 32 and 256), windows of ``--window`` steps rotate bet
   untimed;
 * **whole**: the drain thread running, each wake-up draining the whole queue under one GIL hold
   (what ``Recorder.flush`` does; the drain thread did so before ``collect/pacing.py``);
-* **paced**: the drain thread as it runs now (``pacing.Pacer``'s defaults).
+* **paced**: the drain thread as it runs now (``pacing.Pacer``'s defaults);
+* **process**: the drain in a process of its own (a spawned child running a profiler's recorder,
+  aggregator and default sinks), fed by a forwarding thread in the scheduler's process that turns
+  the queued host facts into plain facts (``HostFacts.facts``) in paced slices and writes them,
+  pickled, to a pipe (``Forwarder``).  The child builds each record (``StepFacts.record``) and
+  aggregates it on its own GIL; its CPU still competes for the machine's cores.  "drain µs/record"
+  is then the forwarder's CPU in the scheduler's process;
+* **inline**: the same drain process, fed by the scheduler thread itself: after each step it turns
+  what the step queued into plain facts and writes them, pickled, to the pipe (no thread to wake;
+  the hand-off is on the step's own time, and counted in the step's wall time).
 
 The scheduler thread stamps the start of every step; printed per mode are the step-to-step time
 p50 and p99 (ms), each busy mode's ratios to idle side by side, and the added delay (busy - idle) at p50 and
 p99 as % of the idle p50 step (the goal: p99 ≤ 1%).  The wall time carries the machine's other load
 (run-queue waits); so, per step, the scheduler thread's GIL wait is also printed: the wall time
-less its time on a CPU and in the run queue (``/proc/thread-self/schedstat``; the loop never sleeps),
-at p50 and p99 for each mode, and busy - idle as % of the step's CPU time.  Then the drain
+less its time on a CPU (``time.thread_time_ns``, exact: the kernel's ``schedstat`` run time moves
+only at scheduler ticks, 4 ms here, too coarse for a step) and in the run queue
+(``/proc/thread-self/schedstat``'s wait, updated whenever the thread is switched in; the loop never sleeps),
+at p50 and p99 for each mode, and busy - idle as % of the step's CPU time; and the scheduler
+thread's own CPU time per step, idle and busy at p50, busy - idle as % of the idle p50 step ("CPU
+%": the hand-off of the inline mode, and whatever slows the thread's own work down while another
+core runs the drain, e.g. vCPUs that share a physical core).  So the wall delay splits into CPU,
+GIL wait and run-queue wait.  Then the drain
 thread's own CPU µs per record
 (``Cost``), the longest garbage-collector pause on each thread (the start-up heap, torch's
 included, is frozen first, as SGLang's scheduler freezes its own on ``POST /freeze_gc``;
@@ -42,7 +57,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import multiprocessing as mp
 import os
+import pickle
 import statistics
 import sys
 import threading
@@ -165,25 +182,30 @@ def calibrate(op_us: float) -> int:
     return 512
 
 
-def run_window(sched: Sched, batch: Batch, steps: int, pending=None) -> tuple[list[float], list[float], list[float]]:
+def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
+               after_step=None) -> tuple[list[float], list[float], list[float]]:
     """``steps`` steps on a thread of their own (the scheduler thread), then more while ``pending()``
     (more than the one record the last step just queued is waiting: a busy drain thread's backlog,
     whose work counts in the window that made it, never after it).
-    Per step, in ms: the step-to-step wall time; the thread's time on a CPU; and the time it was neither on a CPU nor
-    waiting for one (the kernel's ``/proc/thread-self/schedstat``): this loop never sleeps, so that
+    Per step, in ms: the step-to-step wall time; the thread's time on a CPU (``thread_time_ns``); and
+    the time it was neither on a CPU nor waiting for one (the run-queue wait from the kernel's
+    ``/proc/thread-self/schedstat``): this loop never sleeps, so that
     is the time it waited for the GIL, which a busy machine's run-queue waits do not blur."""
     stamps: list[tuple[int, int, int]] = []
 
     def loop() -> None:
-        pc, fd, pread = time.perf_counter_ns, os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.pread
+        pc, tt = time.perf_counter_ns, time.thread_time_ns
+        fd, pread = os.open("/proc/thread-self/schedstat", os.O_RDONLY), os.pread
         try:
             i = 0
             while i <= steps or (pending is not None and pending() and i <= 20 * steps):
                 i += 1
-                run, wait = pread(fd, 128, 0).split()[:2]
-                stamps.append((pc(), int(run), int(wait)))
+                wait = pread(fd, 128, 0).split()[1]
+                stamps.append((pc(), tt(), int(wait)))
                 batch.refill()
                 sched.process_batch_result(batch, sched.run_batch(batch))
+                if after_step is not None:
+                    after_step()
         finally:
             os.close(fd)
 
@@ -204,8 +226,98 @@ def pct(xs: list[float], q: float) -> float:
 
 
 # The busy modes: the drain thread as it was (the whole queue in one go under one GIL hold, as
-# ``Recorder.flush`` does) and as it is (``pacing.Pacer``'s defaults).
-MODES = ("idle", "whole", "paced")
+# ``Recorder.flush`` does), as it is (``pacing.Pacer``'s defaults), and a drain in a process of its
+# own fed by a forwarding thread (``Forwarder``).
+MODES = ("idle", "whole", "paced", "process", "inline")
+
+
+def _drain_child(conn) -> None:
+    """The drain process: a profiler's recorder, aggregator and default sinks (as the session's), fed
+    the records built from the step facts it receives; ``None`` asks it to drain all and answer."""
+    from sglang_ctxprof.collect.profiler import Profiler
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.views import exporters
+
+    p = Profiler(CtxProfConfig())
+    p.attach_exporters(exporters.install(p.config))
+    p.guard.run("exporter", p.exporters.bind, p.bind_facts(None))
+    p.recorder.start()
+    recv, submit = conn.recv_bytes, p.recorder.submit
+    while True:
+        items = pickle.loads(recv())
+        if items is None:
+            p.recorder.flush()
+            conn.send_bytes(pickle.dumps((p.recorder.submitted, p.aggregator.records)))
+        elif items == "stop":
+            p.recorder.close()
+            return
+        else:
+            for f in items:
+                r = f.record()
+                if r is not None:
+                    submit(r)
+
+
+class Forwarder:
+    """The scheduler process's side of a drain process: a thread that takes the recorder's queued
+    items in slices of ``pacing.SLICE_NS`` (as the paced drain thread's), turns host facts into
+    plain facts (``HostFacts.facts``: the request ids, the CPU-clock arithmetic, the finished
+    requests' books), pickles each slice and writes it to the child's pipe (the write releases the
+    GIL), then pauses ``pacing.PAUSE_S`` so a waiting scheduler thread takes the GIL.  Its own CPU
+    time per record is what the scheduler's process still pays."""
+
+    def __init__(self, q, conn, thread: bool = True) -> None:
+        self.q, self.conn = q, conn
+        self.ns = self.records = 0
+        self.stop_ev = threading.Event()
+        self.thread = None
+        if thread:
+            self.thread = threading.Thread(target=self._loop, name="ctxprof-recorder", daemon=True)
+            self.thread.start()
+
+    def after_step(self) -> None:
+        """No thread ('inline'): the scheduler thread hands the step over itself, after the step."""
+        t0 = time.thread_time_ns()
+        self._slice(until_empty=True)
+        self.ns += time.thread_time_ns() - t0
+
+    def _slice(self, until_empty: bool = False) -> None:
+        from sglang_ctxprof.collect.host import HostFacts
+        from sglang_ctxprof.collect.pacing import SLICE_NS
+
+        q, pc, out = self.q, time.perf_counter_ns, []
+        t0 = pc()
+        while q and (until_empty or pc() - t0 < SLICE_NS):
+            item = q.popleft()
+            out.append(item.facts() if type(item) is HostFacts else item)
+        if out:
+            self.conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+            self.records += len(out)
+
+    def _loop(self) -> None:
+        from sglang_ctxprof.collect.pacing import PAUSE_S
+        from sglang_ctxprof.collect.recorder import POLL_S
+
+        tt = time.thread_time_ns
+        while not self.stop_ev.is_set():
+            if self.q:
+                t0 = tt()
+                self._slice()
+                self.ns += tt() - t0
+                time.sleep(PAUSE_S)
+            else:
+                self.stop_ev.wait(POLL_S)
+
+    def close(self) -> tuple[int, int]:
+        """Stop the thread, forward what is left, wait until the child has drained it all; returns
+        this side's CPU ns and records."""
+        self.stop_ev.set()
+        if self.thread is not None:
+            self.thread.join()
+        self._slice(until_empty=True)
+        self.conn.send_bytes(pickle.dumps(None))
+        self.conn.recv_bytes()
+        return self.ns, self.records
 
 
 def pacer_for(mode: str):
@@ -214,7 +326,7 @@ def pacer_for(mode: str):
     return Pacer(slice_ns=2**62, pause_s=0.0) if mode == "whole" else Pacer()
 
 
-def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
+def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
     fwd = _Forward()
     sess = session()
     sess.instrument()
@@ -231,15 +343,20 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
         rec.flush()
         cost = rec.cost
         for r in range(a.rounds):
-            order = MODES[r % 3:] + MODES[:r % 3]  # each mode first, second and third in turn
+            k = r % len(MODES)
+            order = MODES[k:] + MODES[:k]  # each mode at each place in turn
             for mode in (order if r % 2 == 0 else order[::-1]):
                 rec.stop()
-                if mode != "idle":
+                fw = None
+                if mode in ("process", "inline"):
+                    fw = Forwarder(rec._q, conn, thread=mode == "process")
+                elif mode != "idle":
                     rec.pacer = pacer_for(mode)
                     rec.start()
                 gcp.take()
                 ns0, n0 = cost.drain_ns, cost.drain_records
-                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1))
+                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1),
+                                     fw.after_step if fw is not None and fw.thread is None else None)
                 backlog[mode] = max(backlog[mode], len(w) - a.window)
                 times[mode] += w
                 cpu[mode] += c
@@ -247,7 +364,11 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
                 for k, v in gcp.take().items():
                     gc_ms[mode][k] = max(gc_ms[mode].get(k, 0.0), v)
                 rec.stop()
-                if mode != "idle":
+                if fw is not None:
+                    ns, k = fw.close()
+                    drain[mode][0] += ns
+                    drain[mode][1] += k
+                elif mode != "idle":
                     drain[mode][0] += cost.drain_ns - ns0
                     drain[mode][1] += cost.drain_records - n0
                 rec.flush()
@@ -264,9 +385,11 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses) -> list[dict]:
         rows.append({"batch": n, "mode": m, "idle_p50_ms": i50, "idle_p99_ms": i99, "busy_p50_ms": b50,
                      "busy_p99_ms": b99, "p50_ratio": b50 / i50, "p99_ratio": b99 / i99,
                      "p50_delay_pct": (b50 - i50) / i50 * 100, "p99_delay_pct": (b99 - i99) / i50 * 100,
-                     "step_cpu_ms": step_cpu, "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
-                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / step_cpu * 100,
-                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / step_cpu * 100,
+                     "step_cpu_ms": step_cpu, "busy_cpu_ms": statistics.median(cpu[m]),
+                     "cpu_p50_pct": (statistics.median(cpu[m]) - step_cpu) / i50 * 100,
+                     "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
+                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / step_cpu * 100 if step_cpu else float("nan"),
+                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / step_cpu * 100 if step_cpu else float("nan"),
                      "drain_us_per_record": drain[m][0] / max(1, drain[m][1]) / 1e3, "busy_backlog": backlog[m],
                      "gc_ms": gc_ms[m], "steps_per_mode": len(times[m])})
     return rows
@@ -295,22 +418,28 @@ def main(argv=None) -> int:
           f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.rounds} rounds")
     print("step-to-step wall time (ms; a busy machine's run-queue waits included), and the scheduler thread's GIL")
     print("wait per step (ms; wall - on CPU - run-queue wait), as % of the step's CPU time.  busy: the drain thread")
-    print("running, 'whole' = the whole queue per GIL hold (as before), 'paced' = collect/pacing.Pacer")
+    print("running, 'whole' = the whole queue per GIL hold (as before), 'paced' = collect/pacing.Pacer; 'process' =")
+    print("a drain process fed by a forwarding thread, 'inline' = by the scheduler thread (drain us/rec: the hand-off's)")
     print(f"{'batch':>5} {'busy':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
-          f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
+          f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} {'busy':>6} {'CPU % p50':>9} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
           f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | catch-up",
           flush=True)
     rows = []
+    conn, child_end = mp.Pipe()
+    child = mp.get_context("spawn").Process(target=_drain_child, args=(child_end,), daemon=True)
+    child.start()
     for n in a.batches:
-        for r in measure(n, a, gcp):
+        for r in measure(n, a, gcp, conn):
             rows.append(r)
             gc_, gi, gb = r["gc_ms"], r["gil_wait_idle_ms"], r["gil_wait_busy_ms"]
             print(f"{n:>5} {r['mode']:>5} | {r['idle_p50_ms']:8.2f} {r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} "
                   f"{r['busy_p99_ms']:7.2f} | {r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} "
-                  f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
+                  f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} {r['busy_cpu_ms']:6.2f} {r['cpu_p50_pct']:9.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
                   f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} || {r['drain_us_per_record']:12.0f} | "
                   f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | {r['busy_backlog']:>7}",
                   flush=True)
+    conn.send_bytes(pickle.dumps("stop"))
+    child.join(30)
     print("goal: p99 delay <= 1% of the step (GIL % p99: the same, with the machine's other load taken out)")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
