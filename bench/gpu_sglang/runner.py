@@ -20,7 +20,11 @@ leaves what ran:
    the profiler's own cost line from the status;
 6. ``eager``      a second server with ``--disable-cuda-graph``, the same prompts: the attention/MoE
    split measured eagerly against the timed copy's, with the gap per bucket;
-7. ``probe``      bench/gpu_probe.py (torch probe kit), merged into ``OUT/probes.json``.
+7. ``drain``      bench/drain_gil.py on this host's cores (batch 1, 32 and 256): the scheduler loop's
+   step-to-step delay with the recorder's drain thread (whole, paced) and with a drain process fed by
+   a forwarding thread or by the scheduler thread itself; a 2-core CPU machine cannot tell whether a
+   drain process helps where a spare core exists, this one can;
+8. ``probe``      bench/gpu_probe.py (torch probe kit), merged into ``OUT/probes.json``.
 
 ``--dry`` (or DRY=1) runs the same stage logic against a canned server (no GPU, no SGLang): what
 ``tests/unit/test_gpu_sglang_dryrun.py`` runs.
@@ -449,6 +453,20 @@ def main(argv: list[str] | None = None) -> int:
         return {"ok": bool(gap), "startup_s": r["startup_s"], "timing": body.get("timing"),
                 "split_eager": ee, "gap": gap, "eager_buckets": bucket_checks(body)}
 
+    def drain() -> dict:
+        js = work / "drain_gil.json"
+        args = (["--batches", "1", "--window", "10", "--rounds", "1", "--ops", "20"] if a.dry
+                else ["--batches", "1", "32", "256", "--window", "60", "--rounds", "4"])
+        done = subprocess.run([sys.executable, str(ROOT / "bench/drain_gil.py"), *args, "--json", str(js)],
+                              capture_output=True, text=True, timeout=max(10, run.left() - 10))
+        rows = json.loads(js.read_text())["rows"] if js.exists() else []
+        for r in rows:
+            log(f"  batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% p99 {r['p99_delay_pct']:.2f}%, "
+                f"GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}%, {r['drain_us_per_record']:.0f} us/record")
+        return {"ok": done.returncode == 0 and bool(rows), "rc": done.returncode, "cpus": os.cpu_count(),
+                "rows": [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows],
+                "tail": done.stdout[-1500:] + done.stderr[-1500:]}
+
     def probe() -> dict:
         pdir = work / "probe"
         cmd = [sys.executable, str(ROOT / "bench/gpu_probe.py"), str(pdir)] + (["--dry-run"] if a.dry else [])
@@ -473,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop("graph")
         stop("eager")
+    if "drain" not in skip:
+        run.stage("drain", drain, need_s=60, limit_s=120)
     if "probe" not in skip:
         run.stage("probe", probe, need_s=60, limit_s=240)
     collect_logs(work, out)
