@@ -4,17 +4,16 @@ The scheduler thread pays only for what changes with the next step: per request,
 (its length before and after SGLang processes the result), ``spec_verify_ct`` before and after
 (speculative decode), and whether it finished; per step, ``accept_lens`` as one list.  Each is one
 C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``), no Python loop per request.
-Everything else happens on the recorder's drain thread in :meth:`HostFacts.record`: request ids and
-prompt lengths (fixed while a request runs; :class:`IdCache` keeps them while the batch's membership
-is unchanged, so an unchanged batch yields the very same ``rids`` tuple), the overshoot filter,
-context lengths, committed counts, the phase arithmetic of a CPU-clock step (``step.resolve``, plain
-integers) and the :class:`StepRecord` itself.
-
-The record is built by :meth:`model.facts.StepFacts.record` (pure) from the plain facts
-:meth:`HostFacts.facts` reads off the requests.  A request that finished at the step also carries
-SGLang's own books (``books``: ``spec_verify_ct``, ``len(output_ids)`` and
-``spec_num_correct_drafts``, read when its counters no longer move), which the drain thread's
-self-audit (``aggregate.audit``) checks ours against.
+Everything else happens on the recorder's drain thread, in two stages.  :meth:`HostFacts.facts`
+reads what needs the request objects: request ids and prompt lengths (fixed while a request runs;
+:class:`IdCache` keeps them while the batch's membership is unchanged, so an unchanged batch yields
+the very same ``rids`` tuple), the books of the requests that finished (SGLang's own
+``spec_verify_ct``, ``len(output_ids)`` and ``spec_num_correct_drafts``, read when their counters no
+longer move, which the self-audit, ``aggregate.audit``, checks ours against) and the phase
+arithmetic of a CPU-clock step (``step.resolve``, plain integers), into plain facts
+(``model.facts.StepFacts``, which pickle).  Then :meth:`~model.facts.StepFacts.record` (pure)
+applies the overshoot filter and builds context lengths, committed counts and the
+:class:`StepRecord` itself.
 """
 
 from __future__ import annotations
