@@ -1,19 +1,23 @@
-"""One request's kept step rows, stored as columns (``Rows``), and the row shape they are served in.
+"""One request's kept step rows, stored as ints in an untracked array (``Rows``), and the row shape
+they are served in.
 
-A request's rows are kept flat in one list, ``W`` cells per row: the decode step's shared facts
-(one ``meta`` tuple per step, the same object for every request of the step: step id, start, batch
-size, draft tokens, step time, block size, denoise steps, host end, phases), then the request's own
-context length, accepted and committed tokens.  A decode step appends every kept request's row in
-one C-level ``map`` pass (``append_all``), so the drain thread's Python work per step does not grow
-with the batch, and the step leaves one tracked object (its ``meta``) instead of one row tuple per
-request.  Rows become :class:`StepRow` tuples (``row``) only when read; a request's totals are
-C-level sums over strided slices of its cells (``Rows.totals``).
+A decode step's shared facts (step id, start, batch size, draft tokens, step time, block size,
+denoise steps, host end, phases) are one ``meta`` tuple, kept once per step in the log's ``Metas``
+table under an int key.  A request's rows are ``W`` ints per row in one ``array('q')``: the step's
+key, then the request's own context length, accepted and committed tokens.  An array holds no
+object references, so kept rows add nothing to what the garbage collector walks, young or full
+collections alike: only the table (one entry per step still referenced) is walked.  A decode step
+appends every kept request's row in one C-level ``map`` pass (``append_all``), so the drain
+thread's Python work per step does not grow with the batch.  Rows become :class:`StepRow` tuples
+(``row``) only when read; a request's totals are C-level sums over strided slices of its cells
+(``Rows.totals``).
 
 Pure; imports only the package's record types.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from itertools import repeat
@@ -47,6 +51,7 @@ class StepRow(NamedTuple):
 
 # A step's shared facts, in this order (``meta``): StepRow without ctx_len, accepted and committed.
 Meta = tuple
+Metas = dict  # int key -> Meta: the steps a log's rows refer to (one table per log, shared by its Rows)
 _M_T0, _M_MS = 1, 4
 _ms_of = itemgetter(_M_MS)
 _ACC, _COM, _MS = (itemgetter(StepRow._fields.index(k)) for k in ("accepted", "committed", "step_ms"))
@@ -62,18 +67,24 @@ def row(m: Meta, ctx: int, acc: int, com: int) -> tuple:
     return (m[0], m[1], ctx, m[2], m[3], acc, com, m[4], m[5], m[6], m[7], m[8])
 
 
-W = 4  # cells per row: the step's meta, then this request's ctx_len, accepted, committed
+W = 4  # cells per row: the key of the step's meta, then this request's ctx_len, accepted, committed
+
+
+def cells() -> array:
+    """An empty row store: signed 64-bit ints, no object references (the collector never walks it)."""
+    return array("q")
 
 
 class Rows(Sequence):
-    """A request's kept step rows, oldest first, read as row tuples.  Stored flat in one list
-    (``cells``: ``W`` cells per row), so a step appends a request's row with one C-level
-    ``list.extend`` and keeps no object per row but the ints (small ones are shared)."""
+    """A request's kept step rows, oldest first, read as row tuples.  Stored flat in one int array
+    (``cells``: ``W`` per row, the first the key of the step's meta in ``metas``), so a step appends
+    a request's row with one C-level ``array.extend`` and keeps no object per row."""
 
-    __slots__ = ("cells",)
+    __slots__ = ("cells", "metas")
 
-    def __init__(self, cells: Optional[list] = None) -> None:
-        self.cells: list = [] if cells is None else cells
+    def __init__(self, metas: "Metas", store: Optional[array] = None) -> None:
+        self.metas = metas
+        self.cells: array = cells() if store is None else store
 
     def __len__(self) -> int:
         return len(self.cells) // W
@@ -81,32 +92,39 @@ class Rows(Sequence):
     def __getitem__(self, i: Any) -> Any:
         c = self.cells
         if isinstance(i, slice):
-            return [row(*c[W * k:W * k + W]) for k in range(*i.indices(len(self)))]
+            lo, hi, step = i.indices(len(self))
+            if step == 1:
+                return list(self._rows(c[W * lo:W * max(lo, hi)]))
+            return [self[k] for k in range(lo, hi, step)]
         n = len(c) // W
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("row index out of range")
-        return row(*c[W * i:W * i + W])
+        return row(self.metas[c[W * i]], *c[W * i + 1:W * i + W])
+
+    def _rows(self, c: array) -> Iterator[tuple]:
+        return map(row, map(self.metas.__getitem__, c[0::W]), c[1::W], c[2::W], c[3::W])
 
     def __iter__(self) -> Iterator[tuple]:
-        c = self.cells
-        return map(row, c[0::W], c[1::W], c[2::W], c[3::W])
+        return self._rows(self.cells)
 
-    def append(self, m: Meta, ctx: int, acc: int, com: int) -> None:
-        self.cells += (m, ctx, acc, com)
+    def append(self, key: int, ctx: int, acc: int, com: int) -> None:
+        self.cells.extend((key, ctx, acc, com))
 
     def clear(self) -> None:
         del self.cells[:]  # in place: the log's rid -> cells map keeps pointing at it
 
     def copy(self) -> "Rows":
-        return Rows(self.cells[:])
+        """A copy that keeps the metas its rows refer to (the log's table may let them go later)."""
+        keys, metas = self.cells[0::W], self.metas
+        return Rows(dict(zip(keys, map(metas.__getitem__, keys))), self.cells[:])
 
     def totals(self, r: Any) -> dict[str, Any]:
         """``r``'s folded totals plus these rows (sequential float sum of step times, as step by step)."""
-        c = self.cells
-        ms = list(map(_ms_of, c[0::W]))
-        last = c[-W]
+        c, metas = self.cells, self.metas
+        ms = list(map(_ms_of, map(metas.__getitem__, c[0::W])))
+        last = metas[c[-W]]
         return {
             "steps": r["steps"] + len(ms),
             "accepted": sum(c[2::W], r["accepted"]),
@@ -122,9 +140,10 @@ class Rows(Sequence):
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
 
 
-def append_all(cells: list[list], m: Meta, ctx: Iterable[int], acc: Iterable[int], com: Iterable[int]) -> None:
-    """One step's row for each request's ``cells`` (aligned with the value columns): one C-level pass."""
-    _drain(map(list.extend, cells, zip(repeat(m), ctx, acc, com)))
+def append_all(stores: list[array], key: int, ctx: Iterable[int], acc: Iterable[int], com: Iterable[int]) -> None:
+    """One step's row (its meta's ``key``) for each request's cells (aligned with the value columns):
+    one C-level pass."""
+    _drain(map(array.extend, stores, zip(repeat(key), ctx, acc, com)))
 
 
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples

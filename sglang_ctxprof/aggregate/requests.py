@@ -3,8 +3,9 @@
 The ring keeps the last ``capacity`` requests (least recently updated are evicted) and, per request,
 at most ``max_steps`` step rows (later rows are counted but not kept); all requests together keep at
 most ``max_rows`` rows after every record (the oldest requests' rows are dropped first).  A request's
-rows are flat cells in one list (``request_rows.Rows``: the step's shared ``meta`` tuple, then its own
-ctx_len, accepted, committed), so no object is kept per row for the garbage collector to walk.  A
+rows are ints in one untracked array (``request_rows.Rows``: the key of the step's shared ``meta`` in
+the log's table, then its own ctx_len, accepted, committed), so the garbage collector walks no row,
+only the table: one entry per step some kept row refers to (the others let go every ``PRUNE`` steps).  A
 decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in C-level passes (new
 requests found, all moved to the ring's newest end, one ``list.extend`` per request); Python work
 only for requests that are new, get their first row, are past ``max_steps`` or finished.  A
@@ -25,14 +26,15 @@ Pure; imports only the package's record types.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import OrderedDict, deque
 from itertools import compress, filterfalse, islice, repeat
-from operator import gt, not_
+from operator import attrgetter, gt, itemgetter, not_
 from typing import Any, Iterator, Mapping, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord
-from .request_rows import _ACC, _COM, W, LazyRows, Meta, Rows, StepRow, append_all, meta_of, row_dict
+from .request_rows import _ACC, _COM, W, LazyRows, Metas, Rows, StepRow, append_all, meta_of, row_dict
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize", "_ACC", "_COM"]
 
@@ -41,6 +43,8 @@ CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages
 # Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the
 # rows of the requests that got rows longest ago are dropped (their totals stay; ``step_rows_dropped``).
 MAX_ROWS = 65536
+# Steps between two lettings-go of the metas no kept row refers to (``RequestLog._prune_metas``).
+PRUNE = 1024
 
 
 class RequestLog:
@@ -50,7 +54,10 @@ class RequestLog:
         self.max_rows = max(0, max_rows)
         self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
         self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
-        self._cells: dict[str, list] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
+        self._cells: dict[str, array] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
+        self._metas: Metas = {}  # key -> a decode step's shared facts, for the rows that refer to it
+        self._key = 0  # the next decode step's key (consecutive: the table's keys are a range)
+        self._prune_at = PRUNE
         self.rows = 0
         self.evicted = 0
         self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
@@ -64,25 +71,30 @@ class RequestLog:
             pass
 
     def stages(self, rec: StepRecord) -> Iterator[None]:
-        """``observe`` in stages: a decode step's requests ``CHUNK`` at a time, yielding between two
-        and before shedding rows past the budget (the drain thread hands the GIL over there).  Exhausting it is ``observe``; the caller must
-        exhaust it before the next record."""
+        """``observe`` in stages: a decode step's requests ``CHUNK`` at a time, yielding between two,
+        before shedding rows past the budget and before letting go of unreferenced metas (the drain
+        thread hands the GIL over there).  Exhausting it is ``observe``; the caller must exhaust it
+        before the next record."""
         if rec.kind != KIND_DECODE:
             self._observe_prefill(rec)
             return
-        n = len(rec.rids)
-        meta = meta_of(rec)
+        n, key = len(rec.rids), self._key
+        self._key += 1
+        self._metas[key] = meta_of(rec)
         for lo in range(0, n, CHUNK):
             if lo:
                 yield
-            self._decode_rows(rec, lo, min(n, lo + CHUNK), meta)
+            self._decode_rows(rec, lo, min(n, lo + CHUNK), key)
         if rec.trace_parents:
             self._trace_parents(rec)
         if self.rows > self.max_rows:
             yield  # shedding the oldest rows is a piece of its own (at a full budget: every step)
             self._shed_rows()
+        if len(self._metas) >= self._prune_at:
+            yield
+            self._prune_metas()
 
-    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, meta: Meta) -> None:
+    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, key: int) -> None:
         """Requests ``lo:hi`` of a decode step in C-level passes: the new ones added, all moved to the
         newest end of the ring, each given the step's row (``request_rows.append_all``); Python work
         only for requests that are new, get their first row, are past ``max_steps`` or finished."""
@@ -91,7 +103,7 @@ class RequestLog:
         if new and len(reqs) + len(new) > self.capacity:
             over = len(reqs) + len(new) - self.capacity
             if over > len(reqs) - len(rids) or any(map(set(rec.rids).__contains__, islice(reqs, over))):
-                return self._decode_rows_one_by_one(rec, lo, hi, meta)  # it would evict one of this step's
+                return self._decode_rows_one_by_one(rec, lo, hi, key)  # it would evict one of this step's
         for rid in new:
             self._add(rid, rec)
         _drain(map(reqs.move_to_end, rids))
@@ -102,12 +114,12 @@ class RequestLog:
         if max_steps and not min(lens):  # a request's first kept row: it now holds rows
             self._with_rows.update(dict.fromkeys(compress(rids, map(not_, lens))))
         if max(lens) < cap:
-            append_all(rows, meta, ctx, acc, com)
+            append_all(rows, key, ctx, acc, com)
             self.rows += len(rows)
         else:  # some are past max_steps: their steps are folded into the totals, no row kept
             keep = list(map(gt, repeat(cap), lens))
             kept = list(compress(rows, keep))
-            append_all(kept, meta, compress(ctx, keep), compress(acc, keep), compress(com, keep))
+            append_all(kept, key, compress(ctx, keep), compress(acc, keep), compress(com, keep))
             self.rows += len(kept)
             t_dev = rec.end_ns
             for i in compress(range(len(rids)), map(not_, keep)):
@@ -117,7 +129,7 @@ class RequestLog:
         for rid in compress(rids, rec.finished[lo:hi]):
             reqs[rid]["finished"] = True
 
-    def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, meta: Meta) -> None:
+    def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, key: int) -> None:
         """``_decode_rows`` request by request, where adding a new request evicts one of this step's
         own (a ring smaller than the step's batch): the ring's order is then exactly as if each
         request was recorded in turn."""
@@ -134,7 +146,7 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:
                     with_rows[rid] = None
-                rows.append(meta, ctx, acc, com)
+                rows.append(key, ctx, acc, com)
                 self.rows += 1
             else:
                 r["steps_truncated"] += 1
@@ -155,7 +167,7 @@ class RequestLog:
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
-        r["step_rows"] = rows = Rows()
+        r["step_rows"] = rows = Rows(self._metas)
         self._cells[rid] = rows.cells
         if len(self._reqs) > self.capacity:
             old_rid, old = self._reqs.popitem(last=False)
@@ -238,6 +250,15 @@ class RequestLog:
             r["step_rows_dropped"] += len(r["step_rows"])
             r["step_rows"].clear()
 
+    def _prune_metas(self) -> None:
+        """Let go of the metas older than the oldest kept row (its request's first): C-level passes
+        over the ring, every ``PRUNE`` steps at the least, so the table stays within twice what the
+        kept rows refer to."""
+        metas = self._metas
+        live = min(map(_first, filter(None, map(_store, map(_rows_of, self._reqs.values())))), default=self._key)
+        _drain(map(metas.__delitem__, range(next(iter(metas), live), live)))
+        self._prune_at = len(metas) + max(PRUNE, len(metas))
+
     @staticmethod
     def _new(rid: str, t_ns: int) -> dict[str, Any]:
         return {
@@ -307,6 +328,8 @@ class RequestLog:
         self._reqs.clear()
         self._with_rows.clear()
         self._cells.clear()
+        self._metas.clear()
+        self._prune_at = PRUNE
         self.rows = 0
         self.evicted = 0
         self.aborted = 0
@@ -329,6 +352,7 @@ def _tok_s(r: Mapping[str, Any]) -> float:
 _INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
 _TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
+_rows_of, _store, _first = itemgetter("step_rows"), attrgetter("cells"), itemgetter(0)
 
 
 def _totals(r: Mapping[str, Any]) -> dict[str, Any]:

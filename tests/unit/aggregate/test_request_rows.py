@@ -16,9 +16,11 @@ def _meta(i: int) -> tuple:
 
 
 def _rows(n: int) -> Rows:
-    rows = Rows()
+    metas = {}
+    rows = Rows(metas)
     for i in range(n):
-        rows.append(_meta(i), 100 + i, 1 + i % 3, i % 2)
+        metas[i] = _meta(i)
+        rows.append(i, 100 + i, 1 + i % 3, i % 2)
     return rows
 
 
@@ -29,8 +31,10 @@ def test_rows_read_back_as_row_tuples_by_index_slice_and_iteration():
     assert StepRow(*rows[2]).ctx_len == 102 and StepRow(*rows[2]).step_ms == 4.5
     with pytest.raises(IndexError):
         rows[4]
+    assert rows[::2] == want[::2] and rows[3:1] == [] and rows[-2:] == want[-2:]
     lazy = LazyRows(rows)
-    rows.clear()  # the lazy copy keeps what was read
+    rows.clear()  # the lazy copy keeps what was read, the metas its rows refer to included
+    rows.metas.clear()
     assert len(rows) == 0 and not rows and len(lazy) == 4 and lazy[0]["phases_ms"] == {"draft": 1.0, "verify": 2.0}
     assert [d["ctx_len"] for d in lazy] == [100, 101, 102, 103]
 

@@ -4,6 +4,7 @@ with the same result as one ``observe``; kept step rows add nothing to the garba
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from sglang_ctxprof.aggregate.requests import CHUNK, RequestLog
 from sglang_ctxprof.model.records import RankId, StepRecord
@@ -94,3 +95,39 @@ def test_shedding_rows_past_the_budget_is_a_stage_of_its_own_and_folds_what_obse
     assert counts == [2, 2, 2]  # two chunks, a hand-over between; then one more before the shedding
     assert staged.to_state(with_steps=True) == whole.to_state(with_steps=True)
     assert staged.rows == whole.rows <= CHUNK
+
+
+def _walk() -> int:
+    """References a full collection follows (each tracked object's referents)."""
+    return sum(len(gc.get_referents(o)) for o in gc.get_objects())
+
+
+def test_kept_step_rows_add_nothing_to_a_collections_walk():
+    """A collection walks every reference its tracked objects hold; rows kept as cells of a list (4
+    references per row) made each one ~0.26 M references longer at the default budget, young
+    collections too while a request's row list was young.  Rows are ints in untracked arrays: what
+    a collection walks grows with the steps kept (their shared facts), not with the rows."""
+    log = RequestLog()
+    log.observe(_step(0, 64))
+    gc.collect()
+    before = _walk()
+    for i in range(1, 101):
+        log.observe(_step(i, 64))
+    gc.collect()
+    grown = _walk() - before
+    assert log.rows == 101 * 64 and grown < 6400 // 4, grown
+
+
+def test_the_steps_table_lets_go_of_steps_no_kept_row_refers_to():
+    """A row refers to its step's shared facts by key; steps whose rows were all shed (or whose
+    requests left the ring) leave the table, the others stay and read back whole."""
+    from sglang_ctxprof.aggregate.requests import PRUNE
+
+    log = RequestLog(max_rows=4 * 16, max_steps=3)
+    log.observe(_step(0, 2))  # r0, r1: three rows each, then folded; kept while the ring holds them
+    for i in range(1, 3 * PRUNE):
+        log.observe(replace(_step(i, 16), rids=tuple(f"s{i // 3}-{k}" for k in range(16))))
+    assert len(log._metas) <= 2 * PRUNE and log.rows <= 4 * 16
+    kept = [r for r in log.to_state(with_steps=True) if r["step_rows"]]
+    assert kept and all(row["phases_ms"]["verify"] == 1.0 + row["step_id"] for r in kept for row in r["step_rows"])
+    assert min(log._metas) == min(row["step_id"] for r in kept for row in r["step_rows"])
