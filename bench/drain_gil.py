@@ -29,14 +29,22 @@ Per batch size (default 1, 32 and 256), windows of ``--window`` steps rotate bet
   what the step queued into plain facts and writes them, pickled, to the pipe (no thread to wake;
   the hand-off is on the step's own time, and counted in the step's wall time).
 
+The step is all CPU by default (a CPU server's).  ``--device cuda`` makes it a GPU-bound step:
+the ops launched on the GPU, then ``torch.cuda.synchronize()`` (the scheduler thread parked, the GIL
+released, while the device computes).  ``--wait-ms`` models that shape without a GPU: the ops (the
+host's launch work) on the CPU, then a GIL-free sleep.  The fake scheduler
+also leaves ``--engine-objects`` tracked objects per step, so that young collections come at
+SGLang's own pace (``Sched``).
+
 The scheduler thread stamps the start of every step; printed per mode are the step-to-step time
 p50 and p99 (ms), each busy mode's ratios to idle side by side, and the added delay (busy - idle) at p50 and
 p99 as % of the idle p50 step (the goal: p99 ≤ 1%).  The wall time carries the machine's other load
 (run-queue waits); so, per step, the scheduler thread's GIL wait is also printed: the wall time
 less its time on a CPU (``time.thread_time_ns``, exact: the kernel's ``schedstat`` run time moves
 only at scheduler ticks, 4 ms here, too coarse for a step) and in the run queue
-(``/proc/thread-self/schedstat``'s wait, updated whenever the thread is switched in; the loop never sleeps),
-at p50 and p99 for each mode, and busy - idle as % of the step's CPU time; and the scheduler
+(``/proc/thread-self/schedstat``'s wait, updated whenever the thread is switched in; the loop never
+sleeps but in ``--wait-ms``, which is taken out as well: its oversleep is the same busy and idle),
+at p50 and p99 for each mode, and busy - idle as % of the idle p50 step; and the scheduler
 thread's own CPU time per step, idle and busy at p50, busy - idle as % of the idle p50 step ("CPU
 %": the hand-off of the inline mode, and whatever slows the thread's own work down while another
 core runs the drain, e.g. vCPUs that share a physical core).  So the wall delay splits into CPU,
@@ -79,14 +87,19 @@ CTX = 2048
 
 
 class _Forward:
-    """``ops`` torch matmuls (each releases the GIL) with a little Python around each, as modules have."""
+    """``ops`` torch matmuls (each releases the GIL) with a little Python around each, as modules have;
+    on ``device`` "cuda" they are launched and the step ends in ``torch.cuda.synchronize()`` (the GIL
+    released while the GPU computes: a GPU-bound step, for real); then, with ``wait_s``, a sleep (the
+    GIL released, no CPU used): the same shape modelled where there is no GPU."""
 
     ops = 100
     size = 64
+    wait_s = 0.0
+    device = "cpu"
 
     def __init__(self) -> None:
-        self.a = torch.randn(self.size, self.size)
-        self.b = torch.randn(self.size, self.size)
+        self.a = torch.randn(self.size, self.size, device=self.device)
+        self.b = torch.randn(self.size, self.size, device=self.device)
 
     def run(self) -> None:
         a, b, mm = self.a, self.b, torch.mm
@@ -94,12 +107,33 @@ class _Forward:
             c = mm(a, b)
             if i & 7 == 0:
                 c = c[:1]  # a view: a little more Python, as a module's reshapes are
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+        if self.wait_s:
+            time.sleep(self.wait_s)
+
+
+def engine_garbage(k: int) -> None:
+    """``k`` small tracked objects in one reference cycle: garbage only a collection frees."""
+    if k <= 0:
+        return
+    head = node = {}
+    for _ in range(k - 1):
+        node["next"] = node = {}
+    node["next"] = head
 
 
 class Sched(FakeScheduler):
-    """The fake scheduler, whose requests finish after their ``life`` (SGLang's books set)."""
+    """The fake scheduler, whose requests finish after their ``life`` (SGLang's books set) and which
+    leaves ``engine_objects`` tracked objects per step for the collector, as SGLang's scheduler
+    does: young collections come every ~8-10 decode steps on the real server with profiling off, at
+    batch 1, 8 and 32 (``bench/gc_cadence.py``), whatever the profiler adds.  Without them the
+    profiler's own objects alone would set the collector's pace."""
+
+    engine_objects = 0
 
     def process_batch_result(self, batch, result):
+        engine_garbage(self.engine_objects)
         out = super().process_batch_result(batch, result)
         for req, a in zip(batch.reqs, batch.result.accept):
             req.spec_num_correct_drafts += a - 1
@@ -147,39 +181,45 @@ def session():
 
 
 class GcPauses:
-    """The longest garbage-collector pause seen on each thread (ms), by a gc callback."""
+    """The longest garbage-collector pause seen on each thread (ms), and the collections of any
+    thread in all (``n``), by a gc callback."""
 
     def __init__(self) -> None:
         self.t0: dict[int, float] = {}
         self.longest: dict[str, float] = {}
+        self.n = 0
 
     def __call__(self, phase: str, info: dict) -> None:
         tid = threading.get_ident()
         if phase == "start":
             self.t0[tid] = time.perf_counter()
+            self.n += 1
         elif tid in self.t0:
             ms = (time.perf_counter() - self.t0.pop(tid)) * 1e3
             name = threading.current_thread().name
             self.longest[name] = max(self.longest.get(name, 0.0), ms)
 
-    def take(self) -> dict[str, float]:
-        out, self.longest = self.longest, {}
-        return out
+    def take(self) -> tuple[dict[str, float], int]:
+        out, n, self.longest, self.n = self.longest, self.n, {}, 0
+        return out, n
 
 
-def calibrate(op_us: float) -> int:
-    """The matmul size whose one op takes about ``op_us`` on this thread."""
-    for size in range(16, 512, 8):
-        a = torch.randn(size, size)
+def calibrate(op_us: float, device: str = "cpu") -> int:
+    """The matmul size whose one op takes about ``op_us`` on this thread (on a GPU: until synchronized)."""
+    sizes = range(16, 512, 8) if device == "cpu" else [int(256 * 1.25 ** k) for k in range(20)]
+    for size in sizes:
+        a = torch.randn(size, size, device=device)
         best = float("inf")
         for _ in range(5):  # the fastest of 5 tries: a busy machine only slows an op down
             t0 = time.perf_counter()
             for _ in range(20):
                 torch.mm(a, a)
+            if device != "cpu":
+                torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - t0) / 20 * 1e6)
         if best >= op_us:
             return size
-    return 512
+    return sizes[-1]
 
 
 def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
@@ -213,10 +253,11 @@ def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
     t.start()
     t.join()
     wall, cpu, gil = [], [], []
+    wait_ns = int(_Forward.wait_s * 1e9)  # the forward's own GIL-free wait is not a GIL wait
     for (t0, r0, w0), (t1, r1, w1) in zip(stamps, stamps[1:]):
         wall.append((t1 - t0) / 1e6)
         cpu.append((r1 - r0) / 1e6)
-        gil.append(max(0, (t1 - t0) - (r1 - r0) - (w1 - w0)) / 1e6)
+        gil.append(max(0, (t1 - t0) - (r1 - r0) - (w1 - w0) - wait_ns) / 1e6)
     return wall, cpu, gil
 
 
@@ -335,12 +376,16 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
     gil: dict[str, list[float]] = {m: [] for m in MODES}
     backlog: dict[str, int] = dict.fromkeys(MODES, 0)
     gc_ms: dict[str, dict[str, float]] = {m: {} for m in MODES}
+    gc_n: dict[str, int] = dict.fromkeys(MODES, 0)
     drain: dict[str, list[int]] = {m: [0, 0] for m in MODES}
     try:
         sched, batch = Sched(FakeWorker(fwd.run)), Batch(n, a.life)
         rec = sess.profiler.recorder
         run_window(sched, batch, a.window)  # warm-up: binds the profiler, starts the drain thread
         rec.flush()
+        if not a.no_freeze:  # what the warm-up imported and built, too (SGLang's freeze_gc comes after its warm-up)
+            gc.collect()
+            gc.freeze()
         cost = rec.cost
         for r in range(a.rounds):
             k = r % len(MODES)
@@ -361,7 +406,9 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                 times[mode] += w
                 cpu[mode] += c
                 gil[mode] += g
-                for k, v in gcp.take().items():
+                longest, n_gc = gcp.take()
+                gc_n[mode] += n_gc
+                for k, v in longest.items():
                     gc_ms[mode][k] = max(gc_ms[mode].get(k, 0.0), v)
                 rec.stop()
                 if fw is not None:
@@ -388,10 +435,11 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                      "step_cpu_ms": step_cpu, "busy_cpu_ms": statistics.median(cpu[m]),
                      "cpu_p50_pct": (statistics.median(cpu[m]) - step_cpu) / i50 * 100,
                      "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
-                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / step_cpu * 100 if step_cpu else float("nan"),
-                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / step_cpu * 100 if step_cpu else float("nan"),
+                     "gil_p50_pct": (g[m][0] - g["idle"][0]) / i50 * 100,
+                     "gil_p99_pct": (g[m][1] - g["idle"][1]) / i50 * 100,
                      "drain_us_per_record": drain[m][0] / max(1, drain[m][1]) / 1e3, "busy_backlog": backlog[m],
-                     "gc_ms": gc_ms[m], "steps_per_mode": len(times[m])})
+                     "gc_ms": gc_ms[m], "steps_per_mode": len(times[m]),
+                     "gc_per_100_steps": (100 * gc_n["idle"] / len(times["idle"]), 100 * gc_n[m] / len(times[m]))})
     return rows
 
 
@@ -403,26 +451,39 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=100, help="steps per window")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of one window per mode, per batch size")
     ap.add_argument("--life", type=int, default=128, help="steps each request runs before it finishes")
+    ap.add_argument("--device", default="cpu", help="where the forward's matmuls run: cpu, or cuda (ends each step "
+                                                     "in a synchronize)")
+    ap.add_argument("--wait-ms", type=float, default=0.0,
+                    help="a GIL-free wait after the ops in each forward (a GPU-bound step's synchronize; 0: none, "
+                         "the step all CPU)")
+    ap.add_argument("--engine-objects", type=int, default=80,
+                    help="tracked objects the fake scheduler leaves per step (SGLang's pace of young collections: "
+                         "bench/gc_cadence.py; 0: none, the profiler's alone)")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--no-freeze", action="store_true",
                     help="leave the start-up heap to the collector (SGLang's scheduler freezes its own)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    _Forward.ops, _Forward.size = a.ops, calibrate(a.op_us)
+    _Forward.device = a.device
+    _Forward.ops, _Forward.size = a.ops, calibrate(a.op_us, a.device)
+    Sched.engine_objects = a.engine_objects
+    _Forward.wait_s = a.wait_ms / 1e3
     if not a.no_freeze:  # as SGLang's scheduler does on POST /freeze_gc (cli.server.ServerProcess sends it)
         gc.collect()
         gc.freeze()
     gcp = GcPauses()
     gc.callbacks.append(gcp)
-    print(f"forward: {a.ops} torch matmuls of {_Forward.size}x{_Forward.size} (~{a.op_us:.0f} us each, GIL released); "
-          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.rounds} rounds")
+    print(f"forward: {a.ops} torch matmuls of {_Forward.size}x{_Forward.size} on {a.device} (~{a.op_us:.0f} us each, GIL released); "
+          f"switch interval {sys.getswitchinterval() * 1e3:.1f} ms; windows of {a.window} steps, {a.rounds} rounds; "
+          f"{a.engine_objects} engine objects per step for the collector; a GIL-free wait of {a.wait_ms:g} ms per step")
     print("step-to-step wall time (ms; a busy machine's run-queue waits included), and the scheduler thread's GIL")
-    print("wait per step (ms; wall - on CPU - run-queue wait), as % of the step's CPU time.  busy: the drain thread")
+    print("wait per step (ms; wall - on CPU - run-queue wait - the forward's own wait), as % of the step.  busy: the drain thread")
     print("running, 'whole' = the whole queue per GIL hold (as before), 'paced' = collect/pacing.Pacer; 'process' =")
     print("a drain process fed by a forwarding thread, 'inline' = by the scheduler thread (drain us/rec: the hand-off's)")
     print(f"{'batch':>5} {'busy':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
           f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} {'busy':>6} {'CPU % p50':>9} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
-          f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | catch-up",
+          f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | "
+          f"{'gc /100 steps idle/busy':>23} | catch-up",
           flush=True)
     rows = []
     conn, child_end = mp.Pipe()
@@ -436,7 +497,8 @@ def main(argv=None) -> int:
                   f"{r['busy_p99_ms']:7.2f} | {r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} "
                   f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} {r['busy_cpu_ms']:6.2f} {r['cpu_p50_pct']:9.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
                   f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} || {r['drain_us_per_record']:12.0f} | "
-                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | {r['busy_backlog']:>7}",
+                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | "
+                  f"{r['gc_per_100_steps'][0]:11.1f} / {r['gc_per_100_steps'][1]:9.1f} | {r['busy_backlog']:>7}",
                   flush=True)
     conn.send_bytes(pickle.dumps("stop"))
     child.join(30)

@@ -23,7 +23,9 @@ leaves what ran:
 7. ``drain``      bench/drain_gil.py on this host's cores (batch 1, 32 and 256): the scheduler loop's
    step-to-step delay with the recorder's drain thread (whole, paced) and with a drain process fed by
    a forwarding thread or by the scheduler thread itself; a 2-core CPU machine cannot tell whether a
-   drain process helps where a spare core exists, this one can;
+   drain process helps where a spare core exists, this one can.  Twice: steps all CPU (``rows``),
+   then GPU-bound steps, matmuls on the GPU and a synchronize (``gpu_rows``; ``--wait-ms`` models it
+   under ``--dry``);
 8. ``probe``      bench/gpu_probe.py (torch probe kit), merged into ``OUT/probes.json``.
 
 ``--dry`` (or DRY=1) runs the same stage logic against a canned server (no GPU, no SGLang): what
@@ -454,18 +456,27 @@ def main(argv: list[str] | None = None) -> int:
                 "split_eager": ee, "gap": gap, "eager_buckets": bucket_checks(body)}
 
     def drain() -> dict:
-        js = work / "drain_gil.json"
-        args = (["--batches", "1", "--window", "10", "--rounds", "1", "--ops", "20"] if a.dry
-                else ["--batches", "1", "32", "256", "--window", "60", "--rounds", "4"])
-        done = subprocess.run([sys.executable, str(ROOT / "bench/drain_gil.py"), *args, "--json", str(js)],
-                              capture_output=True, text=True, timeout=max(10, run.left() - 10))
-        rows = json.loads(js.read_text())["rows"] if js.exists() else []
-        for r in rows:
-            log(f"  batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% p99 {r['p99_delay_pct']:.2f}%, "
-                f"GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}%, {r['drain_us_per_record']:.0f} us/record")
-        return {"ok": done.returncode == 0 and bool(rows), "rc": done.returncode, "cpus": os.cpu_count(),
-                "rows": [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows],
-                "tail": done.stdout[-1500:] + done.stderr[-1500:]}
+        out: dict = {"cpus": os.cpu_count()}
+        small = ["--batches", "1", "--window", "10", "--rounds", "1"]
+        for key, args, share in (
+                ("rows", small + ["--ops", "20"] if a.dry else ["--batches", "1", "32", "256", "--window", "60",
+                                                                "--rounds", "4"], 0.5),
+                ("gpu_rows", small + ["--ops", "5", "--wait-ms", "5"] if a.dry else
+                 ["--batches", "1", "32", "256", "--window", "40", "--rounds", "2", "--device", "cuda",
+                  "--ops", "20", "--op-us", "1000"], 1.0)):
+            js = work / f"drain_gil_{key}.json"
+            done = subprocess.run([sys.executable, str(ROOT / "bench/drain_gil.py"), *args, "--json", str(js)],
+                                  capture_output=True, text=True, timeout=max(10, share * (run.left() - 10)))
+            rows = json.loads(js.read_text())["rows"] if js.exists() else []
+            for r in rows:
+                log(f"  {key} batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% "
+                    f"p99 {r['p99_delay_pct']:.2f}%, GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}%, "
+                    f"{r['drain_us_per_record']:.0f} us/record")
+            out[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
+            out[f"{key}_rc"] = done.returncode
+            out[f"{key}_tail"] = done.stdout[-1500:] + done.stderr[-1500:]
+        out["ok"] = all(out[f"{k}_rc"] == 0 and out[k] for k in ("rows", "gpu_rows"))
+        return out
 
     def probe() -> dict:
         pdir = work / "probe"
@@ -492,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         stop("graph")
         stop("eager")
     if "drain" not in skip:
-        run.stage("drain", drain, need_s=60, limit_s=120)
+        run.stage("drain", drain, need_s=60, limit_s=200)
     if "probe" not in skip:
         run.stage("probe", probe, need_s=60, limit_s=240)
     collect_logs(work, out)
