@@ -79,7 +79,7 @@ def cells() -> array:
 class Rows(Sequence):
     """A request's kept step rows, oldest first, read as row tuples.  Stored flat in one int array
     (``cells``: ``W`` per row, the first the key of the step's meta in ``metas``), so a step appends
-    a request's row with one C-level ``array.extend`` and keeps no object per row."""
+    a request's row with one C-level ``array.frombytes`` and keeps no object per row."""
 
     __slots__ = ("cells", "metas")
 

@@ -5,14 +5,14 @@ at most ``max_steps`` step rows (later rows are counted but not kept); all reque
 most ``max_rows`` rows after every record (the oldest requests' rows are dropped first).  A request's
 rows are ints in one untracked array (``request_rows.Rows``: the key of the step's shared ``meta`` in
 the log's table, then its own ctx_len, accepted, committed), so the garbage collector walks no row,
-only the table: one entry per step some kept row refers to (the others let go every ``PRUNE`` steps).  A
-decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in C-level passes (new
-requests found, all moved to the ring's newest end, one ``list.extend`` per request); Python work
-only for requests that are new, get their first row, are past ``max_steps`` or finished.  A
-request's totals are its kept rows plus what was folded when rows were not kept or were dropped,
-summed in C when the request is read (``_totals``).  This is what ``/ctx_profile/requests`` serves
-and what the exact-accounting tests reconcile against SGLang's ``meta_info``.  Only ids, lengths and
-timings are kept: never prompt or output text.
+only the table: one entry per step some kept row refers to (the others are let go every ``PRUNE``
+steps).  A decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in C-level
+passes (new requests found, all moved to the ring's newest end, one row appended per request);
+Python work only for requests that are new, get their first row, are past ``max_steps`` or
+finished.  A request's totals are its kept rows plus what was folded when rows were not kept or
+were dropped, summed in C when the request is read (``_totals``).  This is what
+``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
+``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -40,7 +40,7 @@ __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row
 
 
 CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
-# Step rows kept over all requests together (~180 B each at realistic batch sizes).  Beyond it the
+# Step rows kept over all requests together (32 B each, plus their steps' shared facts).  Beyond it the
 # rows of the requests that got rows longest ago are dropped (their totals stay; ``step_rows_dropped``).
 MAX_ROWS = 65536
 # Steps between two lettings-go of the metas no kept row refers to (``RequestLog._prune_metas``).
