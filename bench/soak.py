@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             rec.submit(r)
             done += 1
             if done % 4096 == 0:
-                while rec._q.qsize() > 2048:  # keep the producer at the drain's pace (no drops)
+                while len(rec._q) > 2048:  # keep the producer at the drain's pace (no drops)
                     time.sleep(0.002)
         rec.flush()
         t_feed += time.perf_counter() - t0
