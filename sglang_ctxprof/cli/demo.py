@@ -6,7 +6,7 @@ side, the same model with speculative decoding and without (both ``--enable-ctx-
 decode at 64, 1024 and 3072 tokens of context (exact-length natural-text prompts) interleaved between
 them; it prints the speculative arm's per-phase table, the speedup per context with the crossover,
 the speculation ledger, and last the servers' own diagnosis (the plain server's profile as the
-speculative one's baseline).  ``--arms spec`` runs the speculative server alone, with a sustained
+speculative one's baseline, over requests interleaved between the two).  ``--arms spec`` runs the speculative server alone, with a sustained
 streamed generation per context and the PNG plots.  The servers are stopped at the end.
 
 ``--draft eagle`` (default) uses the identity EAGLE head on a pure-bigram target for realistic
@@ -68,28 +68,35 @@ def run(ns) -> int:
     return run_args(args, after=_servers_ledger if arms else _server_profile)
 
 
+OWN_VIEW_TOKENS = 64  # new tokens of each request behind the servers' own view
+
+
 def _servers_ledger(args, clients) -> None:
-    """Both servers' own view: one 64-token request per context on each, then the diagnosis of the
-    speculative server's profile with the plain server's as its plain baseline (the ledger)."""
+    """Both servers' own view: both profiles emptied, then per context two requests of
+    ``OWN_VIEW_TOKENS`` new tokens on each server, interleaved (spec, plain, plain, spec: both arms
+    meet the same moments of a shared machine), then the diagnosis of the speculative server's profile with the plain server's as its
+    plain baseline (the ledger)."""
     import random
 
     from ..views.diagnosis import diagnose, evidence_from_profile
     from ..views.diagnosis_text import render_text
     from ..views.profile import Profile
 
-    bodies = {}
-    for arm, client in clients.items():
-        if not client.profile_reset():
-            return
-        for ctx in args.ctx:
-            rng = random.Random(ctx)
-            client.generate([rng.randint(10, 4000) for _ in range(ctx)], 64)
-        bodies[arm] = client.profile()
+    if not all([client.profile_reset() for client in clients.values()]):
+        return
+    arms = list(clients)
+    for ctx in args.ctx:
+        rng = random.Random(ctx)
+        prompts = [[rng.randint(10, 4000) for _ in range(ctx)] for _ in range(2)]
+        for ids, order in zip(prompts, (arms, arms[::-1])):
+            for arm in order:
+                clients[arm].generate(ids, OWN_VIEW_TOKENS)
+    bodies = {arm: client.profile() for arm, client in clients.items()}
     if not all(bodies.values()):
         return
     ev = {arm: evidence_from_profile(Profile.from_dict(b), source=f"{arm} server") for arm, b in bodies.items()}
     print("\nThe servers' own view: GET /ctx_profile of both, diagnosed with the plain one as the baseline "
-          "(one 64-token request per context each):\n", flush=True)
+          f"(two {OWN_VIEW_TOKENS}-token requests per context on each, interleaved):\n", flush=True)
     print(render_text(diagnose(ev["spec"], plain=ev["plain"])), end="", flush=True)
 
 

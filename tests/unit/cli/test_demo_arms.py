@@ -54,3 +54,35 @@ def test_a_rerun_replaces_the_previous_demo_folder(tmp_path, asked, left):
     (tmp_path / "sweep" / "point-c000064-r00.json").write_text("{}")
     assert demo.run(_ns(tmp_path)) == 0
     assert not (tmp_path / "sweep").exists()
+
+
+class _Client:
+    """What the servers' own view asks of a server's client, recorded in one shared log."""
+
+    def __init__(self, arm: str, log: list) -> None:
+        self.arm, self.log = arm, log
+
+    def profile_reset(self) -> bool:
+        self.log.append(("reset", self.arm))
+        return True
+
+    def generate(self, ids, n):
+        self.log.append(("generate", self.arm, len(ids), n))
+        return {}, 0.0
+
+    def profile(self):
+        self.log.append(("profile", self.arm))
+        return None  # no profile: the view stops before the diagnosis
+
+
+def test_the_servers_own_view_interleaves_the_two_servers_per_context():
+    """A shared machine's slow stretch must fall on both arms alike: both profiles are emptied
+    first, then each context's requests alternate spec, plain, plain, spec."""
+    log: list = []
+    clients = {"spec": _Client("spec", log), "plain": _Client("plain", log)}
+    demo._servers_ledger(argparse.Namespace(ctx=[64, 1024]), clients)
+    assert log[:2] == [("reset", "spec"), ("reset", "plain")]
+    gens = [(arm, ctx) for kind, arm, *rest in log if kind == "generate" for ctx in rest[:1]]
+    assert gens == [("spec", 64), ("plain", 64), ("plain", 64), ("spec", 64),
+                    ("spec", 1024), ("plain", 1024), ("plain", 1024), ("spec", 1024)]
+    assert log[-2:] == [("profile", "spec"), ("profile", "plain")]
