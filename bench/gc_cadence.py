@@ -82,13 +82,8 @@ def main(argv=None) -> int:
                 tok_s = window(url, n_req, conc, a.prompt, a.new, seed=1000 * conc + i)
                 t1, s1 = time.monotonic(), decode_steps(url)
                 time.sleep(0.5)  # the probe's lines of the window's last collections
-                gcs = {}
-                for pid in sched:
-                    for g, v in collections(gcprobe.read(probe).get(pid, []), t0, t1).items():
-                        w = gcs.setdefault(g, {"n": 0, "ms": 0.0, "max_ms": 0.0})
-                        w["n"] += v["n"]
-                        w["ms"] += v["ms"]
-                        w["max_ms"] = max(w["max_ms"], v["max_ms"])
+                probed = gcprobe.read(probe)
+                gcs = collections([row for pid in sched for row in probed.get(pid, [])], t0, t1)
                 rows.append({"conc": conc, "on": on, "tokens": n_req * a.new, "tok_s": tok_s,
                              "steps": (s1 - s0) if on else None, "gc": gcs, "window_s": t1 - t0})
             on_steps = [r["steps"] for r in rows if r["on"]]
