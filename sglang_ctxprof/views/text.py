@@ -25,6 +25,11 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _total_share(c: dict) -> float:
+    """A rank's whole share of the step (an older rank reports only its scheduler thread's)."""
+    return c.get("total_share", c["step_share"])
+
+
 def cost_line(ranks) -> str:
     """"profiler cost: 1.4% of the step in the scheduler's process: 38 µs/step on the scheduler
     thread (0.2%), drain thread 150 µs/record (1.2%)" from the rank that reports the largest total
@@ -34,9 +39,9 @@ def cost_line(ranks) -> str:
     costs = [c for c in reported if c and c.get("sampled_steps")]
     if not costs:
         return ""
-    c = max(costs, key=lambda c: c.get("total_share", c["step_share"]))
+    c = max(costs, key=_total_share)
     drain = c.get("drain_share")
-    line = (f"profiler cost: {c.get('total_share', c['step_share']):.1%} of the step in the scheduler's process: "
+    line = (f"profiler cost: {_total_share(c):.1%} of the step in the scheduler's process: "
             f"{c['sched_us_per_step']:.0f} µs/step on the scheduler thread ({c['step_share']:.1%}), "
             f"drain thread {c['drain_us_per_record']:.0f} µs/record" + (f" ({drain:.1%})" if drain is not None else ""))
     if c.get("events_per_step") is not None:
