@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def drain() -> dict:
         out: dict = {"cpus": os.cpu_count()}
-        small = ["--batches", "1", "--window", "10", "--rounds", "1"]
+        small = ["--batches", "1", "--window", "10", "--rounds", "2"]
         for key, args, share in (
                 ("rows", small + ["--ops", "20"] if a.dry else ["--batches", "1", "32", "256", "--window", "60",
                                                                 "--rounds", "4"], 0.5),
@@ -470,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = json.loads(js.read_text())["rows"] if js.exists() else []
             for r in rows:
                 log(f"  {key} batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% "
-                    f"p99 {r['p99_delay_pct']:.2f}%, GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}%, "
+                    f"p99 {r['p99_delay_pct']:.2f}%, GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}% "
+                    f"(idle against idle: {r['gil_p99_floor_pct']:.2f}%), "
                     f"{r['drain_us_per_record']:.0f} us/record")
             out[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
             out[f"{key}_rc"] = done.returncode
