@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from drain_child import Forwarder, drain_child  # noqa: E402
-from drain_loop import CTX, Batch, Sched, _Forward, calibrate, engine_garbage, session  # noqa: E402,F401
+from drain_loop import Batch, Sched, _Forward, calibrate, session  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
 
 class GcPauses:

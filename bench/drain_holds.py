@@ -4,7 +4,7 @@
 ``bench/drain_gil.py`` measures what the scheduler thread feels (wall time, GIL wait), which a busy
 shared machine blurs.  This measures the cause, in this thread's CPU time (``time.thread_time_ns``,
 which run-queue waits do not inflate): the same fake speculative decode loop and the real profiler
-session with its default exporters (``drain_gil.session``) run ``--steps`` steps per batch size with
+session with its default exporters (``drain_loop.session``) run ``--steps`` steps per batch size with
 the drain thread held, then this thread drains the queue one piece at a time, as the drain thread's
 slices do (``Recorder._consume``: a record's build, then each ``Aggregator.stages`` stage; then one
 record's sinks, ``Recorder._feed_one``).  Printed per batch: the drain's CPU µs per record, the
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import drain_gil as d  # noqa: E402
+import drain_loop as d  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
 
 

@@ -13,7 +13,7 @@ to hand each step's facts over.  This measures both sides on the same steps, at 
   the scheduler thread), the CPU-clock step arithmetic (``step.resolve``), the step's plain facts
   pickled and written to a pipe that a child process reads and unpickles.
 
-The steps are the real ones of ``bench/drain_gil.py``'s fake scheduler hooked by the real profiler
+The steps are the real ones of ``bench/drain_loop.py``'s fake scheduler hooked by the real profiler
 session (``drain_profile.queue_steps``).  Printed per batch: both CPU µs per step and their ratio.
 A benchmark, not a test; it builds no such process drain, it prices one.
 """

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import drain_gil as d  # noqa: E402
+import drain_loop as d  # noqa: E402
 from sglang_ctxprof.model.records import StepRecord  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
 

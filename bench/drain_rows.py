@@ -2,7 +2,7 @@
 """The drain thread's work on the request history as the batch grows, and what it leaves to the
 garbage collector.
 
-The fake speculative decode loop and the real profiler session of ``bench/drain_gil.py`` run
+The fake speculative decode loop and the real profiler session of ``bench/drain_loop.py`` run
 ``--steps`` steps per batch size (as many again to warm up, so the request history is at its steady
 size), with the drain thread stopped (and joined); then this thread drains the queue (``Recorder._consume`` /
 ``_feed_one``, as ``bench/drain_holds.py``).  Printed per batch: the drain's CPU µs per record
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import drain_gil as d  # noqa: E402
+import drain_loop as d  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
 
 

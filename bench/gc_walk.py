@@ -10,7 +10,7 @@ flushed, then one young collection, timed; every 10th trial a generation-1 colle
 30th a full one (of what is not frozen: the profiler's state).  Printed per batch: the median and
 longest young collection, the median generation-1 one, each full one (ms), and the references a
 full collection follows (each unfrozen tracked object's referents, counted).  Run its copy in
-another checkout to compare trees (``drain_gil`` puts its own checkout first on the path);
+another checkout to compare trees (``drain_loop`` puts its own checkout first on the path);
 CPU-bound and short, but still timings: compare side by side.
 
 A benchmark: it asserts nothing.
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-import drain_gil as d  # noqa: E402  (puts the checkout that holds it first on sys.path)
+import drain_loop as d  # noqa: E402  (puts the checkout that holds it first on sys.path)
 import torch  # noqa: E402
 
 
