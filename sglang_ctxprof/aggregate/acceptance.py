@@ -81,7 +81,7 @@ def count_record(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, 
     ``budget`` is the step's draft budget (``draft_depth``, else the chain behind the anchor), raised
     to ``correct`` where it is below.  Requests whose accepted length is unknown (0) and records of
     plain decode (algorithm ``NONE``) count nothing."""
-    if rec.algorithm == "NONE":
+    if rec.algorithm == "NONE" or not rec.accepted:
         return {}
     budget = rec.draft_depth or rec.draft_positions
     nd = rec.non_draft_tokens
@@ -92,8 +92,15 @@ def count_record(rec: StepRecord, edges: Sequence[int]) -> dict[tuple[int, int, 
         correct = accepted_drafts(a, nd)
         return {(max(0, bisect_right(edges, rec.ctx_lens[0]) - 1), max(budget, correct), correct): 1}
     # One C-level pass groups the requests by (own context bucket, accepted); Python then runs once
-    # per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).
-    pairs = Counter(zip(map(bisect_right, repeat(edges), rec.ctx_lens), rec.accepted))
+    # per distinct pair, not once per request (bucket i is bisect_right(edges, ctx) - 1).  A batch
+    # whose shortest and longest context share a bucket (the common case) is grouped by accepted
+    # alone: a third of the work.
+    ctx = rec.ctx_lens
+    lo = bisect_right(edges, min(ctx))
+    if lo == bisect_right(edges, max(ctx)):
+        pairs: Mapping[tuple[int, int], int] = {(lo, a): n for a, n in Counter(rec.accepted).items()}
+    else:
+        pairs = Counter(zip(map(bisect_right, repeat(edges), ctx), rec.accepted))
     out: dict[tuple[int, int, int], int] = {}
     for (i1, a), n in pairs.items():
         if a <= 0:  # unknown (never read from the device)

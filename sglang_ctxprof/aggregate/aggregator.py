@@ -225,10 +225,10 @@ class Aggregator:
             s = b.phases[name] = DurationStats()
         return s
 
-    def request(self, rid: str, lazy: bool = False) -> dict[str, Any] | None:
-        """One request's summary with its step rows, or None (the exporters read finished requests
-        here, ``lazy``: rows built only if read)."""
-        return self.requests.get(rid, lazy)
+    def request(self, rid: str, lazy: bool = False, with_steps: bool = True) -> dict[str, Any] | None:
+        """One request's summary with its step rows (none unless ``with_steps``), or None (the
+        exporters read finished requests here, ``lazy``: rows built only if read)."""
+        return self.requests.get(rid, lazy, with_steps)
 
     def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:
         """The summary served by ``/ctx_profile/requests/{rid}``: step rows plus the waterfall."""

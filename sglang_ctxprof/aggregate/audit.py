@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, LEAF_PHASES, Phase
 from ..model.records import StepRecord
-from .requests import _ACC, _COM, RequestLog
+from .requests import RequestLog
 
 LATEST = 16  # violations listed in /ctx_profile/status
 _SPLITS = {Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
@@ -112,11 +112,10 @@ class Audit:
         for rid, (vct, out, correct) in compress(zip(rec.rids, rec.books), rec.finished):
             if out < 0:
                 continue  # no books read for it
-            r = requests.raw(rid)
-            if r is None:
+            books = requests.tally(rid)
+            if books is None:
                 continue  # evicted from the history before it finished: nothing to check against
-            rows = r["step_rows"]  # the request's totals: what was folded plus its kept rows (C sums)
-            steps, committed = r["steps"] + len(rows), sum(map(_COM, rows), r["committed"])
+            steps, accepted, committed = books  # what was folded plus its kept rows (C sums)
             self.checked["requests"] += 1
             if 1 + committed != out:
                 self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + committed}, "
@@ -125,7 +124,7 @@ class Audit:
                 continue  # no speculative decoding (or a request that finished at its prefill)
             if steps != vct:
                 self._bad("verify_ct", rec, rid, f"steps = {steps}, SGLang spec_verify_ct = {vct}")
-            ours = sum(map(_ACC, rows), r["accepted"]) - rec.non_draft_tokens * steps
+            ours = accepted - rec.non_draft_tokens * steps
             if correct >= 0 and ours != correct:
                 self._bad("accept_metric", rec, rid, f"accepted drafts = {ours}, "
                                                      f"SGLang spec_num_correct_drafts = {correct}")

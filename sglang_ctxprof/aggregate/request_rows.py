@@ -55,7 +55,6 @@ Meta = tuple
 Metas = dict  # int key -> Meta: the steps a log's rows refer to (one table per log, shared by its Rows)
 _M_T0, _M_MS = 1, 4
 _ms_of = itemgetter(_M_MS)
-_ACC, _COM, _MS = (itemgetter(StepRow._fields.index(k)) for k in ("accepted", "committed", "step_ms"))
 
 
 def meta_of(rec: StepRecord) -> Meta:
@@ -120,6 +119,12 @@ class Rows(Sequence):
         """A copy that keeps the metas its rows refer to (the log's table may let them go later)."""
         keys, metas = self.cells[0::W], self.metas
         return Rows(dict(zip(keys, map(metas.__getitem__, keys))), self.cells[:])
+
+    def tally(self, r: Any) -> tuple[int, int, int]:
+        """``r``'s folded (steps, accepted, committed) plus these rows': two C-level sums over one
+        copy of the cells (taken at once, so a concurrent append or clear cannot split it)."""
+        c = self.cells[:]
+        return r["steps"] + len(c) // W, sum(c[2::W], r["accepted"]), sum(c[3::W], r["committed"])
 
     def totals(self, r: Any) -> dict[str, Any]:
         """``r``'s folded totals plus these rows (sequential float sum of step times, as step by step)."""

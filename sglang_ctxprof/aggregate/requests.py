@@ -34,9 +34,9 @@ from typing import Any, Iterator, Mapping, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord
-from .request_rows import _ACC, _COM, W, LazyRows, Metas, Rows, StepRow, append_all, meta_of, row_dict
+from .request_rows import W, LazyRows, Metas, Rows, StepRow, append_all, meta_of, row_dict
 
-__all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize", "_ACC", "_COM"]
+__all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize"]
 
 
 CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
@@ -286,21 +286,23 @@ class RequestLog:
             "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
         }
 
-    def get(self, rid: str, lazy: bool = False) -> dict[str, Any] | None:
-        """One request's summary with its step rows (``lazy``: rows become dicts only when read)."""
+    def get(self, rid: str, lazy: bool = False, with_steps: bool = True) -> dict[str, Any] | None:
+        """One request's summary, with its step rows unless not ``with_steps`` (``lazy``: rows become
+        dicts only when read)."""
         r = self._reqs.get(rid)
-        return summarize(r, with_steps=True, lazy=lazy) if r is not None else None
+        return summarize(r, with_steps=with_steps, lazy=lazy) if r is not None else None
 
-    def raw(self, rid: str) -> dict[str, Any] | None:
-        """One request's stored fields with its kept rows folded into the totals and no rows (what
-        the self-audit checks against SGLang's books: C-level sums, no row built)."""
+    def tally(self, rid: str) -> Optional[tuple[int, int, int]]:
+        """One request's (steps, accepted, committed): what was folded plus its kept rows, summed in C
+        over the rows' cells (what the self-audit checks against SGLang's books; no row, no step
+        time, no summary built), or None when the history does not hold it."""
         r = self._reqs.get(rid)
         if r is None:
             return None
-        out = dict(r)
-        out.update(_totals(r))
-        out["step_rows"] = ()
-        return out
+        rows = r["step_rows"]
+        if not rows:
+            return r["steps"], r["accepted"], r["committed"]
+        return rows.tally(r)
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""

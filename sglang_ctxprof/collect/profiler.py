@@ -166,10 +166,10 @@ class Profiler:
         audit = self.aggregator.audit
         return audit.counts if audit is not None else None
 
-    def export_history(self, rid: str) -> Optional[dict[str, Any]]:
-        """A finished request as the exporters read it: the aggregator's history (rows built only if
-        read) and the deep captures that covered its steps."""
-        req = self.aggregator.request(rid, lazy=True)
+    def export_history(self, rid: str, with_steps: bool) -> Optional[dict[str, Any]]:
+        """A finished request as the exporters read it: the aggregator's history (its step rows only
+        ``with_steps``, and then built only if read) and the deep captures that covered its steps."""
+        req = self.aggregator.request(rid, lazy=True, with_steps=with_steps)
         if req is not None and self.capture.history:
             req["captures"] = self.capture.for_rid(rid)
         return req

@@ -5,7 +5,8 @@ thread (never on the scheduler's hot path), after the aggregator, each under its
 component (its ``name``):
 
 * :class:`RequestSink` (``exporter``): when a record says a request finished, reads that request,
-  with its step rows, from the aggregator's one request history, takes the tail-based decision
+  from the aggregator's one request history (with its step rows only while it may become a trace:
+  OTel on and the policy not ``off``), takes the tail-based decision
   (``views/policy``) -> OTel spans (``views/otel``) and the ``slow_request`` log event
   (``views/logs``).  A request that was in flight across a ``/ctx_profile/reset`` is exported with
   the steps recorded since the reset.  A request SGLang aborted while it waited (a ``RequestEnd``,
@@ -101,13 +102,18 @@ class RequestSink:
         return pol
 
     def _tracking(self) -> bool:
-        return self.logs is not None or (self.otel is not None and self.policy.mode != "off")
+        return self.logs is not None or self._tracing()
+
+    def _tracing(self) -> bool:
+        """Whether a finished request may become a trace (only then are its step rows read)."""
+        return self.otel is not None and self.policy.mode != "off"
 
     def observe(self, rec: StepRecord) -> None:
         if True not in rec.finished or not self._tracking() or not self.facts.primary:
             return
+        steps = self._tracing()
         for rid in compress(rec.rids, rec.finished):  # the finished ones, picked in C
-            req = self.facts.history(rid)
+            req = self.facts.history(rid, steps)
             if req is None:
                 continue
             if self._first(rid, req):
@@ -118,7 +124,7 @@ class RequestSink:
         history (with its steps) or, aborted before its first step, as a request of no steps."""
         if not self._tracking() or not self.facts.primary:
             return
-        req = self.facts.history(end.rid)
+        req = self.facts.history(end.rid, self._tracing())
         if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
             self.finish(req)
         else:

@@ -214,6 +214,33 @@ def test_record_counts_are_remembered_per_record_and_equal_a_fresh_count():
     assert memo(again, edges) == acc.count_record(again, edges) != memo(recs[0], edges)
 
 
+def test_a_batchs_counts_equal_a_request_by_request_count_in_one_bucket_or_many():
+    """``count_record`` groups a batch in one pass, by accepted alone where every request's own
+    context shares a bucket: either way the counts are those of each request counted in turn
+    (contexts on a bucket's edges, unknown accepted lengths, budgets below what was accepted)."""
+    import random
+    from bisect import bisect_right
+
+    from sglang_ctxprof.model.buckets import Bucketing
+    from sglang_ctxprof.model.records import accepted_drafts
+
+    edges = Bucketing.parse("pow2").edges
+    rng = random.Random(7)
+    spans = [(2048, 4095), (2048, 2048), (4095, 4095), (1, 70000), (1000, 1100), (0, 0)]
+    for n in (2, 3, 64, 256):
+        for lo, hi in spans:
+            ctx = [rng.randint(lo, hi) for _ in range(n)]
+            accepted = [rng.randint(0, 6) for _ in range(n)]
+            r = rec(1, [f"r{k}" for k in range(n)], ctx, accepted, depth=3)
+            want: dict = {}
+            for c, a in zip(ctx, accepted):
+                if a > 0:
+                    correct = accepted_drafts(a, r.non_draft_tokens)
+                    k = (max(0, bisect_right(edges, c) - 1), max(3, correct), correct)
+                    want[k] = want.get(k, 0) + 1
+            assert acc.count_record(r, edges) == want, (n, lo, hi)
+
+
 def test_the_live_metrics_read_the_aggregators_count_of_a_record():
     """A metrics view handed the aggregator's memo counts a record the aggregator took no second
     time; without one it counts afresh, with the same result."""

@@ -60,15 +60,19 @@ def test_kept_step_rows_add_no_tracked_object_per_request_and_step():
     assert [r["ctx_len"] for r in r0["step_rows"][:3]] == [100, 101, 102]
 
 
-def test_raw_is_the_totals_with_the_rows_folded_in():
-    """What the self-audit reads: the same totals a summary shows, without building a row."""
+def test_tally_is_the_summarys_steps_accepted_and_committed():
+    """What the self-audit reads: the same steps, accepted and committed a summary shows (folded
+    steps past ``max_steps`` plus kept rows), without building a row."""
     log = RequestLog(max_steps=3)
     for i in range(5):
         log.observe(_step(i, 4))
-    raw, got = log.raw("r2"), log.get("r2")
-    keys = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
-    assert {k: raw[k] for k in keys} == {k: got[k] for k in keys} and raw["step_rows"] == ()
-    assert raw["steps"] == 5 and len(got["step_rows"]) == 3 and log.raw("nope") is None
+    got = log.get("r2")
+    assert log.tally("r2") == (got["steps"], got["accepted"], got["committed"]) and got["steps"] == 5
+    assert len(got["step_rows"]) == 3 and log.tally("nope") is None
+    log.max_rows = 0  # rows dropped past the budget fold into the totals: the tally stays
+    log.observe(_step(5, 4))
+    got = log.get("r2")
+    assert got["step_rows"] == [] and log.tally("r2") == (got["steps"], got["accepted"], got["committed"]) == (6, 18, 18)
 
 
 def test_a_step_larger_than_the_ring_evicts_as_if_recorded_request_by_request():

@@ -112,7 +112,8 @@ def test_sinks_are_registered_in_order_and_get_their_facts_at_bind():
         for i in range(3):
             p.recorder.submit(_rec(i, fin=i == 2))
         p.recorder.flush()
-        assert facts.history("a")["steps"] == 3  # the aggregator's own history, fed before the sinks
+        assert facts.history("a", False)["steps"] == 3  # the aggregator's own history, fed before the sinks
+        assert "step_rows" not in facts.history("a", False) and len(facts.history("a", True)["step_rows"]) == 3
         assert exp.status()["requests_finished"] == 1  # the request sink decided the finished request
         assert facts.dropped() == 0 and facts.degraded() is None
     assert exp.steps.logs._thread is None  # uninstrument stopped the log view's summary thread
@@ -142,3 +143,36 @@ def test_an_aborted_request_is_logged_under_any_policy_and_traced_by_it_on_the_p
     assert s.status()["logs"]["emitted"][names.EVENT_REQUEST_ABORTED] == 1
     exp, ev, s = run(TracePolicy(mode="all"), False)
     assert ev == [] and _exported(exp) == []  # only the primary rank emits
+
+
+def test_a_finished_requests_rows_are_read_only_while_it_may_become_a_trace():
+    """Policy ``off`` with logs on: the request sink judges and logs a finished request from its
+    totals (its slowest step included) and asks the history for no step rows; once the policy may
+    export, it asks for them, and the trace carries every step."""
+    from structlog.testing import LogCapture
+
+    from sglang_ctxprof.views.logs import LogView, make_logger
+
+    s, exp = _sinks(TracePolicy(mode="off", slow_tok_s=0, slow_step_ms=10))
+    asked: list = []
+    facts = s.requests.facts
+    history = facts.history
+
+    def spy(rid, with_steps):
+        asked.append(with_steps)
+        return history(rid, with_steps)
+
+    s.requests.facts = replace(facts, history=spy)
+    cap, cfg = LogCapture(), LogSettings(fmt="json", summary_s=0)
+    s.attach_logs(LogView(cfg, s.requests.current_policy,
+                          logger=make_logger(cfg, renderer=cap, file=open("/dev/null", "w"))))
+    for rec in _steps("a", 3, 50.0):
+        s.requests.observe(rec)
+    slow = [e for e in cap.entries if e["event"] == names.EVENT_SLOW_REQUEST]
+    assert asked == [False] and _exported(exp) == []
+    assert [(e["rid"], e["max_step_ms"], e["steps"]) for e in slow] == [("a", 50.0, 3)]
+    s.set_policy({"mode": "slow"})
+    for rec in _steps("b", 3, 50.0, start=10):
+        s.requests.observe(rec)
+    assert asked == [False, True] and _exported(exp) == ["b"]
+    assert len([sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]) == 3
