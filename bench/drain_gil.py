@@ -37,7 +37,10 @@ its own work while another core runs the drain, e.g. vCPUs sharing a physical co
 drain's CPU µs per record (``Cost``), the longest collector pause on each thread (the start-up heap
 is frozen first, as SGLang's scheduler does on ``POST /freeze_gc``; ``--no-freeze`` leaves it to
 the collector), young collections per 100 steps, and "catch-up": the most steps a busy window ran
-past its planned ones until its records were drained.  ``--json FILE`` writes the rows.
+past its planned ones until its records were drained.  Last, what the collector has to do with the
+tail: of the busy steps at or above the p99 GIL wait, how many had a collection on the drain thread
+run during them (which holds the GIL throughout), and the p99 GIL wait (busy - idle, % of the step)
+over the steps that had none.  ``--json FILE`` writes the rows.
 
 A benchmark, not a test: it asserts nothing about timing.
 """
@@ -65,39 +68,53 @@ from drain_child import Forwarder, drain_child  # noqa: E402
 from drain_loop import Batch, Sched, _Forward, calibrate, session  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
 
+DRAIN_THREAD = "ctxprof-recorder"
+
+
 class GcPauses:
-    """The longest garbage-collector pause seen on each thread (ms), and the collections of any
-    thread in all (``n``), by a gc callback."""
+    """The longest garbage-collector pause seen on each thread (ms), the collections of any thread
+    in all (``n``), and when each collection on the drain thread ran (``perf_counter_ns`` spans), by
+    a gc callback."""
 
     def __init__(self) -> None:
-        self.t0: dict[int, float] = {}
+        self.t0: dict[int, int] = {}
         self.longest: dict[str, float] = {}
+        self.drain_spans: list[tuple[int, int]] = []
         self.n = 0
 
     def __call__(self, phase: str, info: dict) -> None:
         tid = threading.get_ident()
         if phase == "start":
-            self.t0[tid] = time.perf_counter()
+            self.t0[tid] = time.perf_counter_ns()
             self.n += 1
         elif tid in self.t0:
-            ms = (time.perf_counter() - self.t0.pop(tid)) * 1e3
+            t0, t1 = self.t0.pop(tid), time.perf_counter_ns()
             name = threading.current_thread().name
-            self.longest[name] = max(self.longest.get(name, 0.0), ms)
+            self.longest[name] = max(self.longest.get(name, 0.0), (t1 - t0) / 1e6)
+            if name == DRAIN_THREAD:
+                self.drain_spans.append((t0, t1))
 
-    def take(self) -> tuple[dict[str, float], int]:
-        out, n, self.longest, self.n = self.longest, self.n, {}, 0
-        return out, n
+    def take(self) -> tuple[dict[str, float], int, list[tuple[int, int]]]:
+        out, n, spans = self.longest, self.n, self.drain_spans
+        self.longest, self.n, self.drain_spans = {}, 0, []
+        return out, n, spans
+
+
+def in_collection(steps: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """For each step (start, end), whether a drain-thread collection overlapped it."""
+    return [any(s < t1 and e > t0 for s, e in spans) for t0, t1 in steps]
 
 
 def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
-               after_step=None) -> tuple[list[float], list[float], list[float]]:
+               after_step=None) -> tuple[list[float], list[float], list[float], list[tuple[int, int]]]:
     """``steps`` steps on a thread of their own (the scheduler thread), then more while ``pending()``
     (more than the one record the last step just queued is waiting: a busy drain thread's backlog,
     whose work counts in the window that made it, never after it).
     Per step, in ms: the step-to-step wall time; the thread's time on a CPU (``thread_time_ns``); and
     the time it was neither on a CPU nor waiting for one (the run-queue wait from the kernel's
     ``/proc/thread-self/schedstat``): this loop never sleeps, so that
-    is the time it waited for the GIL, which a busy machine's run-queue waits do not blur."""
+    is the time it waited for the GIL, which a busy machine's run-queue waits do not blur; and each
+    step's (start, end) on ``perf_counter_ns``."""
     stamps: list[tuple[int, int, int]] = []
 
     def loop() -> None:
@@ -120,12 +137,13 @@ def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
     t.start()
     t.join()
     wall, cpu, gil = [], [], []
+    spans = [(t0, t1) for (t0, _, _), (t1, _, _) in zip(stamps, stamps[1:])]
     wait_ns = int(_Forward.wait_s * 1e9)  # the forward's own GIL-free wait is not a GIL wait
     for (t0, r0, w0), (t1, r1, w1) in zip(stamps, stamps[1:]):
         wall.append((t1 - t0) / 1e6)
         cpu.append((r1 - r0) / 1e6)
         gil.append(max(0, (t1 - t0) - (r1 - r0) - (w1 - w0) - wait_ns) / 1e6)
-    return wall, cpu, gil
+    return wall, cpu, gil, spans
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -149,6 +167,7 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
     times: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     gil: dict[str, list[float]] = {m: [] for m in MODES}
+    hit: dict[str, list[bool]] = {m: [] for m in MODES}  # a drain-thread collection ran during the step
     backlog: dict[str, int] = dict.fromkeys(MODES, 0)
     gc_ms: dict[str, dict[str, float]] = {m: {} for m in MODES}
     gc_n: dict[str, int] = dict.fromkeys(MODES, 0)
@@ -176,7 +195,7 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                     rec.start()
                 gcp.take()
                 ns0, n0 = cost.drain_ns, cost.drain_records
-                w, c, g = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1),
+                w, c, g, steps = run_window(sched, batch, a.window, None if mode == "idle" else (lambda: len(rec._q) > 1),
                                      fw.after_step if fw is not None and fw.thread is None else None)
                 backlog[mode] = max(backlog[mode], len(w) - a.window)
                 times[mode] += w
@@ -184,7 +203,8 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                 gil[mode] += g
                 if mode == "idle":
                     idle_rounds.append(g)
-                longest, n_gc = gcp.take()
+                longest, n_gc, collections = gcp.take()
+                hit[mode] += in_collection(steps, collections)
                 gc_n[mode] += n_gc
                 for k, v in longest.items():
                     gc_ms[mode][k] = max(gc_ms[mode].get(k, 0.0), v)
@@ -209,6 +229,8 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
     rows = []
     for m in MODES[1:]:
         b50, b99 = statistics.median(times[m]), pct(times[m], 0.99)
+        top = [h for w, h in zip(gil[m], hit[m]) if w >= g[m][1] and w > 0]  # the steps at or above the p99 GIL wait
+        rest = [w for w, h in zip(gil[m], hit[m]) if not h] or [0.0]
         rows.append({"batch": n, "mode": m, "idle_p50_ms": i50, "idle_p99_ms": i99, "busy_p50_ms": b50,
                      "busy_p99_ms": b99, "p50_ratio": b50 / i50, "p99_ratio": b99 / i99,
                      "p50_delay_pct": (b50 - i50) / i50 * 100, "p99_delay_pct": (b99 - i99) / i50 * 100,
@@ -217,6 +239,8 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                      "gil_wait_idle_ms": g["idle"], "gil_wait_busy_ms": g[m],
                      "gil_p50_pct": (g[m][0] - g["idle"][0]) / i50 * 100,
                      "gil_p99_pct": (g[m][1] - g["idle"][1]) / i50 * 100, "gil_p99_floor_pct": floor,
+                     "p99_steps_in_drain_gc": (sum(top), len(top)),
+                     "gil_p99_no_drain_gc_pct": (pct(rest, 0.99) - g["idle"][1]) / i50 * 100,
                      "drain_us_per_record": drain[m][0] / max(1, drain[m][1]) / 1e3, "busy_backlog": backlog[m],
                      "gc_ms": gc_ms[m], "steps_per_mode": len(times[m]),
                      "gc_per_100_steps": (100 * gc_n["idle"] / len(times["idle"]), 100 * gc_n[m] / len(times[m]))})
@@ -263,7 +287,7 @@ def main(argv=None) -> int:
     print(f"{'batch':>5} {'busy':>5} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | {'ratio p50':>9} {'p99':>6} | "
           f"{'delay % p50':>11} {'p99':>6} || {'step cpu':>8} {'busy':>6} {'CPU % p50':>9} | {'GIL wait idle p50':>17} {'p99':>6} | {'busy p50':>8} "
           f"{'p99':>6} | {'GIL % p50':>9} {'p99':>6} {'floor':>5} || {'drain us/rec':>12} | {'gc max ms sched/drain':>21} | "
-          f"{'gc /100 steps idle/busy':>23} | catch-up",
+          f"{'gc /100 steps idle/busy':>23} | catch-up || {'p99 in drain gc':>15} {'GIL % p99 w/o':>13}",
           flush=True)
     rows = []
     conn, child_end = mp.Pipe()
@@ -278,7 +302,8 @@ def main(argv=None) -> int:
                   f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} {r['busy_cpu_ms']:6.2f} {r['cpu_p50_pct']:9.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
                   f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} {r['gil_p99_floor_pct']:5.2f} || {r['drain_us_per_record']:12.0f} | "
                   f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | "
-                  f"{r['gc_per_100_steps'][0]:11.1f} / {r['gc_per_100_steps'][1]:9.1f} | {r['busy_backlog']:>7}",
+                  f"{r['gc_per_100_steps'][0]:11.1f} / {r['gc_per_100_steps'][1]:9.1f} | {r['busy_backlog']:>7} || "
+                  f"{'%d of %d' % r['p99_steps_in_drain_gc']:>15} {r['gil_p99_no_drain_gc_pct']:13.2f}",
                   flush=True)
     conn.send_bytes(pickle.dumps("stop"))
     child.join(30)

@@ -471,8 +471,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 log(f"  {key} batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% "
                     f"p99 {r['p99_delay_pct']:.2f}%, GIL p50 {r['gil_p50_pct']:.2f}% p99 {r['gil_p99_pct']:.2f}% "
-                    f"(idle against idle: {r['gil_p99_floor_pct']:.2f}%), "
-                    f"{r['drain_us_per_record']:.0f} us/record")
+                    f"(idle against idle: {r['gil_p99_floor_pct']:.2f}%; steps at its p99 in a drain-thread "
+                    f"collection: {r['p99_steps_in_drain_gc'][0]} of {r['p99_steps_in_drain_gc'][1]}, p99 without "
+                    f"them {r['gil_p99_no_drain_gc_pct']:.2f}%), {r['drain_us_per_record']:.0f} us/record")
             out[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
             out[f"{key}_rc"] = done.returncode
             out[f"{key}_tail"] = done.stdout[-1500:] + done.stderr[-1500:]

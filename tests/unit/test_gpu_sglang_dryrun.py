@@ -3,6 +3,8 @@ JSON, with no GPU, no SGLang and no network (the real run is one command on the 
 
 from __future__ import annotations
 
+import math
+
 import json
 import sys
 from pathlib import Path
@@ -48,6 +50,9 @@ def test_dry_run_writes_every_stage(runner, tmp_path, monkeypatch):
         drain = st["drain"][key]
         assert [r["mode"] for r in drain] == ["whole", "paced", "process", "inline"] and all(r["batch"] == 1 for r in drain)
         assert all(r["gil_p99_floor_pct"] >= 0 for r in drain)  # idle against idle: what the machine resolves
+        for r in drain:  # the tail's steps that held a drain-thread collection: some of those counted
+            hit, top = r["p99_steps_in_drain_gc"]
+            assert 0 <= hit <= top and math.isfinite(r["gil_p99_no_drain_gc_pct"])
 
 
 @pytest.mark.parametrize("broken, check", [("leaves", "buckets"), ("reconcile", "requests"),
