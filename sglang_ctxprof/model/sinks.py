@@ -74,7 +74,8 @@ class BindFacts:
     ``primary``: the tp-rank-0 scheduler of its DP group, the one that emits (other TP ranks see the
     same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
     with ``--enable-metrics``; ``history(rid, with_steps)``: the aggregator's request history (the
-    recorder feeds the aggregator before any sink; its step rows only ``with_steps``); ``dropped()``: records the recorder's queue dropped;
+    recorder feeds the aggregator before any sink; its step rows only ``with_steps``);
+    ``dropped()``: records the recorder's queue dropped;
     ``degraded()``: the fault guard's status (``{"components": {...}}`` or None); ``audit()``: the
     live self-audit's violations per invariant (``aggregate.audit``; None when it is off);
     ``policy()``: the exporters' trace policy as it is now (``ExporterSet.policy``, which

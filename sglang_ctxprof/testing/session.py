@@ -60,7 +60,7 @@ def fed(make: Callable[[BindFacts], T]) -> T:
     sink (``.requests``) first feeds that aggregator, as the recorder's drain thread does (the sink
     reads finished requests from its history)."""
     agg = Aggregator()
-    exporters = make(BindFacts(history=lambda rid, with_steps: agg.request(rid, True, with_steps)))
+    exporters = make(BindFacts(history=lambda rid, with_steps: agg.request(rid, lazy=True, with_steps=with_steps)))
     sink = getattr(exporters, "requests")
     observe = sink.observe
 

@@ -102,33 +102,36 @@ class RequestSink:
         return pol
 
     def _tracking(self) -> bool:
-        return self.logs is not None or self._tracing()
+        return self.logs is not None or self._tracing(self.policy)
 
-    def _tracing(self) -> bool:
-        """Whether a finished request may become a trace (only then are its step rows read)."""
-        return self.otel is not None and self.policy.mode != "off"
+    def _tracing(self, policy: TracePolicy) -> bool:
+        """Whether a finished request may become a trace under ``policy`` (only then are its step
+        rows read)."""
+        return self.otel is not None and policy.mode != "off"
 
     def observe(self, rec: StepRecord) -> None:
         if True not in rec.finished or not self._tracking() or not self.facts.primary:
             return
-        steps = self._tracing()
+        policy = self.policy  # one policy for the rows read and the decision (a switch may come meanwhile)
+        steps = self._tracing(policy)
         for rid in compress(rec.rids, rec.finished):  # the finished ones, picked in C
             req = self.facts.history(rid, steps)
             if req is None:
                 continue
             if self._first(rid, req):
-                self.finish(req)
+                self.finish(req, policy)
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: exported like any finished request, from the
         history (with its steps) or, aborted before its first step, as a request of no steps."""
         if not self._tracking() or not self.facts.primary:
             return
-        req = self.facts.history(end.rid, self._tracing())
+        policy = self.policy
+        req = self.facts.history(end.rid, self._tracing(policy))
         if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
-            self.finish(req)
+            self.finish(req, policy)
         else:
-            self.finish(aborted_summary(end))
+            self.finish(aborted_summary(end), policy)
 
     def _first(self, rid: str, req: Mapping[str, Any]) -> bool:
         """Whether this request (a reused rid is a new one: ``use``) is decided for the first time."""
@@ -140,9 +143,10 @@ class RequestSink:
             self._decided.popitem(last=False)
         return True
 
-    def finish(self, req: Mapping[str, Any]) -> None:
+    def finish(self, req: Mapping[str, Any], policy: Optional[TracePolicy] = None) -> None:
+        """Decide one finished request under ``policy`` (the current one if None), then export it."""
         self.finished += 1
-        export, reason = self.policy.should_export(req)
+        export, reason = (policy or self.policy).should_export(req)
         traced = False
         if export and self.otel is not None:
             self.otel.export_request(req, reason)

@@ -176,3 +176,33 @@ def test_a_finished_requests_rows_are_read_only_while_it_may_become_a_trace():
         s.requests.observe(rec)
     assert asked == [False, True] and _exported(exp) == ["b"]
     assert len([sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]) == 3
+
+
+def test_a_policy_switch_while_a_request_is_read_applies_from_the_next_one():
+    """The control channel may switch the policy while the sink reads a finished request: the
+    request is decided under the policy its rows were read for (no trace without its steps), the
+    next one under the new policy."""
+    from structlog.testing import LogCapture
+
+    from sglang_ctxprof.views.logs import LogView, make_logger
+
+    s, exp = _sinks(TracePolicy(mode="off"))
+    cfg = LogSettings(fmt="json", summary_s=0)
+    s.attach_logs(LogView(cfg, s.requests.current_policy,
+                          logger=make_logger(cfg, renderer=LogCapture(), file=open("/dev/null", "w"))))
+    facts = s.requests.facts
+    history = facts.history
+
+    def switching(rid, with_steps):
+        req = history(rid, with_steps)
+        s.set_policy({"mode": "all"})  # arrives after the rows were (not) read
+        return req
+
+    s.requests.facts = replace(facts, history=switching)
+    for rec in _steps("a", 3, 5.0):
+        s.requests.observe(rec)
+    assert _exported(exp) == [] and s.status()["requests_finished"] == 1
+    for rec in _steps("b", 3, 5.0, start=10):
+        s.requests.observe(rec)
+    assert _exported(exp) == ["b"]
+    assert len([sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]) == 3
