@@ -5,8 +5,10 @@
   and after SGLang's call, each timed region's marks (step span, phases, attention/MoE blocks) and
   the ``process_batch_result`` hook before and after SGLang's processing.  What is not counted: the
   wrapper call itself (one Python call per hooked function) and hooks that pass straight through.
-* **Drain thread**: every record's build, aggregation and sinks, timed by the recorder in the
-  thread's own CPU time (``time.thread_time_ns``: time spent waiting for the GIL is not ours).
+* **Drain thread**: every record's build, aggregation and sinks, and its wake-ups to look for work,
+  timed by the recorder in the thread's own CPU time (``time.thread_time_ns``: time spent waiting
+  for the GIL is not ours).  A wake-up costs a few system calls and a GIL hand-over (tens of µs),
+  so an idle server's wake-ups raise the per-record figure of the records that follow.
 * **Events per step** on a GPU: CUDA events recorded by the step's marks (two per timed region);
   None on the CPU clock.
 * **Step share**: scheduler-thread cost over the mean step time of the same sampled steps.

@@ -5,16 +5,16 @@ facts (``host.HostFacts``) whose record is built here in two stages (their plain
 ``model.facts.StepFacts``, then the record), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
-milliseconds and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
+milliseconds (longer while nothing comes: ``idle_waits``) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
 (``pacing.Pacer``: ~0.05 ms of work, then the GIL handed to a waiting scheduler thread); a record is
 taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
 record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
 outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
 component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
-it times each pass over the queue as a whole (``cost.Cost``: this thread's CPU time, so waiting for
-the GIL while the scheduler thread runs is not counted as our cost; a read of it is a system call,
-so not one per piece).
+it times each pass over the queue, and each wait for work, as a whole (``cost.Cost``: this thread's
+CPU time, so waiting for the GIL while the scheduler thread runs is not counted as our cost, but a
+wake-up's own is; a read of it is a system call, so not one per piece).
 :meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
 with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
@@ -48,7 +48,19 @@ logger = logging.getLogger(__name__)
 Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
 T = TypeVar("T")
 
-POLL_S = 0.005  # how long the idle drain thread sleeps between looks at the queue
+POLL_S = 0.005  # how long the drain thread sleeps after a pass before it looks at the queue again
+POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
+
+
+def idle_waits(base: float = POLL_S, most: float = POLL_MAX_S) -> Iterator[float]:
+    """The drain thread's sleeps between looks that find nothing, after a pass: ``base``, then
+    doubling up to ``most``.  A wake-up costs the thread its GIL and a system call or two (25 µs
+    of CPU alone on a 2-core VM, ~120 µs while the scheduler thread runs Python), so an idle
+    server's drain wakes ~10 times a second, not 200."""
+    wait = base
+    while True:
+        yield wait
+        wait = min(most, wait * 2)
 
 
 class _Started:
@@ -115,15 +127,17 @@ class Recorder:
     def _loop(self, stop: threading.Event) -> None:
         tt = time.thread_time_ns
         stopped = stop.is_set
+        waits = idle_waits()
         while not stopped():
+            t0 = tt()  # one pass, or one wait, timed as a whole (a thread-time read is a system call: ~1 us)
             if self._q or self._fan:
-                t0 = tt()  # one pass timed as a whole (a thread-time read is a system call: ~1 us)
                 if self._q:
                     self.pacer.drain(self._q, self._consume, self._lock, stopped)
                 self._feed_sinks(stopped)
-                self.cost.add_drain(tt() - t0, records=0)
+                waits = idle_waits()
             else:
-                stop.wait(POLL_S)
+                stop.wait(next(waits))
+            self.cost.add_drain(tt() - t0, records=0)  # a wake-up's own CPU is the drain's cost too
 
     def _consume(self, item: Item) -> Optional[_Started]:
         """Take one item, or one stage of it: building a record is a stage, and the aggregator's

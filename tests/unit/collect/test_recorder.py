@@ -338,3 +338,53 @@ def test_a_drain_thread_told_to_stop_stays_stopped_even_when_its_stop_timed_out(
         release.set()
         r.close()
     assert agg.records == 6
+
+
+def test_an_idle_drain_thread_sleeps_longer_each_look_that_finds_nothing():
+    """After a pass the drain looks again in ``POLL_S``; each look that finds nothing doubles the
+    sleep up to ``POLL_MAX_S``, and work brings it back to ``POLL_S``."""
+    from itertools import islice
+
+    from sglang_ctxprof.collect.recorder import POLL_MAX_S, POLL_S, idle_waits
+
+    assert list(islice(idle_waits(), 7)) == [POLL_S * 2**k for k in range(5)] + [POLL_MAX_S] * 2
+    assert list(islice(idle_waits(0.01, 0.03), 4)) == [0.01, 0.02, 0.03, 0.03]
+
+
+def test_the_drain_threads_waits_follow_that_schedule_and_count_in_its_cost():
+    """A real drain thread with nothing to do: the sleeps it asks for (its stop event's ``wait``) go
+    up as ``idle_waits`` says, a record brings them back down, and the CPU of its wake-ups is in
+    the drain's cost (a server with nothing to record costs what its wakes cost, not nothing)."""
+    from sglang_ctxprof.collect.recorder import POLL_S
+
+    asked: list[float] = []
+    r, agg, _, _ = _recorder()
+    r.start()
+    stop = r._stop
+    assert stop is not None
+    real = stop.wait
+    enough = threading.Event()
+
+    def wait(timeout=None):
+        asked.append(timeout)
+        if len(asked) >= 4:
+            enough.set()
+        return real(min(timeout, 0.001))  # the same schedule, run faster
+
+    stop.wait = wait
+    try:
+        assert enough.wait(60)
+        r.submit(_rec(0))
+        deadline = time.monotonic() + 60
+        while agg.records < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        n = len(asked)
+        while len(asked) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        r.stop()
+    first = asked[:4]
+    assert first[0] in {min(POLL_S * 2**k, 0.1) for k in range(6)}  # the thread began before the spy
+    assert all(b == min(2 * a, 0.1) for a, b in zip(first, first[1:]))
+    assert POLL_S in asked[n - 1:n + 2]  # after the record's pass: back to the first sleep
+    assert r.cost.drain_ns > 0 and r.cost.drain_records == 1
