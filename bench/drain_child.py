@@ -57,8 +57,10 @@ class Forwarder:
         self.ns = self.records = 0
         self.stop_ev = threading.Event()
         self.thread = None
-        if thread:
-            self.thread = threading.Thread(target=self._loop, name="ctxprof-recorder", daemon=True)
+        if thread:  # named as the drain thread it stands in for
+            from sglang_ctxprof.collect.recorder import THREAD_NAME
+
+            self.thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
             self.thread.start()
 
     def after_step(self) -> None:

@@ -66,10 +66,8 @@ import torch  # noqa: E402
 
 from drain_child import Forwarder, drain_child  # noqa: E402
 from drain_loop import Batch, Sched, _Forward, calibrate, session  # noqa: E402
+from sglang_ctxprof.collect.recorder import THREAD_NAME as DRAIN_THREAD  # noqa: E402
 from sglang_ctxprof.testing.fake_worker import FakeWorker  # noqa: E402
-
-DRAIN_THREAD = "ctxprof-recorder"
-
 
 class GcPauses:
     """The longest garbage-collector pause seen on each thread (ms), the collections of any thread
@@ -136,13 +134,13 @@ def run_window(sched: Sched, batch: Batch, steps: int, pending=None,
     t = threading.Thread(target=loop, name="scheduler")
     t.start()
     t.join()
-    wall, cpu, gil = [], [], []
-    spans = [(t0, t1) for (t0, _, _), (t1, _, _) in zip(stamps, stamps[1:])]
+    wall, cpu, gil, spans = [], [], [], []
     wait_ns = int(_Forward.wait_s * 1e9)  # the forward's own GIL-free wait is not a GIL wait
     for (t0, r0, w0), (t1, r1, w1) in zip(stamps, stamps[1:]):
         wall.append((t1 - t0) / 1e6)
         cpu.append((r1 - r0) / 1e6)
         gil.append(max(0, (t1 - t0) - (r1 - r0) - (w1 - w0) - wait_ns) / 1e6)
+        spans.append((t0, t1))
     return wall, cpu, gil, spans
 
 
@@ -301,7 +299,7 @@ def main(argv=None) -> int:
                   f"{r['busy_p99_ms']:7.2f} | {r['p50_ratio']:9.3f} {r['p99_ratio']:6.3f} | {r['p50_delay_pct']:11.2f} "
                   f"{r['p99_delay_pct']:6.2f} || {r['step_cpu_ms']:8.2f} {r['busy_cpu_ms']:6.2f} {r['cpu_p50_pct']:9.2f} | {gi[0]:17.3f} {gi[1]:6.3f} | {gb[0]:8.3f} "
                   f"{gb[1]:6.3f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} {r['gil_p99_floor_pct']:5.2f} || {r['drain_us_per_record']:12.0f} | "
-                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get('ctxprof-recorder', 0.0):8.1f} | "
+                  f"{gc_.get('scheduler', 0.0):10.1f} / {gc_.get(DRAIN_THREAD, 0.0):8.1f} | "
                   f"{r['gc_per_100_steps'][0]:11.1f} / {r['gc_per_100_steps'][1]:9.1f} | {r['busy_backlog']:>7} || "
                   f"{'%d of %d' % r['p99_steps_in_drain_gc']:>15} {r['gil_p99_no_drain_gc_pct']:13.2f}",
                   flush=True)

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
 T = TypeVar("T")
 
+THREAD_NAME = "ctxprof-recorder"  # the drain thread's name (benches find its collections by it)
 POLL_S = 0.005  # how long the drain thread sleeps after a pass before it looks at the queue again
 POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
 
@@ -120,7 +121,7 @@ class Recorder:
         stopped, even if it outlived the join (a slow pass) and a new one was started since."""
         if self._thread is None:
             self._stop = stop = threading.Event()
-            self._thread = threading.Thread(target=self._loop, args=(stop,), name="ctxprof-recorder",
+            self._thread = threading.Thread(target=self._loop, args=(stop,), name=THREAD_NAME,
                                             daemon=True)
             self._thread.start()
 
