@@ -148,6 +148,12 @@ class Profiler:
             self.guard.run("exporter", self.exporters.bind, facts)
         self.recorder.start()
 
+    def resume(self) -> None:
+        """Profiling switched back on: the drain thread again, if a scheduler was bound (before the
+        first step :meth:`bind` starts it)."""
+        if self._bound is not None:
+            self.recorder.start()
+
     def bind_facts(self, scheduler: Any) -> BindFacts:
         """What the exporter sinks learn from this process (``model.sinks.BindFacts``)."""
         sa = getattr(scheduler, "server_args", None)
@@ -323,6 +329,7 @@ class Profiler:
             "timing": self.timing_mode(),
             "clock": self.clock_name if type(self.clock) is CpuClock else None,  # names.CLOCKS, CPU only
             "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
+            "drain": "running" if self.recorder.running() else "stopped",  # stopped while off
             "parked": len(self.parked),
             "submitted": self.recorder.submitted,
             "dropped": self.recorder.dropped,

@@ -20,7 +20,8 @@ with the queue, so a snapshot includes every submitted record, but runs no sink:
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
 them, counted in ``sink_dropped``), so a stalled sink (a blocked log pipe) delays only the sinks,
 never a read nor the scheduler.  :meth:`flush` drains both synchronously; :meth:`close` stops the
-thread, drains, and stops each sink.
+thread, drains, and stops each sink.  :meth:`park` (profiling switched off at run time) lets the
+thread end once it has drained both, so an off profiler runs no thread; :meth:`start` brings it back.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class Recorder:
         self.dropped = 0
         self._stop: threading.Event | None = None  # the current drain thread's own stop event
         self._thread: threading.Thread | None = None
+        self._parked = False  # the drain thread ends once nothing is left (profiling switched off)
+        self._life = threading.Lock()  # a parked thread's end against a new start
 
     # ---- hot path -----------------------------------------------------------------------------
     def submit(self, rec: Item) -> None:
@@ -118,12 +121,38 @@ class Recorder:
     # ---- drain -----------------------------------------------------------------------------------
     def start(self) -> None:
         """Start a drain thread with a stop event of its own: one that ``stop`` told to stop stays
-        stopped, even if it outlived the join (a slow pass) and a new one was started since."""
-        if self._thread is None:
-            self._stop = stop = threading.Event()
-            self._thread = threading.Thread(target=self._loop, args=(stop,), name=THREAD_NAME,
-                                            daemon=True)
-            self._thread.start()
+        stopped, even if it outlived the join (a slow pass) and a new one was started since.  A
+        parked thread that has not ended yet is un-parked instead: never two."""
+        with self._life:
+            self._parked = False
+            if self._thread is None:
+                self._stop = stop = threading.Event()
+                self._thread = threading.Thread(target=self._loop, args=(stop,), name=THREAD_NAME,
+                                                daemon=True)
+                self._thread.start()
+
+    def park(self) -> None:
+        """Let the drain thread end once it has drained the queue and fed the sinks (within one
+        idle wait, ``POLL_MAX_S`` at most): profiling switched off runs no thread of ours.  The
+        caller (the scheduler thread) neither waits for it nor runs a sink; a read still catches
+        the aggregator up.  :meth:`start` brings a thread back."""
+        with self._life:
+            self._parked = True
+
+    def running(self) -> bool:
+        """Whether a drain thread is running (or parked and not ended yet)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _end_parked(self) -> bool:
+        """The drain thread's exit when parked and nothing waits: it forgets itself, under the lock
+        that ``start`` takes, so a start either un-parks it first or starts a new one after."""
+        with self._life:
+            if not self._parked or self._q or self._fan:
+                return False
+            if self._thread is threading.current_thread():
+                self._thread = self._stop = None
+            return True
 
     def _loop(self, stop: threading.Event) -> None:
         tt = time.thread_time_ns
@@ -136,6 +165,8 @@ class Recorder:
                     self.pacer.drain(self._q, self._consume, self._lock, stopped)
                 self._feed_sinks(stopped)
                 waits = idle_waits()
+            elif self._parked and self._end_parked():
+                return
             else:
                 stop.wait(next(waits))
             self.cost.add_drain(tt() - t0, records=0)  # a wake-up's own CPU is the drain's cost too
@@ -227,12 +258,13 @@ class Recorder:
         """Tell the drain thread to stop (its own event, never cleared), wait up to ``timeout`` for
         it, forget it, and drain what is left here.  A thread still inside a slow pass ends with its
         current slice (the queue is consumed only under ``_lock``: never by two threads at once)."""
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        with self._life:  # a parked thread may be forgetting itself right now
+            stop, thread = self._stop, self._thread
+            self._stop = self._thread = None
+        if stop is not None:
+            stop.set()
+        if thread is not None:
+            thread.join(timeout)
         self.flush()
 
     def close(self) -> None:

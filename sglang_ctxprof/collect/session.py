@@ -8,7 +8,8 @@ handle (``hooks.SESSION``), which ``sglang_ctxprof.phase()`` reads too.
 * ``instrument()`` builds everything, sets the handle, installs the ``control`` hooks (always on)
   and then the ``timing`` hooks (``enable()``).
 * ``disable()`` / ``enable()`` are the runtime toggle: off removes every timing hook and the
-  per-worker wrapper; on puts them back.  The profiler's data is kept.  The control hooks stay:
+  per-worker wrapper, and lets the recorder's drain thread end once it has drained; on puts them
+  back (and the thread, for a scheduler already seen).  The profiler's data is kept.  The control hooks stay:
   the control channel, and the CUDA-graph hooks (``graph_hooks``), which decide what every rank
   launches and so must not depend on when each rank got the toggle.
 * ``uninstrument()`` is the exact mirror of ``instrument()``: it restores every wrapper, stops the
@@ -84,6 +85,7 @@ class CtxProfSession:
         report = inst.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_TIMING])
         p.hook_report = dict(report)
         p.active = True
+        p.resume()
 
     def disable(self) -> None:
         """Remove every timing hook and the worker wrapper; recorded data stays readable."""
@@ -94,6 +96,7 @@ class CtxProfSession:
         inst.uninstrument(groups=[GROUP_TIMING])
         p.wrapped_worker = None
         p.drop_pending()
+        p.recorder.park()  # its drain thread ends once it has drained what was queued
 
     def uninstrument(self) -> None:
         """The mirror of :meth:`instrument`: restore SGLang, stop our threads, clear the handle."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
+import time
 
 import pytest
 
@@ -123,6 +124,10 @@ def test_text_format_and_reset(server, traffic):
     assert status == 200 and body["buckets"] == [] and body["totals"]["decode_steps"] == 0
 
 
+def _drain_state(server) -> str:
+    return http("GET", server.url + "/ctx_profile/status")[1]["ranks"][0]["status"]["drain"]
+
+
 def test_runtime_disable_removes_hooks_and_enable_restores_them(server, traffic):
     """POST /ctx_profile/disable uninstalls every timing hook (off costs nothing); enable re-installs."""
     assert http("POST", server.url + "/ctx_profile/disable")[0] == 200
@@ -130,7 +135,13 @@ def test_runtime_disable_removes_hooks_and_enable_restores_them(server, traffic)
     generate(server.url, rand_ids(200, seed=5), max_new_tokens=12)
     status, body = http("GET", server.url + "/ctx_profile")
     assert status == 200 and body["enabled"] is False and body["totals"]["decode_steps"] == 0
+    # and no thread of ours runs while off: the drain thread ends once it has nothing left
+    deadline = time.monotonic() + 30
+    while _drain_state(server) != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _drain_state(server) == "stopped"
     assert http("POST", server.url + "/ctx_profile/enable")[0] == 200
+    assert _drain_state(server) == "running"
     out = generate(server.url, rand_ids(200, seed=6), max_new_tokens=12)
     status, r = http("GET", f"{server.url}/ctx_profile/requests/{out['meta_info']['id']}")
     assert status == 200 and r["steps"] == out["meta_info"]["spec_verify_ct"] > 0

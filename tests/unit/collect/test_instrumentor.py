@@ -144,6 +144,25 @@ def test_control_passthrough_and_runtime_disable(prof, monkeypatch):
     assert "error" in sched.get_internal_state(Req())["ctx_profile"]
 
 
+def test_runtime_disable_ends_the_drain_thread_and_enable_brings_it_back(prof):
+    """Off costs nothing: ``disable`` also ends the recorder's drain thread (once it has drained
+    what was queued), and ``enable`` starts it again for a scheduler already seen; the status says
+    which (``drain``)."""
+    session = hooks.SESSION
+    run_steps(2)
+    thread = prof.recorder._thread
+    assert thread is not None and prof.status()["drain"] == "running"
+    session.disable()
+    thread.join(60)
+    assert not thread.is_alive() and prof.status()["drain"] == "stopped"
+    assert prof.aggregator.records == 2  # what was queued was drained first
+    session.enable()
+    assert prof.status()["drain"] == "running"
+    run_steps(1)
+    prof.recorder.flush()
+    assert prof.aggregator.records == 3
+
+
 def test_public_phase_api_is_noop_without_a_session():
     assert hooks.SESSION is None
     assert api.phase("draft") is api._NULL  # the shared no-op: no allocation, no clock read

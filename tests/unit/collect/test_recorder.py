@@ -388,3 +388,47 @@ def test_the_drain_threads_waits_follow_that_schedule_and_count_in_its_cost():
     assert all(b == min(2 * a, 0.1) for a, b in zip(first, first[1:]))
     assert POLL_S in asked[n - 1:n + 2]  # after the record's pass: back to the first sleep
     assert r.cost.drain_ns > 0 and r.cost.drain_records == 1
+
+
+def _drain_threads() -> list[threading.Thread]:
+    from sglang_ctxprof.collect.recorder import THREAD_NAME
+
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+def test_a_parked_drain_thread_finishes_the_queue_and_the_sinks_then_ends():
+    """Profiling switched off at run time: the drain thread takes what was queued (aggregator, then
+    every sink) and then ends, so an off profiler runs no thread; ``start`` brings one back."""
+    r, agg, _, (sink,) = _recorder(("a", -1))
+    r.start()
+    thread = r._thread
+    assert thread is not None and r.running()
+    for i in range(50):
+        r.submit(_rec(i))
+    r.park()
+    thread.join(60)
+    assert not thread.is_alive() and not r.running() and r._thread is None
+    assert agg.records == 50 and sink.got == list(range(50))
+    r.submit(_rec(50))  # nothing drains it now (no hook submits while off; a read still would)
+    r.start()
+    _wait(lambda: sink.got[-1:] == [50], "the restarted drain")
+    assert r.running() and r._thread is not thread
+    r.stop()
+
+
+def test_a_start_right_after_park_keeps_the_one_drain_thread():
+    """``start`` while a parked thread has not ended yet un-parks that thread: one drain thread,
+    never two, and it goes on draining."""
+    r, agg, _, _ = _recorder()
+    before = len(_drain_threads())
+    r.start()
+    thread = r._thread
+    for _ in range(20):
+        r.park()
+        r.start()
+    assert r._thread is thread and len(_drain_threads()) == before + 1
+    r.submit(_rec(0))
+    _wait(lambda: agg.records == 1, "the un-parked drain")
+    assert thread.is_alive() and r.running()
+    r.stop()
+    assert not r.running()
