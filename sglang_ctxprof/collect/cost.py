@@ -8,7 +8,9 @@
 * **Drain thread**: every record's build, aggregation and sinks, and its wake-ups to look for work,
   timed by the recorder in the thread's own CPU time (``time.thread_time_ns``: time spent waiting
   for the GIL is not ours).  A wake-up costs a few system calls and a GIL hand-over (tens of µs),
-  so an idle server's wake-ups raise the per-record figure of the records that follow.
+  so an idle server's wake-ups raise the per-record figure of the records that follow.  Per
+  record too: the drain's wake-ups that found nothing (``recorder.Looks``) and its pauses between
+  two slices of work (``pacing.Pacer``), the hand-overs that cost it most.
 * **Events per step** on a GPU: CUDA events recorded by the step's marks (two per timed region);
   None on the CPU clock.
 * **Step share**: scheduler-thread cost over the mean step time of the same sampled steps.
@@ -31,7 +33,7 @@ SAMPLE_EVERY = 16  # one step in 16 is timed on the scheduler thread
 
 class Cost:
     __slots__ = ("steps", "sched_ns", "sched_steps", "step_ms", "step_n", "drain_ns", "drain_records",
-                 "events")
+                 "events", "wakes", "pauses")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -42,6 +44,8 @@ class Cost:
         self.drain_ns = 0
         self.drain_records = 0
         self.events: Optional[int] = None
+        self.wakes = 0  # the drain thread's sleeps that ended in a look (recorder.Looks)
+        self.pauses = 0  # its pauses between two slices (pacing.Pacer), as the recorder last read them
 
     def sample(self) -> bool:
         """Whether the step being started is one of the timed ones."""
@@ -65,13 +69,16 @@ class Cost:
     def to_dict(self) -> dict[str, Any]:
         us = self.sched_ns / 1e3 / self.sched_steps if self.sched_steps else 0.0
         step_us = self.step_ms * 1e3 / self.step_n if self.step_n else 0.0
-        drain_us = self.drain_ns / 1e3 / self.drain_records if self.drain_records else 0.0
+        records = self.drain_records
+        drain_us = self.drain_ns / 1e3 / records if records else 0.0
         step_share = us / step_us if step_us > 0 else 0.0
         drain_share = drain_us / step_us if step_us > 0 else 0.0
         return {
             "sched_us_per_step": us,
             "sampled_steps": self.sched_steps,
             "drain_us_per_record": drain_us,
+            "drain_wakes_per_record": self.wakes / records if records else 0.0,
+            "drain_pauses_per_record": self.pauses / records if records else 0.0,
             "events_per_step": self.events,
             "step_share": step_share,
             "drain_share": drain_share,

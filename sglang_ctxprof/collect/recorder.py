@@ -5,7 +5,7 @@ facts (``host.HostFacts``) whose record is built here in two stages (their plain
 ``model.facts.StepFacts``, then the record), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
-milliseconds (longer while nothing comes: ``idle_waits``) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
+milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
 (``pacing.Pacer``: ~0.05 ms of work, then the GIL handed to a waiting scheduler thread); a record is
 taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
 record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
@@ -50,19 +50,48 @@ Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
 T = TypeVar("T")
 
 THREAD_NAME = "ctxprof-recorder"  # the drain thread's name (benches find its collections by it)
-POLL_S = 0.005  # how long the drain thread sleeps after a pass before it looks at the queue again
+POLL_S = 0.005  # the shortest sleep after a pass before the drain thread looks at the queue again
+POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain while steps come
 POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
+MANY = 4  # items found by the first look after a pass from which the first sleep halves
 
 
-def idle_waits(base: float = POLL_S, most: float = POLL_MAX_S) -> Iterator[float]:
-    """The drain thread's sleeps between looks that find nothing, after a pass: ``base``, then
-    doubling up to ``most``.  A wake-up costs the thread its GIL and a system call or two (25 µs
-    of CPU alone on a 2-core VM, ~120 µs while the scheduler thread runs Python), so an idle
-    server's drain wakes ~10 times a second, not 200."""
-    wait = base
-    while True:
-        yield wait
-        wait = min(most, wait * 2)
+class Looks:
+    """When the drain thread looks at the queue.  A wake-up costs the thread its GIL and a system
+    call or two (25 µs of CPU alone on a 2-core VM, ~120 µs while the scheduler thread runs Python),
+    so it should find about one record, or a few: not none.
+
+    After a pass the thread sleeps ``first``; each look that finds nothing doubles the sleep, up to
+    ``most`` (an idle server wakes ~10 times a second, not 200).  ``first`` follows the pace of the
+    steps: it doubles (up to ``busy_most``) when its look found nothing and a later one found work,
+    and halves (down to ``base``) when its look found ``many`` items or more.  At one step every
+    20 ms a fixed 5 ms first sleep wakes twice per record (the 5 and 10 ms looks find nothing), and
+    3.6 times at one every 60 ms; this wakes about once, and a record waits at most ``busy_most``
+    (plus a look's miss) while steps come.  Drain thread only."""
+
+    __slots__ = ("base", "busy_most", "most", "many", "first", "wait", "slept")
+
+    def __init__(self, base: float = POLL_S, busy_most: float = POLL_BUSY_MAX_S, most: float = POLL_MAX_S,
+                 many: int = MANY) -> None:
+        self.base, self.busy_most, self.most, self.many = base, busy_most, most, many
+        self.first = self.wait = base
+        self.slept = 0  # sleeps since the last pass
+
+    def sleep(self) -> float:
+        """The next sleep, the queue being empty."""
+        wait = self.wait
+        self.wait = min(self.most, wait * 2)
+        self.slept += 1
+        return wait
+
+    def found(self, n: int) -> None:
+        """A look found ``n`` items waiting (a pass follows): adapt ``first`` to the pace seen."""
+        if self.slept > 1:  # the first sleep was too short to find the next record
+            self.first = min(self.busy_most, self.first * 2)
+        elif self.slept == 1 and n >= self.many:  # ... or so long that records piled up
+            self.first = max(self.base, self.first / 2)
+        self.wait = self.first
+        self.slept = 0
 
 
 class _Started:
@@ -97,6 +126,7 @@ class Recorder:
         self.sink_dropped = 0  # records the sinks never saw: their backlog was full (a stalled sink)
         self.cost = cost if cost is not None else Cost()
         self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
+        self.looks = Looks()  # when the drain thread looks for work
         self.submitted = 0
         self.dropped = 0
         self._stop: threading.Event | None = None  # the current drain thread's own stop event
@@ -157,19 +187,23 @@ class Recorder:
     def _loop(self, stop: threading.Event) -> None:
         tt = time.thread_time_ns
         stopped = stop.is_set
-        waits = idle_waits()
+        looks = self.looks
+        cost = self.cost
         while not stopped():
             t0 = tt()  # one pass, or one wait, timed as a whole (a thread-time read is a system call: ~1 us)
-            if self._q or self._fan:
-                if self._q:
-                    self.pacer.drain(self._q, self._consume, self._lock, stopped)
+            q, fan = self._q, self._fan
+            if q or fan:
+                looks.found(len(q))
+                if q:
+                    self.pacer.drain(q, self._consume, self._lock, stopped)
                 self._feed_sinks(stopped)
-                waits = idle_waits()
+                cost.pauses = self.pacer.pauses
             elif self._parked and self._end_parked():
                 return
             else:
-                stop.wait(next(waits))
-            self.cost.add_drain(tt() - t0, records=0)  # a wake-up's own CPU is the drain's cost too
+                stop.wait(looks.sleep())
+                cost.wakes += 1
+            cost.add_drain(tt() - t0, records=0)  # a wake-up's own CPU is the drain's cost too
 
     def _consume(self, item: Item) -> Optional[_Started]:
         """Take one item, or one stage of it: building a record is a stage, and the aggregator's

@@ -329,7 +329,10 @@ def test_cost_is_timed_on_sampled_steps_and_shown_in_status_and_text():
         p.recorder.flush()
         cost = p.status()["cost"]
         assert set(cost) == {"sched_us_per_step", "sampled_steps", "drain_us_per_record", "events_per_step",
-                             "step_share", "drain_share", "total_share"}
+                             "step_share", "drain_share", "total_share", "drain_wakes_per_record",
+                             "drain_pauses_per_record"}
+        assert cost["drain_wakes_per_record"] == p.cost.wakes / p.cost.drain_records
+        assert cost["drain_pauses_per_record"] == p.cost.pauses / p.cost.drain_records
         assert cost["sampled_steps"] == 3 and cost["sched_us_per_step"] > 0 and cost["step_share"] > 0
         assert p.cost.drain_records == p.recorder.submitted == 3 * SAMPLE_EVERY
         assert cost["drain_us_per_record"] > 0 and cost["events_per_step"] is None  # CPU clock: no events
