@@ -5,9 +5,10 @@ facts (``host.HostFacts``) whose record is built here in two stages (their plain
 ``model.facts.StepFacts``, then the record), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
-milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
-(``pacing.Pacer``: ~0.05 ms of work, then the GIL handed to a waiting scheduler thread); a record is
-taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
+milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is
+waiting into the aggregator (under ``_lock``) in bounded slices (``pacing.Pacer``: 0.05-0.2 ms of
+work, half a percent of the recent decode step, then the GIL handed to a waiting scheduler
+thread); a record is taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
 record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
 outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
@@ -36,6 +37,7 @@ from ..aggregate.aggregator import Aggregator
 from ..model.facts import StepFacts
 from ..model.records import RequestEnd, StepRecord
 from ..model.guard import Guard
+from ..model.names import KIND_DECODE
 from ..model.sinks import RecordSink
 from .cost import Cost
 from .pacing import Pacer
@@ -54,6 +56,7 @@ POLL_S = 0.005  # the shortest sleep after a pass before the drain thread looks 
 POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain while steps come
 POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
 MANY = 4  # items found by the first look after a pass from which the first sleep halves
+STEP_WEIGHT = 0.25  # a decode record's weight in the recent step (``Recorder.step_ms``)
 
 
 class Looks:
@@ -127,6 +130,7 @@ class Recorder:
         self.cost = cost if cost is not None else Cost()
         self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
         self.looks = Looks()  # when the drain thread looks for work
+        self.step_ms = 0.0  # the recent decode step (its records' mean, recent ones weighing most): the slices' size
         self.submitted = 0
         self.dropped = 0
         self._stop: threading.Event | None = None  # the current drain thread's own stop event
@@ -194,6 +198,7 @@ class Recorder:
             q, fan = self._q, self._fan
             if q or fan:
                 looks.found(len(q))
+                self.pacer.fit(self.step_ms * 1e6)
                 if q:
                     self.pacer.drain(q, self._consume, self._lock, stopped)
                 self._feed_sinks(stopped)
@@ -230,7 +235,11 @@ class Recorder:
             return _Started(built, self.aggregator.stages(built))
         if self.guard.run("aggregator", started.step) is False:
             return started
-        self._to_sinks(started.rec)
+        rec = started.rec
+        if rec.kind == KIND_DECODE and rec.step_ms > 0:
+            mean = self.step_ms
+            self.step_ms = mean + (rec.step_ms - mean) * STEP_WEIGHT if mean else rec.step_ms
+        self._to_sinks(rec)
         self.cost.add_drain(0)  # one record taken (its CPU time is counted by the caller's pass)
         return None
 

@@ -46,6 +46,33 @@ def test_a_slice_ends_once_its_budget_is_spent_and_the_drain_pauses_before_the_n
     assert (p.slices, p.pauses) == (3, 2)  # no pause after the slice that emptied the queue
 
 
+def test_a_slice_is_a_share_of_the_step_within_its_bounds():
+    """``fit``: half a percent of the step, never under the shortest slice nor over the longest; a
+    pacer whose shortest slice is unbounded (a whole-queue drain) stays whole."""
+    from sglang_ctxprof.collect.pacing import SLICE_MAX_NS, SLICE_NS, SLICE_SHARE
+
+    p = Pacer()
+    assert p.current_ns == SLICE_NS
+    p.fit(20e6)  # a 20 ms step
+    assert p.current_ns == int(20e6 * SLICE_SHARE) == 100_000
+    p.fit(6.5e6)  # a CPU-bound step of a few ms: the shortest slice
+    assert p.current_ns == SLICE_NS
+    p.fit(2e9)  # a long prefill's worth: the longest
+    assert p.current_ns == SLICE_MAX_NS
+    p.fit(0)  # unknown
+    assert p.current_ns == SLICE_NS
+    whole = Pacer(slice_ns=2**62, pause_s=0.0)
+    whole.fit(20e6)
+    assert whole.current_ns == 2**62
+    w = World()  # and a slice runs as long as fitted
+    q = deque((i, 30_000) for i in range(10))
+    fitted = _pacer(w, slice_ns=50_000)
+    fitted.fit(24e6)  # 120 µs slices: four 30 µs items each
+    fitted.drain(q, w.consume, threading.Lock())
+    pause = ("pause", fitted.pause_s)
+    assert w.log == [0, 1, 2, 3, pause, 4, 5, 6, 7, pause, 8, 9]
+
+
 def test_an_item_longer_than_the_slice_is_a_slice_of_its_own_and_nothing_is_split_or_skipped():
     w = World()
     q = deque([(0, 1_000_000), (1, 10_000), (2, 5_000_000), (3, 10_000)])

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect.recorder import Recorder
 from sglang_ctxprof.model.facts import CARRIED, StepFacts
@@ -436,6 +438,28 @@ def test_the_drain_threads_waits_follow_that_schedule_and_count_in_its_cost():
     assert r.looks.first < max(first)
     assert r.cost.drain_ns > 0 and r.cost.drain_records == 1
     assert r.cost.to_dict()["drain_wakes_per_record"] == r.cost.wakes >= len(asked) - 1
+
+
+def test_the_drain_sizes_its_slices_to_the_recent_decode_step():
+    """The drain thread's slices follow the decode steps it drains (a share of their recent mean);
+    a prefill's long step moves nothing, nor does a step of unknown length (0)."""
+    from dataclasses import replace
+
+    from sglang_ctxprof.collect.pacing import SLICE_NS
+    from sglang_ctxprof.collect.recorder import STEP_WEIGHT
+
+    r, agg, _, _ = _recorder()
+    for i in range(40):
+        r.submit(replace(_rec(i), step_ms=20.0))
+    r.submit(replace(_rec(40), kind="prefill", accepted=(0,), committed=(0,), draft_tokens=0, step_ms=900.0))
+    r.submit(replace(_rec(41), step_ms=0.0))
+    r.start()
+    _wait(lambda: agg.records == 42, "the drain")
+    r.submit(_rec(42))  # a pass after the 20 ms steps: its slices are fitted to them
+    _wait(lambda: agg.records == 43, "the next pass")
+    r.stop()
+    assert r.step_ms == pytest.approx(20.0 + (1.0 - 20.0) * STEP_WEIGHT)  # _rec's own step: 1 ms
+    assert r.pacer.current_ns == int(20.0e6 * r.pacer.share) > SLICE_NS
 
 
 def _drain_threads() -> list[threading.Thread]:
