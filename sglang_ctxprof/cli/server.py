@@ -14,6 +14,10 @@ the scheduler and the detokenizer walks that heap: 0.5-1 s pauses, one streamed 
 where a frozen server pauses 2-8 ms (``bench/reader_stall.py --gc-probe``).  ``gc_frozen`` says
 whether the freeze was answered.
 
+A server's port is chosen by :func:`free_port` below the kernel's ephemeral range: the server
+binds it only after loading its model, and meanwhile any outgoing connection may take a port from
+that range (the demo's spec server once failed to start with "address already in use").
+
 ``cpu_args()`` is the measured CPU recipe (see launch/cpu-demo.sh).
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -65,10 +70,48 @@ def _arg(cmd: Sequence[str], flag: str) -> str | None:
     return None
 
 
+PORT_LOW, PORT_HIGH = 10000, 21999  # free_port's range: below SGLang's own (22000-29999) and the kernel's ephemeral one
+_given: set[int] = set()  # ports free_port handed out in this process
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral range begins (``bind(0)`` and ``connect()`` draw from it up)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port for a server that binds it only later, after loading its model.  Picked at
+    random below the kernel's ephemeral range, which every outgoing connection meanwhile draws
+    from (readiness polls, SGLang's own connections: a port from ``bind(0)`` was once taken that
+    way before the server bound it), and below the range where SGLang picks its own later-bound
+    ports (``get_free_port_below_ephemeral``); never the same port twice in a process (servers
+    start side by side).  Where there is no room below the ephemeral range, the kernel's pick."""
+    high = min(PORT_HIGH, _ephemeral_low() - 1)
+    if high >= PORT_LOW:
+        for port in random.sample(range(PORT_LOW, high + 1), min(64, high - PORT_LOW + 1)):
+            if port not in _given and _bindable(port):
+                _given.add(port)
+                return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _given:
+            _given.add(port)
+            return port
 
 
 class ServerProcess:

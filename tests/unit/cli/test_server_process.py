@@ -88,3 +88,26 @@ def test_refused_freeze_is_reported_not_raised(front):
 def test_freeze_can_be_left_to_sglang(front):
     sp = _ready(front, ["--model-path", "m", "--skip-server-warmup"], freeze_gc=False)
     assert [s for s in _Front.seen if s[0] == "POST"] == [] and sp.gc_frozen is None
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
+    """A server binds its port only after loading its model (seconds to minutes).  A port the kernel
+    hands out for ``bind(0)`` lies in its ephemeral range, which every outgoing connection meanwhile
+    draws from (the readiness polls, SGLang's own): the demo's spec server once failed to start with
+    'address already in use'.  ``free_port`` picks below that range and below SGLang's own
+    later-bound ports (22000-29999), never the same port twice in a process (two servers start side
+    by side), and each one is free when handed out."""
+    import socket
+
+    from sglang_ctxprof.cli import server
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    ports = [server.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    if ephemeral_low > server.PORT_LOW:  # else there is no room below it: the kernel's pick
+        assert all(server.PORT_LOW <= p <= min(server.PORT_HIGH, ephemeral_low - 1) for p in ports), ports
+        assert server.PORT_HIGH < 22000
+    for p in ports[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free: nothing took it
