@@ -148,9 +148,15 @@ class Profiler:
             self.guard.run("exporter", self.exporters.bind, facts)
         self.recorder.start()
 
+    def pause(self) -> None:
+        """Profiling switched off (its hooks removed): forget the steps still waiting for their
+        results, and let the drain thread end once it has drained what was queued."""
+        self.drop_pending()
+        self.recorder.park()
+
     def resume(self) -> None:
-        """Profiling switched back on: the drain thread again, if a scheduler was bound (before the
-        first step :meth:`bind` starts it)."""
+        """The mirror of :meth:`pause`: the drain thread again, if a scheduler was bound (before
+        the first step :meth:`bind` starts it)."""
         if self._bound is not None:
             self.recorder.start()
 

@@ -95,8 +95,7 @@ class CtxProfSession:
         p.active = False
         inst.uninstrument(groups=[GROUP_TIMING])
         p.wrapped_worker = None
-        p.drop_pending()
-        p.recorder.park()  # its drain thread ends once it has drained what was queued
+        p.pause()
 
     def uninstrument(self) -> None:
         """The mirror of :meth:`instrument`: restore SGLang, stop our threads, clear the handle."""
