@@ -149,14 +149,12 @@ class Profiler:
         self.recorder.start()
 
     def pause(self) -> None:
-        """Profiling switched off (its hooks removed): forget the steps still waiting for their
-        results, and let the drain thread end once it has drained what was queued."""
+        """Profiling switched off: forget the steps waiting for results; the drain thread ends once drained."""
         self.drop_pending()
         self.recorder.park()
 
     def resume(self) -> None:
-        """The mirror of :meth:`pause`: the drain thread again, if a scheduler was bound (before
-        the first step :meth:`bind` starts it)."""
+        """The mirror of :meth:`pause`: the drain thread again, once bound (else :meth:`bind` starts it)."""
         if self._bound is not None:
             self.recorder.start()
 
@@ -187,8 +185,7 @@ class Profiler:
         return req
 
     def ensure_graph(self) -> Optional[GraphTimer]:
-        """The graph timer; built on the first CUDA-graph capture (model init runs before bind);
-        None where torch has no CUDA (then nothing is timed in graphs)."""
+        """The graph timer, built at the first CUDA-graph capture (model init, before bind); None without CUDA."""
         if self.graph is None:
             self.graph = make_graph_timer("cuda", self.config.graph)
         return self.graph
