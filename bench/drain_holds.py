@@ -8,8 +8,8 @@ session with its default exporters (``drain_loop.session``) run ``--steps`` step
 the drain thread held, then this thread drains the queue one piece at a time, as the drain thread's
 slices do (``Recorder._consume``: a record's build, then each ``Aggregator.stages`` stage; then one
 record's sinks, ``Recorder._feed_one``).  Printed per batch: the drain's CPU µs per record, the
-pieces per record, the p99 and longest piece (µs) (``--by-kind``: each kind of piece apart, the
-build, each stage of a record in order, the sinks), and the garbage collector's CPU time within the
+pieces per record, the p99 and longest piece (µs) (``--by-kind``: each kind of piece apart, each
+stage of a record's build and of its aggregation in order, each sink's turn), and the garbage collector's CPU time within the
 longest piece (a collection runs on whichever thread allocates when it triggers, so it can fall in
 any piece).  The self-audit's violations must stay 0.  ``--json FILE`` writes the rows.
 
@@ -62,15 +62,17 @@ def measure(n: int, steps: int, gcc: GcClock) -> dict:
             sched.process_batch_result(batch, sched.run_batch(batch))
         tt, q, fan = time.thread_time_ns, rec._q, rec._fan
         records, pieces = len(q), []  # (cpu ns, gc ns)
-        kinds: dict[str, list[int]] = {}  # piece kind -> its CPU ns: the item's type, and a record's stage number
-        stage = 0
+        kinds: dict[str, list[int]] = {}  # piece kind -> its CPU ns: the build's or the aggregator's stage number
+        stage = build = 0
         while q:
             item = q.popleft()
             kind = type(item).__name__
             if kind == "_Started":
                 kind, stage = f"stage {stage}", stage + 1
-            else:
-                stage = 0
+            else:  # a record's build: one piece, or several (``build`` stages)
+                if kind == "HostFacts" and getattr(item, "read", None) is None:
+                    build = 0
+                kind, stage, build = f"build {build}", 0, build + 1
             g, t0 = gcc.ns, tt()
             rest = rec._consume(item)
             pieces.append((tt() - t0, gcc.ns - g))
@@ -78,10 +80,14 @@ def measure(n: int, steps: int, gcc: GcClock) -> dict:
             if rest is not None:
                 q.appendleft(rest)
         while fan:
+            item = fan.popleft()
+            kind = "ends" if type(item).__name__ == "RequestEnd" else rec.sinks[getattr(item, "next", 0)].name
             g, t0 = gcc.ns, tt()
-            rec._feed_one(fan.popleft())
+            rest = rec._feed_one(item)
             pieces.append((tt() - t0, gcc.ns - g))
-            kinds.setdefault("sinks", []).append(pieces[-1][0])
+            if rest is not None:  # the record's next sink: each sink's turn is a piece
+                fan.appendleft(rest)
+            kinds.setdefault(f"sink {kind}", []).append(pieces[-1][0])
         audit = sum(rec.aggregator.audit.status()["violations"].values())
     finally:
         sess.uninstrument()

@@ -67,7 +67,9 @@ def measure(n: int, steps: int) -> dict:
                 if rest is not None:
                     q.appendleft(rest)
             while fan:
-                rec._feed_one(fan.popleft())
+                rest = rec._feed_one(fan.popleft())
+                if rest is not None:  # the record's next sink: each sink's turn is a piece
+                    fan.appendleft(rest)
             return time.thread_time() - c0
 
         run_and_drain()  # warm-up: the history at its steady size

@@ -1,8 +1,8 @@
 """Hand-off from the hot path to the aggregator: a bounded deque and a daemon drain thread.
 
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
-facts (``host.HostFacts``) whose record is built here in two stages (their plain facts,
-``model.facts.StepFacts``, then the record), or with a :class:`RequestEnd` (a request
+facts (``host.HostFacts``) whose record is built here in stages (their plain facts,
+``model.facts.StepFacts``, then the record: ``build``, two stages each), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
 and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
 milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is
@@ -12,7 +12,8 @@ thread); a record is taken in stages (its build, then ``Aggregator.stages``: a l
 record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
 outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
 :attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
-component, in submission order (a :class:`RequestEnd` goes to the sinks that have an ``end``);
+component, in submission order, each sink's turn a piece of its own (a :class:`RequestEnd` goes
+to the sinks that have an ``end`` at once);
 it times each pass over the queue, and each wait for work, as a whole (``cost.Cost``: this thread's
 CPU time, so waiting for the GIL while the scheduler thread runs is not counted as our cost, but a
 wake-up's own is; a read of it is a system call, so not one per piece).
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# a record; host facts, whose plain facts and then record are built here; an end; a record taken in part
+# a record; host facts or plain facts, built here in stages; an end; a record taken in part
 Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
 T = TypeVar("T")
 
@@ -114,6 +115,19 @@ class _Started:
 _DONE = object()
 
 
+class _Fanning:
+    """A record that the first ``next`` sinks have seen (each sink's turn is a piece of its own)."""
+
+    __slots__ = ("rec", "next")
+
+    def __init__(self, rec: StepRecord, next: int) -> None:
+        self.rec = rec
+        self.next = next
+
+
+Fanned = Union[StepRecord, RequestEnd, _Fanning]  # what waits for the sinks
+
+
 class Recorder:
     def __init__(self, aggregator: Aggregator, guard: Guard, maxsize: int = 65536,
                  sinks: Iterable[RecordSink] = (), cost: Optional[Cost] = None,
@@ -124,7 +138,7 @@ class Recorder:
         self._q: deque[Item] = deque()
         self._lock = threading.Lock()  # serialises aggregator access (drain thread vs snapshot)
         self.sinks: list[RecordSink] = list(sinks)  # fed in order, after the aggregator
-        self._fan: deque[Union[StepRecord, RequestEnd]] = deque()  # aggregated, not yet seen by the sinks
+        self._fan: deque[Fanned] = deque()  # aggregated, not yet seen by every sink
         self._sink_lock = threading.Lock()  # one feeder of the sinks at a time (keeps their order)
         self.sink_dropped = 0  # records the sinks never saw: their backlog was full (a stalled sink)
         self.cost = cost if cost is not None else Cost()
@@ -210,10 +224,11 @@ class Recorder:
                 cost.wakes += 1
             cost.add_drain(tt() - t0, records=0)  # a wake-up's own CPU is the drain's cost too
 
-    def _consume(self, item: Item) -> Optional[_Started]:
-        """Take one item, or one stage of it: building a record is a stage, and the aggregator's
-        (``Aggregator.stages``) are more; an item not done yet comes back as its rest
-        (``_Started``), which goes back to the front of the queue (``pacing.Pacer.run_slice``)."""
+    def _consume(self, item: Item) -> Optional[Item]:
+        """Take one item, or one stage of it: building a record is stages (``HostFacts.build``, then
+        ``StepFacts.build``), and the aggregator's (``Aggregator.stages``) are more; an item not done
+        yet comes back as its rest (its next stage, or ``_Started``), which goes back to the front of
+        the queue (``pacing.Pacer.run_slice``)."""
         if not self.guard.ok("recorder"):
             return None
         kind = type(item)
@@ -225,13 +240,13 @@ class Recorder:
             started = item
         elif kind is StepRecord:
             started = _Started(item, self.aggregator.stages(item))
-        else:  # host facts: their plain facts are one stage, the record built from them the next
-            built = self.guard.run("recorder", item.facts if kind is not StepFacts else item.record)
-            if built is None:
+        else:  # host or plain facts: one stage of the record's build
+            built = self.guard.run("recorder", item.build)
+            if built is None:  # no row counted, or a failed build
                 self.cost.add_drain(0)
                 return None
-            if kind is not StepFacts:
-                return built
+            if type(built) is not StepRecord:
+                return built  # the build's next stage
             return _Started(built, self.aggregator.stages(built))
         if self.guard.run("aggregator", started.step) is False:
             return started
@@ -267,15 +282,31 @@ class Recorder:
         in the pacer's slices (the drain thread hands the GIL over between two) until ``stopped()``."""
         self.pacer.drain(self._fan, self._feed_one, self._sink_lock, stopped)
 
-    def _feed_one(self, rec: Union[StepRecord, RequestEnd]) -> None:
-        if type(rec) is RequestEnd:  # only the sinks that act on request ends (``end``)
+    def _feed_one(self, item: Fanned) -> Optional[_Fanning]:
+        """Feed a record to its next sink; the sinks after it come back as the rest (first in line,
+        so each sink sees the records in order).  A request end goes to every sink that has an
+        ``end`` at once."""
+        if type(item) is RequestEnd:
             for sink in self.sinks:
                 end = getattr(sink, "end", None)
                 if end is not None:
-                    self.guard.run(sink.name, end, rec)
+                    self.guard.run(sink.name, end, item)
+            return None
+        sinks = self.sinks
+        if type(item) is _Fanning:
+            rec, i = item.rec, item.next
         else:
-            for sink in self.sinks:
-                self.guard.run(sink.name, sink.observe, rec)
+            rec, i = item, 0
+        if i < len(sinks):
+            sink = sinks[i]
+            self.guard.run(sink.name, sink.observe, rec)
+        i += 1
+        if i >= len(sinks):
+            return None
+        if type(item) is _Fanning:
+            item.next = i
+            return item
+        return _Fanning(rec, i)
 
     def flush(self) -> None:
         """Drain everything: the aggregator under the lock, then the sinks outside it."""
@@ -286,7 +317,9 @@ class Recorder:
             if fan:
                 t0 = time.thread_time_ns()
                 while fan:
-                    self._feed_one(fan.popleft())
+                    rest = self._feed_one(fan.popleft())
+                    if rest is not None:
+                        fan.appendleft(rest)
                 self.cost.add_drain(time.thread_time_ns() - t0, records=0)
 
     def with_aggregator(self, fn: Callable[[Aggregator], T]) -> T:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import fields
 from itertools import compress, repeat
 from operator import add, eq, ne, sub
-from typing import Optional
+from typing import Optional, Union
 
 from .names import KIND_DECODE
 from .records import StepRecord
@@ -34,6 +34,7 @@ from .records import StepRecord
 PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
 CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in PER_REQUEST)
 Books = tuple[tuple[int, int, int], ...]
+Columns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]  # ctx, accepted, committed, finished
 
 
 def reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
@@ -46,10 +47,11 @@ def reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
 class StepFacts:
     """``rids`` and ``prompt_lens`` per request (the request objects resolved), the per-request
     lists the scheduler thread read, ``books`` of the finished requests ((-1, -1, -1) for the
-    others; () when none finished), and the carried record fields."""
+    others; () when none finished), and the carried record fields.  The record is built in two
+    stages (:meth:`build`): the per-request ``columns``, then the overshoot filter and the record."""
 
     __slots__ = ("rids", "prompt_lens", "spec", "lens_pre", "vct_pre", "emitted", "vct_post", "fin",
-                 "accepts", "done_pre", "books") + CARRIED
+                 "accepts", "done_pre", "books", "columns") + CARRIED
 
     def __init__(self, rids: tuple[str, ...], prompt_lens: tuple[int, ...], spec: bool, lens_pre: list,
                  vct_pre: Optional[list], emitted: list, vct_post: Optional[list], fin: list,
@@ -65,6 +67,7 @@ class StepFacts:
         self.accepts = accepts
         self.done_pre = done_pre
         self.books = books
+        self.columns: Optional[Columns] = None  # built by the first stage
         for name in CARRIED:
             setattr(self, name, carried[name])
 
@@ -75,24 +78,43 @@ class StepFacts:
         for n, v in zip(self.__slots__, state):
             setattr(self, n, v)
 
+    def build(self) -> Union["StepFacts", StepRecord, None]:
+        """One stage of :meth:`record` (the drain thread takes a step in pieces): the per-request
+        columns first (this object comes back holding them), then the record, or None."""
+        if self.columns is None:
+            self.columns = self._columns()
+            return self
+        return self._record(self.columns)
+
     def record(self) -> Optional[StepRecord]:
         """The step's record, or None when SGLang counted no row of it."""
-        rids = self.rids
-        n = len(rids)
+        return self._record(self.columns if self.columns is not None else self._columns())
+
+    def _columns(self) -> Columns:
+        """Context lengths, accepted and committed tokens, and finished, for every row read."""
+        n = len(self.rids)
         ctx = tuple(map(add, self.prompt_lens, self.lens_pre))
         fin = tuple(self.fin)
-        books = self.books
+        if self.kind != KIND_DECODE:
+            acc = (0,) * n
+            return ctx, acc, reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc, fin
+        al = self.accepts
+        if al is None:
+            acc = (1,) * n
+        else:
+            acc = tuple(al[:n]) if al and type(al[0]) is int else tuple(map(int, al[:n]))
+            if len(acc) < n:
+                acc += (0,) * (n - len(acc))
+        com = tuple(map(sub, self.emitted, self.lens_pre))
+        if com and min(com) < 0:
+            com = tuple(map(max, repeat(0), com))
+        return ctx, acc, com, fin
+
+    def _record(self, columns: Columns) -> Optional[StepRecord]:
+        """The record of the rows SGLang counted (decode: the overshoot filter), or None."""
+        rids, books = self.rids, self.books
+        ctx, acc, com, fin = columns
         if self.kind == KIND_DECODE:
-            al = self.accepts
-            if al is None:
-                acc = (1,) * n
-            else:
-                acc = tuple(al[:n]) if al and type(al[0]) is int else tuple(map(int, al[:n]))
-                if len(acc) < n:
-                    acc += (0,) * (n - len(acc))
-            com = tuple(map(sub, self.emitted, self.lens_pre))
-            if com and min(com) < 0:
-                com = tuple(map(max, repeat(0), com))
             post, pre = self.vct_post, self.vct_pre
             keep: Optional[list] = None
             if self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
@@ -102,9 +124,6 @@ class StepFacts:
             if keep is not None:
                 rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
                 books = tuple(compress(books, keep)) if books else ()
-        else:
-            acc = (0,) * n
-            com = reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
         if not rids:
             return None
         return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,

@@ -8,8 +8,8 @@
   after SGLang counts a verify step and its correct drafts):
   ``verify_ct`` - skew a count: a request's ``spec_verify_ct`` moves by 2 at its first step;
   ``accept_metric`` - freeze a counter: ``spec_num_correct_drafts`` stops moving;
-* profiler side, in the record the drain thread builds from a step's plain facts
-  (``model.facts.StepFacts.record``), as a regression of ours would:
+* profiler side, in the record the drain thread builds from a step's plain facts (the last
+  stage of ``model.facts.StepFacts.build``), as a regression of ours would:
   ``leaf_sum`` - a phase timed twice (draft + 1 ms, the step unchanged);
   ``accepted_bound`` - a draft count dropped (``draft_tokens`` = 1);
   ``hook_once`` - the MoE hook unhooked (no time lands in ``verify_moe``; ``verify_rest`` absorbs it);
@@ -71,13 +71,15 @@ def register() -> None:
     from sglang.srt.managers.schedule_batch import Req
 
     from sglang_ctxprof.model.facts import StepFacts
+    from sglang_ctxprof.model.records import StepRecord
 
-    orig_record = StepFacts.record
+    orig_build = StepFacts.build
 
-    def record(self):
-        return _record_fault(orig_record(self))
+    def build(self):
+        out = orig_build(self)  # the facts again (their first stage), the record, or None
+        return _record_fault(out) if type(out) is StepRecord else out
 
-    StepFacts.record = record
+    StepFacts.build = build
     from sglang_ctxprof.views.metrics import MetricsView
 
     orig_observe = MetricsView.observe

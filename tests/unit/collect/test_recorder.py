@@ -43,15 +43,19 @@ class Sink:
 
 
 class Host:
-    """A step's host facts, as ``host.HostFacts``: the drain thread reads their plain facts
-    (``facts()``, a real ``StepFacts``), then builds the record from those."""
+    """A step's host facts, as ``host.HostFacts``: the drain thread builds them in stages (``build``:
+    the ids read, this object coming back; then a real ``StepFacts``, whose own two stages build the
+    record)."""
 
     def __init__(self, i: int, fail: bool = False) -> None:
-        self.i, self.fail = i, fail
+        self.i, self.fail, self.read = i, fail, False
 
-    def facts(self) -> StepFacts:
+    def build(self):
         if self.fail:
             raise ValueError("bad host facts")
+        if not self.read:
+            self.read = True
+            return self
         r = _rec(self.i)
         return StepFacts(r.rids, (90,), True, [10], [0], [12], [1], [False], [2], None, (),
                          **{n: getattr(r, n) for n in CARRIED})
@@ -252,10 +256,14 @@ def test_a_large_record_is_taken_in_stages_and_a_read_between_two_finishes_it_fi
     agg, sink = Aggregator(), Sink("logs", Aggregator())
     r = Recorder(agg, Guard(), sinks=[sink], pacer=Pacer(slice_ns=0, sleep=lambda s: None))
     n = 4 * CHUNK
-    r.submit(Host(0))  # built on the drain thread: two stages of their own
+    r.submit(Host(0))  # built on the drain thread: four stages of their own
     r.submit(_big(1, n))
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's ids
+    assert type(r._q[0]) is Host and r._q[0].read and agg.records == 0
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's plain facts
-    assert type(r._q[0]) is StepFacts and agg.records == 0
+    assert type(r._q[0]) is StepFacts and r._q[0].columns is None
+    r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's columns
+    assert type(r._q[0]) is StepFacts and r._q[0].columns is not None and agg.records == 0
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0 built
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's bucket counts
     r.pacer.run_slice(r._q, r._consume, r._lock)  # record 0's acceptance counts
@@ -291,6 +299,40 @@ def test_the_drain_thread_feeds_the_sinks_in_slices():
     assert sink.got == []
     r._feed_sinks()
     assert sink.got == [0, 1, 2] and seen_at_pause == [1, 2]  # one record per slice, a pause between
+
+
+def test_each_sinks_turn_is_a_piece_of_its_own_and_every_sink_sees_the_records_in_order():
+    """A slice ends after one sink's turn: the record's later sinks wait first in line (a read in
+    between runs no sink), and a flush finishes it without feeding any sink twice."""
+    from sglang_ctxprof.collect.pacing import Pacer
+
+    agg = Aggregator()
+    order: list[tuple[str, int]] = []
+
+    class Logged(Sink):
+        def observe(self, rec: StepRecord) -> None:
+            super().observe(rec)
+            order.append((self.name, rec.step_id))
+
+    a, b, c = Logged("capture", agg), Logged("exporter", agg), Logged("logs", agg)
+    pauses: list[int] = []
+    r = Recorder(agg, Guard(), sinks=[a, b, c], pacer=Pacer(slice_ns=0, sleep=lambda s: pauses.append(len(order))))
+    for i in range(2):
+        r.submit(_rec(i))
+    r.with_aggregator(lambda _: None)  # aggregated; no sink has run
+    assert order == []
+    r.pacer.run_slice(r._fan, r._feed_one, r._sink_lock)
+    assert order == [("capture", 0)] and len(r._fan) == 2  # record 0's other sinks first in line
+    assert r.with_aggregator(lambda x: x.records) == 2 and len(order) == 1
+    r._feed_sinks()
+    assert order == [(s, i) for i in (0, 1) for s in ("capture", "exporter", "logs")]
+    assert pauses == [2, 3, 4, 5]  # a hand-over of the GIL after each sink's turn that left one waiting
+    r.submit(_rec(2))
+    r.with_aggregator(lambda _: None)
+    r.pacer.run_slice(r._fan, r._feed_one, r._sink_lock)
+    r.flush()
+    assert order[6:] == [("capture", 2), ("exporter", 2), ("logs", 2)]
+    assert a.got == b.got == c.got == [0, 1, 2]
 
 
 def test_a_drain_thread_told_to_stop_stays_stopped_even_when_its_stop_timed_out():

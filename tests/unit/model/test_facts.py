@@ -51,3 +51,40 @@ def test_every_carried_field_is_a_record_field_the_facts_keep():
     f = host().facts()
     rec = f.record()
     assert all(getattr(rec, n) == getattr(f, n) for n in CARRIED)
+
+
+def _stages(item):
+    """Run ``build`` until a record (or None) comes out: the objects each stage handed back."""
+    seen = [item]
+    while isinstance(seen[-1], (HostFacts, StepFacts)):
+        seen.append(seen[-1].build())
+    return seen
+
+
+def _re_prefill() -> HostFacts:
+    h = host(KIND_PREFILL)
+    h.lens_pre = [0, 5, 0]  # b was retracted with 5 tokens out, and is prefilled again
+    return h
+
+
+def test_the_build_in_stages_is_the_whole_build_one_piece_at_a_time():
+    """Host facts with their ids read, the plain facts, the plain facts with their columns, then the
+    record: the very record ``record()`` builds in one go, for every kind of step; facts pickled
+    between two stages rebuild it too."""
+    for make in (host, lambda: host(fin=(False, False, False)), lambda: host(KIND_PREFILL), _re_prefill):
+        expected = make().record()
+        h = make()
+        seen = _stages(h)
+        assert [type(x).__name__ for x in seen] == ["HostFacts", "HostFacts", "StepFacts", "StepFacts", "StepRecord"]
+        assert seen[1] is h and h.read == (("a", "b", "c"), (100, 700, 30))
+        assert seen[3] is seen[2] and seen[2].columns is not None
+        assert seen[-1] == expected
+        assert pickle.loads(pickle.dumps(seen[2])).build() == expected  # pickled with its columns
+    assert expected.committed == (0, 2, 0)  # the re-prefill's: emitted 7 - 5 before
+
+
+def test_a_step_with_no_counted_row_builds_no_record_at_the_last_stage():
+    h = host(fin=(False, False, False))
+    h.vct_post = list(h.vct_pre)  # no verify count moved: SGLang counted no row
+    seen = _stages(h)
+    assert len(seen) == 5 and seen[-1] is None and h.record() is None
