@@ -15,6 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..model.names import KIND_PREFILL
+from .adapter import batch_kind
+
 Export = Callable[[Any, str], None]  # (stopped torch profiler, path SGLang chose) -> None
 
 
@@ -107,6 +110,12 @@ def forward_ct(scheduler: Any) -> int:
 
 def batch_rids(batch: Any) -> tuple[str, ...]:
     return tuple(getattr(r, "rid", "") for r in (getattr(batch, "reqs", None) or ()))
+
+
+def is_prefill(batch: Any) -> bool:
+    """A prefill (extend) batch: SGLang runs one for new requests between two decode steps of the
+    running ones, which it leaves out of that batch."""
+    return batch_kind(batch) == KIND_PREFILL
 
 
 def batch_ctx(batch: Any) -> int:

@@ -1,7 +1,8 @@
 """Deep capture: SGLang's own profiler for N steps, started from inside the scheduler, on a budget.
 
 A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
-steps; ``rid``: that request's next N steps) through the control channel, or the automatic triggers
+steps; ``rid``: that request's next N steps, passing over the prefills of other requests that SGLang
+runs between two of them) through the control channel, or the automatic triggers
 on the recorder's drain thread (:meth:`Capture.observe`, registered only when one is on): a decode
 step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
 it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
@@ -57,6 +58,7 @@ HISTORY = 32  # captures remembered (status, links)
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
+RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
 MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
@@ -85,11 +87,12 @@ class CaptureInfo:
     error: str = ""
     _waited: int = 0  # steps a rid capture has waited for its request
     _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
+    _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("_waited")
-        d.pop("_fed")
+        for private in ("_waited", "_fed", "_passed"):
+            d.pop(private)
         d["sync_ns"] = list(self.sync_ns)
         return d
 
@@ -218,9 +221,18 @@ class Capture:
             return
         rids = adapter_capture.batch_rids(batch)
         if info.state == names.CAPTURE_RUNNING:
-            if len(info.step_ids) >= info.steps or (info.rid and info.rid not in rids):
-                self._stop(scheduler, info)
+            if info.rid and info.rid not in rids and len(info.step_ids) < info.steps \
+                    and info._passed < RID_PASS_STEPS and adapter_capture.is_prefill(batch):
+                info._passed += 1  # another request's prefill between two of this one's steps
+                hooks.label_phases(None)  # not one of its steps: no range of ours in the trace
+                self.label = ""
                 return
+            if len(info.step_ids) >= info.steps or (info.rid and info.rid not in rids):
+                self._stop(scheduler, info)  # done, or its request left (finished, retracted, aborted)
+                return
+            if info._passed:
+                info._passed = 0
+                hooks.label_phases(self)
         elif info.rid and info.rid not in rids:
             info._waited += 1
             wait = RID_WAIT_STEPS if info.trigger == names.TRIGGER_RID else AUTO_RID_WAIT_STEPS

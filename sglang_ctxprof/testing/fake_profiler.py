@@ -70,8 +70,12 @@ class CaptureScheduler:
         self.forward_ct = 0
         self.server_args = SimpleNamespace(device="cpu", tp_size=1, pp_size=1)
 
-    def step(self, cap: Capture, rids=("a",)) -> None:
-        batch = SimpleNamespace(reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens_sum=100 * len(rids))
+    def step(self, cap: Capture, rids=("a",), prefill: bool = False) -> None:
+        """One ``run_batch``: a decode batch of ``rids`` (SGLang's running requests), or their prefill."""
+        mode = SimpleNamespace(is_decode=lambda: not prefill, is_extend=lambda: prefill,
+                               is_target_verify=lambda: False)
+        batch = SimpleNamespace(reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens_sum=100 * len(rids),
+                                forward_mode=mode)
         if cap.armed:
             cap.tick(self, batch)
         self.forward_ct += 1

@@ -206,18 +206,19 @@ def test_capture_by_rid_covers_that_request_and_links_back(server):
     rid = "capture-rid-1"
     t0 = time.time()
     while True:  # wait out the cooling-off window of the first capture
-        status, body = http("POST", server.url + R + f"?rid={rid}&steps=3", headers=ADMIN_H)
+        status, body = http("POST", server.url + R + f"?rid={rid}&steps=16", headers=ADMIN_H)
         if status != 429 or time.time() - t0 > INTERVAL_S + 30:
             break
         time.sleep(min(2.0, max(0.2, float(body.get("retry_after_s") or 1))))
     assert status == 200 and body["accepted"], body
     cid = body["captures"][0]["id"]
     assert body["captures"][0]["trigger"] == names.TRIGGER_RID
-    background(server, 150, 12, seed=21)  # another request first: not the one asked for
-    gen = background(server, 120, 40, seed=22, rid=rid)
+    gen = background(server, 120, 120, seed=22, rid=rid)
+    time.sleep(0.2)  # its first steps have run: SGLang runs the next request's prefill between two of them
+    background(server, 150, 12, seed=21)  # not the one asked for: passed over, the capture goes on
     gen.join(300)
     info = wait_done(server, cid)
-    assert info["state"] == names.CAPTURE_DONE and len(info["step_ids"]) == 3, info
+    assert info["state"] == names.CAPTURE_DONE and len(info["step_ids"]) == 16, info
     status, full = http("GET", server.url + f"{R}/{cid}")
     assert status == 200, full
     recs = full["ranks"][0]["steps"]

@@ -104,6 +104,39 @@ def test_a_rid_capture_waits_for_its_request_and_stops_when_it_leaves(tmp_path):
     assert [x["id"] for x in cap.for_rid("r1")] == [cid] and cap.for_rid("nobody") == []
 
 
+def test_a_rid_capture_passes_over_other_requests_prefills_between_its_steps(tmp_path):
+    """SGLang runs a new request's prefill between two decode steps of the running ones: the capture
+    of a running request passes it over (not one of its steps: no step id, no range of ours) and
+    counts its next decode steps; a decode batch without it means it left; a capture never runs
+    on through more than ``RID_PASS_STEPS`` prefills in a row."""
+    from sglang_ctxprof.collect import hooks
+    from sglang_ctxprof.collect.capture import RID_PASS_STEPS
+
+    cap, s = Capture(settings(tmp_path, steps=3)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_RID, rid="r1")["capture"]["id"]
+    s.step(cap, rids=("r1",), prefill=True)  # its own prefill: step 0
+    s.step(cap, rids=("x",), prefill=True)  # another request's prefill: passed over
+    assert cap.find(cid).state == names.CAPTURE_RUNNING and cap.label == "" and hooks._CAPTURE is None
+    s.step(cap, rids=("r1", "x"))  # decode steps 2 and 3
+    assert cap.label.startswith("step=3 ") and hooks._CAPTURE is cap
+    s.step(cap, rids=("r1", "x"))
+    s.step(cap, rids=("r1", "x"))  # three steps: stop
+    c = wait_state(cap, cid)
+    assert c.state == names.CAPTURE_DONE and c.step_ids == [1, 3, 4], c
+
+    cap, s = Capture(settings(tmp_path, steps=5, interval_s=0)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_RID, rid="r2")["capture"]["id"]
+    s.step(cap, rids=("r2", "x"))
+    s.step(cap, rids=("x",))  # a decode batch without it: it finished
+    assert wait_state(cap, cid).step_ids == [1]
+    cid = cap.request(names.TRIGGER_RID, rid="r3")["capture"]["id"]
+    s.step(cap, rids=("r3",))
+    for _ in range(RID_PASS_STEPS + 1):
+        s.step(cap, rids=("y",), prefill=True)
+    c = wait_state(cap, cid)
+    assert c.step_ids == [3] and c.state == names.CAPTURE_DONE
+
+
 def test_sglangs_running_profiler_is_left_alone(tmp_path):
     cap, s = Capture(settings(tmp_path)), CaptureScheduler()
     s.profiler_manager.profile_in_progress = True  # a user's /start_profile
