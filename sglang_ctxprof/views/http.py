@@ -57,13 +57,14 @@ from .http_body import BodyTexts, served_json
 from .http_build import CACHE, off_loop, versions
 from .http_context import INSTALLED, Asker, PlainStore, ReadContext, Route
 from .http_gate import gate
-from .http_guard import error as _error, guard, guarded as _guarded, json_response as _json, reset_strikes
+from .http_guard import error as _error, guard, guarded as _guarded, json_body, json_response as _json, reset_strikes
 from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
 
 FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
+MAX_POLICY_BODY = 4096  # bytes of a trace-policy (or fault-switch) body: a few short fields
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
@@ -295,10 +296,7 @@ async def get_request(rc: ReadContext, request: Request):
 
 async def post_fault(rc: ReadContext, request: Request):
     """Test-only runtime fault switch (installed only with ``SGLANG_CTXPROF_FAULT=runtime``)."""
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
+    body, _ = await json_body(request, MAX_POLICY_BODY, "")
     comp = body.get("component") if isinstance(body, dict) else None
     if not isinstance(comp, str) or (comp and comp not in COMPONENTS):
         return _error(400, f'body must be {{"component": one of {", ".join(COMPONENTS)} or ""}}')
@@ -318,10 +316,10 @@ async def trace_policy(rc: ReadContext, request: Request):
         return _error(400, "this route takes no query parameters")
     changes = None
     if request.method == "POST":
-        try:
-            changes = await request.json()
-        except ValueError:
-            return _error(400, "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
+        changes, bad = await json_body(request, MAX_POLICY_BODY,
+                                       "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
+        if bad is not None:
+            return bad
         if not isinstance(changes, dict) or not changes:
             return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
     payloads = await rc.ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))

@@ -7,7 +7,10 @@
   traceback is logged.  Only a repeated failure (:data:`STRIKES` in a row, with no success in
   between) disables the routes (503 from then on, until a restart or the test-only heal), so one
   odd request cannot switch the whole API off.
-* A write (any method but GET/HEAD) whose ``Origin`` header names another host than the one the
+* A request body is read by :func:`json_body`: at most a route's byte limit (413 above it, before
+  reading the rest when ``Content-Length`` says so), and parsed to a 400 for anything that is not
+  JSON, nests too deep for the parser (``RecursionError``) or holds ``NaN``/``Infinity``.
+* A write (any method but GET/HEAD/OPTIONS) whose ``Origin`` header names another host than the one the
   request was sent to is refused with 403: SGLang allows CORS from any origin, and without a key
   (or with ``--tokenizer-worker-num > 1``, where SGLang installs no auth) a web page the operator
   opens could otherwise post to reset/disable/trace_policy.  Clients that send no ``Origin``
@@ -79,6 +82,28 @@ def _default(obj: Any) -> Any:
     if hasattr(obj, "to_dict"):
         return obj.to_dict()
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Response | None]:
+    """The request's JSON body, or an error reply: 413 above ``limit`` bytes, 400 (``hint`` says
+    what the route takes) for a body that is not strict JSON."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None, error(413, f"body is {declared} bytes; this route takes at most {limit}")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            return None, error(413, f"body is over {limit} bytes, the most this route takes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_no_constant), None
+    except (ValueError, RecursionError) as exc:
+        return None, error(400, f"{hint} ({type(exc).__name__}: {str(exc)[:80]})")
 
 
 def foreign_origin(request: Request) -> str | None:

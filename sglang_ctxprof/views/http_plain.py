@@ -7,7 +7,8 @@ here?") needs the other arm measured on the same model, so the operator register
 
 * ``POST /ctx_profile/plain[?source=NAME]`` (admin) - body: a plain server's ``/ctx_profile`` JSON.
   Refused with 400 when it is not a profile, holds no decode step, or holds speculative steps (it
-  would not be plain decode); 413 above :data:`MAX_BODY` bytes.  Replaces any earlier reference.
+  would not be plain decode) or cannot be read as one (a field of the wrong type); 413 above
+  :data:`MAX_BODY` bytes.  Replaces any earlier reference.
 * ``GET /ctx_profile/plain`` - what is registered (source, when, buckets and steps), or ``registered:
   false``.
 * ``DELETE /ctx_profile/plain`` (admin) - forget it.
@@ -22,7 +23,6 @@ no number is invented.  Only timings and lengths are held, as in every profile.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -31,9 +31,9 @@ from starlette.requests import Request
 
 from ..model import names
 from ..model.names import Phase
-from .diagnosis import Evidence, evidence_from_profile
+from .diagnosis import Evidence, diagnose, evidence_from_profile
 from .http_context import PlainStore, ReadContext, Route
-from .http_guard import error as _error
+from .http_guard import error as _error, json_body
 from .profile import Profile
 
 MAX_BODY = 16 * 2**20  # bytes of a registered profile body
@@ -90,23 +90,20 @@ async def post_plain(store: PlainStore, request: Request):
     src = qp.get("source", "registered plain profile")
     if not src or len(src) > MAX_SOURCE:
         return _error(400, f"source must be 1-{MAX_SOURCE} characters")
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        return _error(413, f"body is {len(raw)} bytes; a plain profile must be under {MAX_BODY}")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return _error(400, "body must be a /ctx_profile JSON body of a plain-decode server")
+    body, bad = await json_body(request, MAX_BODY, "body must be a /ctx_profile JSON body of a plain-decode server")
+    if bad is not None:
+        return bad
     if not isinstance(body, dict) or "buckets" not in body:
         return _error(400, "body must be a /ctx_profile JSON object (with \"buckets\") of a plain-decode server")
-    try:
+    try:  # every failure to read the body as a profile is the body's: a 400, never a strike of the guard
         profile = Profile.from_dict(body)
-    except ValueError as exc:
-        return _error(400, str(exc)[:300])
-    why = check(profile)
-    if why:
-        return _error(400, why)
-    ev = evidence_from_profile(profile, source=f"plain reference: {src}")
+        why = check(profile)
+        if why:
+            return _error(400, why)
+        ev = evidence_from_profile(profile, source=f"plain reference: {src}")
+        diagnose(ev, plain=ev)  # every path of a diagnosis that reads it, once here: it cannot fail there
+    except Exception as exc:  # noqa: BLE001 - a malformed field of any kind (wrong type, missing key)
+        return _error(400, f"not a usable /ctx_profile body: {type(exc).__name__}: {str(exc)[:200]}")
     store.ref = PlainReference(ev, src, time.time(), tuple(b.label for b in profile.buckets if b.steps),
                                sum(b.steps for b in profile.buckets))
     return {"ok": True, **_describe(store.ref)}

@@ -211,6 +211,27 @@ def test_huge_number_in_the_trace_policy_is_a_4xx(server, warm):
     assert status == 200 and body["trace_policy"]["slow_tok_s"] < 1e300, body
 
 
+def test_malformed_bodies_are_4xx_and_switch_nothing_off(server, warm):
+    """Bodies past the JSON parser's nesting, with NaN, of the wrong field types, or too large: a
+    4xx each, however many in a row (three 500s in a row used to switch every route off)."""
+    profile = http("GET", server.url + R)[1]
+    plainish = [{**b, "phases": {k: v for k, v in b["phases"].items() if k not in ("verify", "draft")}}
+                for b in profile["buckets"]]  # passes the plain check, then a field of the wrong type:
+    robust_x = {**profile, "algorithms": [], "buckets": [{**b, "robust": "x"} for b in plainish]}
+    cases = [(f"{R}/trace_policy", b"[" * 3000, 400), (f"{R}/plain", b"[" * 100_000, 400),
+             (f"{R}/trace_policy", b'{"slow_tok_s": NaN}', 400), (f"{R}/plain", json.dumps(robust_x).encode(), 400),
+             (f"{R}/trace_policy", b'{"mode": "' + b"a" * 10_000 + b'"}', 413)]
+    for path, data, want in cases:
+        for _ in range(4):
+            status, body, ctype = raw("POST", server.url + path, data)
+            assert status == want, (path, data[:20], status, body[:300])
+            assert_json_4xx(status, body, ctype, path)
+    for path in (R, f"{R}/status", f"{R}/diagnosis", f"{R}/plain"):
+        status, body = http("GET", server.url + path)
+        assert status == 200, (path, body)
+    assert http("GET", server.url + R)[1]["degraded"] is None
+
+
 def test_cross_origin_writes_are_refused(server, warm):
     """SGLang allows CORS from any origin; without a key a page could post reset/disable."""
     before = http("GET", server.url + R)[1]["totals"]["decode_steps"]

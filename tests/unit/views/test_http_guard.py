@@ -26,7 +26,12 @@ def client(monkeypatch):
     async def write(request: Request):
         return {"ok": True}
 
+    async def body(request: Request):
+        got, bad = await http_guard.json_body(request, 8192, "a small JSON body")
+        return bad if bad is not None else {"got": got}
+
     app = fastapi.FastAPI()
+    app.add_api_route("/body", http_guard.guarded(body), methods=["POST"])
     app.add_api_route("/inf", http_guard.guarded(inf_reply), methods=["GET"])
     app.add_api_route("/w", http_guard.guarded(write), methods=["POST", "GET"])
     return TestClient(app, raise_server_exceptions=False)
@@ -50,3 +55,35 @@ def test_writes_only_from_the_servers_own_origin(client, origin, expect):
     if expect == 403:
         assert "cross-origin" in r.json()["error"]
     assert client.get("/w", headers=headers).status_code == 200  # reads are not writes
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"[" * 5000, 400),  # nests past the parser's recursion: RecursionError, not ValueError
+    (b'{"x": NaN}', 400),
+    (b'{"x": -Infinity}', 400),
+    (b"\xff\xfe", 400),
+    (b"", 400),
+    (b'{"x": "' + b"a" * 9000 + b'"}', 413),
+])
+def test_a_bad_body_is_a_4xx_and_strikes_nothing(client, data, status):
+    """A body is the client's: however it is wrong, a 4xx, and the guard counts no failure of ours."""
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.post("/body", content=data)
+        assert r.status_code == status, (data[:20], r.status_code, r.text[:200])
+        assert r.json()["error"]
+    assert http_guard.guard().ok("http") and http_guard._strikes == 0
+    assert client.post("/body", content=b'{"x": [1, 2]}').json() == {"got": {"x": [1, 2]}}
+
+
+def test_a_body_over_the_limit_is_refused_by_its_declared_length_or_as_it_streams(client):
+    r = client.post("/body", content=b"1" * 8193, headers={"content-length": "8193"})
+    assert r.status_code == 413 and "8193 bytes" in r.json()["error"]
+
+    def chunks():  # no Content-Length: counted as it streams
+        yield b"[1"
+        for _ in range(5000):
+            yield b",1"
+        yield b"]"
+
+    r = client.post("/body", content=chunks())
+    assert r.status_code == 413, r.text

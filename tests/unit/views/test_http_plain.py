@@ -171,3 +171,44 @@ def test_the_page_draws_the_ledger_from_these_fields_only(client):
     html = ui.read("index.html").decode()
     for el in ("ledger-box", "ledger-source", "ledger-verdict", "ledger", "ledger-notes"):
         assert f'id="{el}"' in html, el
+
+
+def _broken_bodies():
+    """Bodies that look like a plain profile and hold a field of the wrong type (each used to raise
+    past the route's ValueError check: a 500, and three in a row switched every route off)."""
+    for key, val in (("robust", "x"), ("robust.step_ms", [])):
+        b = _plain_body()
+        for bk in b["buckets"]:
+            if "." in key:
+                bk["robust"][key.split(".")[1]] = val
+            else:
+                bk[key] = val
+        yield f"buckets[].{key}={val!r}", b
+    b = _plain_body()
+    b["acceptance_by_ctx"] = "x"
+    yield "acceptance_by_ctx='x'", b
+
+
+@pytest.mark.parametrize("what, body", list(_broken_bodies()))
+def test_a_malformed_plain_body_is_a_400_and_switches_nothing_off(client, what, body):
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.post(names.ROUTE_PLAIN, content=json.dumps(body))
+        assert r.status_code == 400, (what, r.status_code, r.text[:300])
+        assert "not a usable /ctx_profile body" in r.json()["error"], r.text
+    assert client.get(names.ROUTE_PLAIN).json()["registered"] is False
+    assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+    assert http_guard.guard().ok("http")
+
+
+def test_a_plain_body_past_the_parser_or_with_nan_is_a_400(client):
+    for data in (b"[" * 100_000, b'{"buckets": [], "x": NaN}'):
+        for _ in range(http_guard.STRIKES + 1):
+            r = client.post(names.ROUTE_PLAIN, content=data)
+            assert r.status_code == 400, (data[:20], r.status_code, r.text[:200])
+    assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+
+
+def test_a_plain_body_over_the_cap_is_a_413(client, monkeypatch):
+    monkeypatch.setattr(http_plain, "MAX_BODY", 1000)
+    r = client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body()))
+    assert r.status_code == 413, r.text
