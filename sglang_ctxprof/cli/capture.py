@@ -4,13 +4,15 @@ Asks ``POST /ctx_profile/capture`` (admin level: ``--admin-key``), waits until t
 (``/ctx_profile/status``), then writes the trace SGLang's profiler exported (``<id>.trace.json.gz``)
 and the merged timeline (``<id>.timeline.json``: the trace with ctxprof's step slices, for
 ui.perfetto.dev or chrome://tracing) into ``--out``.  A refusal (the budget's cooling-off, a
-capture already running) or a failure is one line and a non-zero exit.
+capture already running) or a failure is one line and a non-zero exit, and so is a capture id
+that could name a file outside ``--out`` (the server chooses it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -18,6 +20,9 @@ import urllib.request
 from typing import Any
 
 from ..model import names
+from .main import printable
+
+_CID_RE = re.compile(names.RID_PATTERN)  # what the server's capture route accepts: no "/", URL-safe
 
 
 def add_cli_args(ap) -> None:
@@ -66,7 +71,9 @@ def run(ns) -> int:
     q = {k: v for k, v in (("rid", ns.rid), ("steps", ns.steps)) if v is not None}
     path = names.ROUTE_CAPTURE + ("?" + urllib.parse.urlencode(q) if q else "")
     body = _json(ns, *_call(ns, "POST", path, ns.admin_key), "capture refused")
-    cid = body["captures"][0]["id"]
+    cid = str(body["captures"][0]["id"])
+    if not _CID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
+        raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
     t0 = time.time()
     while True:

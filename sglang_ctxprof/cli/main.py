@@ -4,6 +4,11 @@ Each subcommand module exposes ``add_cli_args(parser)`` and ``run(namespace) -> 
 failures (bad arguments, unreachable server, ...) print one ``error:`` line with a usage hint and
 exit non-zero; they never print a traceback.  So does a missing package: the line names the extra
 (or the dependency) that brings it, from :data:`PROVIDED_BY`.
+
+Every line the CLI prints passes :class:`Escaping` while :func:`main` runs: the server's answers
+(rids, errors, labels) are other people's strings, and a control character in one (an escape
+sequence, a carriage return, a bidi control) reaches the terminal as a Python escape, never raw.
+Newlines and tabs of our own layout pass.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 # name -> (module, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -96,7 +101,39 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def printable(s: Any, keep: str = "") -> str:
+    """``s`` as a terminal may see it: every character that is not printable (escape sequences,
+    newlines, bidi controls), except those in ``keep``, written as a Python escape."""
+    s = str(s)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in s)
+
+
+class Escaping:
+    """A text stream that writes :func:`printable` text (newlines and tabs kept) to ``inner``."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+
+    def write(self, s: str) -> int:
+        self.inner.write(printable(s, keep="\n\t"))
+        return len(s)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, encoding, fileno ...: the inner stream's
+        return getattr(self.inner, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Escaping(out), Escaping(err)
+    try:
+        return _run(argv)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         ap = build_parser()
     except ModuleNotFoundError as exc:

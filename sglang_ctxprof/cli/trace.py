@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from ..model import names
 from ..model.names import Phase
+from .main import printable
 
 COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
         ("step_ms", 9), ("draft", 8), ("verify", 8), ("v.attn", 8), ("v.moe", 8), ("v.rest", 8),
@@ -87,15 +88,6 @@ def fetch(ns) -> list[dict[str, Any]]:
 
 def _f(v: Any, nd: int = 2) -> str:
     return "-" if v is None else f"{float(v):.{nd}f}"
-
-
-def printable(s: Any) -> str:
-    """A server-supplied string as the terminal may see it: control characters (escape sequences,
-    newlines, bidi controls) are written as Python escapes, printable text is kept."""
-    s = str(s)
-    if s.isprintable():
-        return s
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in s)
 
 
 def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:

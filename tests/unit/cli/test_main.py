@@ -3,20 +3,24 @@ and never a traceback - through the installed ``sglang-ctxprof`` script and ``py
 
 Each case runs in a subprocess with a timeout, so a missing validation that would go on to build a
 model or start a server fails the test instead of hanging it.  Nothing here needs a server: the
-"unreachable" cases use a closed local port.
+"unreachable" cases use a closed local port; the hostile-server cases a local HTTP server whose
+answers carry terminal control sequences.
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from sglang_ctxprof.cli.main import SUBCOMMANDS
+from sglang_ctxprof.cli.main import SUBCOMMANDS, main
 
 SCRIPT = Path(sys.executable).with_name("sglang-ctxprof")
 
@@ -90,3 +94,51 @@ def test_no_command_prints_usage_and_fails():
     p = run([])
     assert p.returncode == 2 and "Traceback" not in p.stdout + p.stderr
     assert "usage:" in (p.stdout + p.stderr)
+
+
+# ------------------------------------------------------------------ other people's strings, escaped
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\rrid\u202e"
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """A server whose answers carry terminal control sequences: in an error, and as a capture id."""
+
+    def _send(self, code: int, body: dict) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):
+        self._send(404, {"error": f"request {HOSTILE} not found"})
+
+    def do_POST(self):
+        self._send(200, {"accepted": True, "captures": [{"id": f"../../{HOSTILE}"}]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def hostile_url():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_server_supplied_error_reaches_the_terminal_escaped(hostile_url, capsys):
+    assert main(["trace", "--url", hostile_url, "r1"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err and "\u202e" not in err and "\x07" not in err, repr(err)
+    assert "\\x1b]0;owned\\x07" in err and err.endswith("--help\n"), repr(err)
+
+
+def test_a_capture_id_that_is_not_one_is_refused_before_any_file(hostile_url, capsys, tmp_path):
+    assert main(["capture", "--url", hostile_url, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "not a capture id" in err and "\x1b" not in err, repr(err)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.parent.glob("*.trace.json.gz"))
