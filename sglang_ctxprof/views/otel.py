@@ -36,7 +36,8 @@ The request span's parent is the record's W3C ``traceparent`` when SGLang passed
 :func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
 environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
 path) bounded by our own counter: a request whose spans do not fit in the room left is dropped whole
-(``requests_dropped``, its spans in ``spans_dropped``), never cut (its root ends last), and
+(``requests_dropped``, its spans in ``spans_dropped``), never cut (its root ends last; every
+step row is read before its first span starts, so a row that cannot be read raises before any), and
 counters of exported and dropped spans (:class:`ExportStats`) for ``/ctx_profile``.
 It never calls ``trace.set_tracer_provider``.
 """
@@ -50,7 +51,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..model import names
 from ..model.config import DEFAULT_OTEL_QUEUE
-from ..model.layout import lay_phases
+from ..model.layout import PhaseSlice, lay_phases
 from ..model.names import Phase
 from ..model.records import step_end_ns
 from .capture_refs import span_attrs
@@ -277,6 +278,7 @@ class OtelView:
             attrs[names.ATTR_CTX_LEN] = int(req["ctx_last"])
         if req.get("captures"):  # deep captures that covered its steps: views.capture_refs
             attrs.update(span_attrs(req["captures"], (r["step_id"] for r in rows)))
+        plan = [self._step_plan(r) for r in rows]  # every row read before the first span starts
         if not self.stats.admit(_span_count(req, rows)):
             return  # the root ends last: a partial request would lose it, so none of it is queued
         root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
@@ -288,8 +290,8 @@ class OtelView:
             self._span(names.SPAN_PREFILL, ctx, t0, step_end_ns(t0, pre_ms),
                        {names.ATTR_PHASE: Phase.PREFILL.value})
             n += 1
-        for r in rows:
-            n += self._step(ctx, r)
+        for step in plan:
+            n += self._step(ctx, *step)
         root.end(end_time=t_end)
         self.stats.add(requests_exported=1)
 
@@ -298,7 +300,9 @@ class OtelView:
         s.end(end_time=max(start, end))
         return s
 
-    def _step(self, ctx: Any, r: Mapping[str, Any]) -> int:
+    def _step_plan(self, r: Mapping[str, Any]) -> tuple[int, int, dict[str, Any], list[PhaseSlice]]:
+        """A step row's span times, attributes and phase slices, read whole: a malformed row raises
+        here, before any span of its request exists, so a request is never exported in part."""
         s0 = int(r["t_start_ns"])
         s1 = step_end_ns(s0, r["step_ms"])
         attrs = {
@@ -313,10 +317,13 @@ class OtelView:
         }
         if self.bucket_label is not None:
             attrs[names.ATTR_CTX_BUCKET] = self.bucket_label(r["ctx_len"])
+        return s0, s1, attrs, lay_phases(r.get("phases_ms") or {}, s0, s1)  # top phases, then children
+
+    def _step(self, ctx: Any, s0: int, s1: int, attrs: dict[str, Any], slices: list[PhaseSlice]) -> int:
         step = self.tracer.start_span(names.SPAN_STEP, context=ctx, start_time=s0, attributes=attrs)
         sctx = self._trace.set_span_in_context(step)
         n, parents = 1, {}  # phase name -> its span (a split's children go under it)
-        for sl in lay_phases(r.get("phases_ms") or {}, s0, s1):  # top phases first, then their children
+        for sl in slices:
             parent = self._trace.set_span_in_context(parents[sl.parent]) if sl.parent else sctx
             parents[sl.name] = self._span(names.SPAN_PHASE_PREFIX + sl.name, parent, sl.start_ns, sl.end_ns,
                                           {names.ATTR_PHASE: sl.name})

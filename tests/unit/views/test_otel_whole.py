@@ -140,3 +140,23 @@ def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
     assert d["requests_exported"] == 1 and d["requests_dropped"] == 1
     assert d["spans_exported"] == 1 and d["spans_dropped"] == 2 + 3 * SPANS_PER_STEP
     view.shutdown()
+
+
+def test_a_malformed_step_row_exports_nothing_of_its_request():
+    """Every row is read before the first span starts: a row that cannot be read raises before any
+    span exists, so no step of the request is exported without its root."""
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=64)
+    view = OtelView(prov, stats)
+    req = _request("bad", 3)
+    rows = [dict(r) for r in req["step_rows"]]
+    del rows[-1]["batch_size"]
+    with pytest.raises(KeyError):
+        view.export_request({**req, "step_rows": rows})
+    view.export_request(_request("good", 1))
+    view.flush()
+    assert {s.attributes.get(names.ATTR_RID) for s in exp.spans if s.name == names.SPAN_REQUEST} == {"good"}
+    assert len(exp.spans) == 2 + SPANS_PER_STEP  # the good request whole, nothing of the bad one
+    assert stats.to_dict()["requests_exported"] == 1
+    view.shutdown()
