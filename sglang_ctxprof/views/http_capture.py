@@ -7,21 +7,26 @@
 * ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` (read level): the capture's record
   with the step records it covers; the trace file SGLang's profiler wrote (when it is on this
   host); or the merged timeline (``views.timeline``), built here in the HTTP process, never on
-  the scheduler thread.
+  the scheduler thread: loaded, merged and serialized on the build thread (``http_build.off_loop``),
+  one read at a time (the read gate), from a trace file of at most :data:`TIMELINE_MAX_BYTES` (413
+  above: fetch ``?format=trace`` instead); a file that cannot be read as a trace is a 409.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from typing import Any
 
 from starlette.requests import Request
 
 from ..model import names
+from .http_build import off_loop
 from .http_context import ReadContext, Route
 
 _RID_RE = re.compile(names.RID_PATTERN)
+TIMELINE_MAX_BYTES = 64 * 2**20  # a trace file merged into a timeline here (its JSON is ~10x in memory)
 
 
 def routes(rc: ReadContext) -> list[Route]:
@@ -86,9 +91,6 @@ def _load_trace(path: str) -> dict[str, Any]:
 async def get_capture(rc: ReadContext, request: Request):
     """One capture: ``?format=json`` (its record and step records), ``trace`` (the file SGLang's
     profiler wrote) or ``timeline`` (``views.timeline``: the trace with our step slices)."""
-    import asyncio
-    import os
-
     cid = request.path_params.get("cid", "")
     if not _RID_RE.match(cid):
         return _error(400, "malformed capture id")
@@ -117,7 +119,22 @@ async def get_capture(rc: ReadContext, request: Request):
         from fastapi.responses import FileResponse
 
         return FileResponse(path, filename=os.path.basename(path), media_type="application/gzip")
+    size = os.path.getsize(path)
+    if size > TIMELINE_MAX_BYTES:
+        return _error(413, f"capture file is {size} bytes; a timeline is merged here from at most "
+                           f"{TIMELINE_MAX_BYTES}: fetch ?format=trace and open it as it is")
+    steps = [(p.get("rank") or i, p.get("steps", [])) for i, p in enumerate(found)]
+    return await rc.gate.run(("timeline", cid), lambda: off_loop(_timeline_reply, path, info, steps))
+
+
+def _timeline_reply(path: str, info: dict[str, Any], steps: list[tuple[Any, Any]]) -> Any:
+    """The merged timeline's JSON reply (on the build thread); 409 when the file is no trace."""
+    from .http_guard import json_response
     from .timeline import merged_timeline
 
-    trace = await asyncio.to_thread(_load_trace, path)
-    return merged_timeline(trace, info, [(p.get("rank") or i, p.get("steps", [])) for i, p in enumerate(found)])
+    try:
+        trace = _load_trace(path)
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # truncated, deleted, not JSON
+        return _error(409, f"capture file {os.path.basename(path)!r} cannot be read as a trace: "
+                           f"{type(exc).__name__}: {str(exc)[:120]}")
+    return json_response(merged_timeline(trace, info, steps))

@@ -1,0 +1,76 @@
+"""``views.http_capture``: a capture's merged timeline, on the real routes (FastAPI TestClient).
+
+The schedulers' control channel is a fake answering ``capture`` with one done capture whose trace
+file is written here; the real-server proof of the whole capture path is
+tests/server/test_deep_capture.py.  A trace file that cannot be read is a 409 and one too large
+to merge here a 413: neither is a failure of ours, so neither counts against the routes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from sglang_ctxprof.model import names
+from sglang_ctxprof.model.guard import Guard
+from sglang_ctxprof.views import http, http_capture, http_guard
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+CID = "1-manual-0"
+TRACE = {"baseTimeNanoseconds": 0, "traceEvents": [
+    {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 7, "tid": 7, "ts": 10.0, "dur": 5.0}]}
+
+
+class FakeChannel:
+    def __init__(self, path: str):
+        self.path = path
+
+    async def ask(self, cmd: str, **args):
+        assert cmd == names.CMD_CAPTURE and args == {"id": CID}, (cmd, args)
+        info = {"id": CID, "trigger": "manual", "state": names.CAPTURE_DONE, "path": self.path, "step_ids": []}
+        return [{"rank": {"tp": 0}, "capture": info, "steps": []}]
+
+
+@pytest.fixture()
+def trace_file(tmp_path):
+    path = tmp_path / f"{CID}.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(TRACE, f)
+    return path
+
+
+@pytest.fixture()
+def client(monkeypatch, trace_file):
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    app = fastapi.FastAPI()
+    http.install_routes(app, FakeChannel(str(trace_file)), admin=lambda f: f)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+URL = f"{names.ROUTE_CAPTURE}/{CID}?format=timeline"
+
+
+def test_the_timeline_merges_the_trace_file(client):
+    r = client.get(URL)
+    assert r.status_code == 200, r.text
+    assert sum(1 for e in r.json()["traceEvents"] if e.get("name") == "aten::mm") == 1
+
+
+def test_a_truncated_trace_file_is_a_409_and_switches_nothing_off(client, trace_file):
+    trace_file.write_bytes(trace_file.read_bytes()[:20])
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.get(URL)
+        assert r.status_code == 409 and "cannot be read as a trace" in r.json()["error"], r.text
+    assert http_guard.guard().ok("http") and client.get(names.ROUTE_CAPTURE + f"/{CID}").status_code == 200
+
+
+def test_a_trace_file_too_large_to_merge_here_is_a_413(client, monkeypatch, trace_file):
+    monkeypatch.setattr(http_capture, "TIMELINE_MAX_BYTES", trace_file.stat().st_size - 1)
+    r = client.get(URL)
+    assert r.status_code == 413 and "?format=trace" in r.json()["error"], r.text
+    assert client.get(f"{names.ROUTE_CAPTURE}/{CID}?format=trace").status_code == 200
