@@ -14,8 +14,8 @@ The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 * one capture at a time and at most one per ``interval_s``; a trigger inside that window is
   suppressed and counted by trigger (``suppressed``);
 * at most ``max_steps`` steps;
-* a byte cap on the kept files in ``dir``: after each export the oldest are deleted first, and a
-  capture that alone exceeds the cap is deleted and marked failed;
+* a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds the cap
+  is deleted and marked failed (the older ones stay), then the oldest are deleted until the rest fit;
 * the trace export runs on a thread of its own (``adapter_capture.stop``); the scheduler thread only
   stops the profiler.  While it runs, the longest interval between two step starts is kept
   (``export_gap_ms``).
@@ -35,6 +35,7 @@ pair's spread bounds the error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -105,7 +106,7 @@ class Capture:
         self.guard = guard
         self.armed = False  # the hot path's one check: a capture is pending, running or exporting
         self.auto = cfg.auto  # automatic triggers (turned off on multi-rank groups at bind)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # current, exporting, armed, history (and the cap's books): any thread
         self.current: Optional[CaptureInfo] = None  # pending or running
         self.exporting: Optional[CaptureInfo] = None
         self.history: deque[CaptureInfo] = deque(maxlen=HISTORY)
@@ -162,8 +163,9 @@ class Capture:
             return {"accepted": True, "capture": info.to_dict()}
 
     def observe(self, rec: StepRecord, agg: Aggregator) -> None:
-        """The automatic triggers, on the drain thread right after the aggregator ``agg`` took
-        ``rec`` (under the recorder's lock)."""
+        """The automatic triggers, for ``rec`` after the aggregator ``agg`` took it: the recorder feeds
+        its sinks (:class:`CaptureSink`) on the drain thread, or the thread that flushes it, under the
+        sink lock and outside the aggregator's lock, so ``agg`` may already hold later records."""
         if not self.auto:
             return
         if self.tail is not None:  # first: it also names the request
@@ -217,7 +219,8 @@ class Capture:
         self._last_tick_ns = t
         info = self.current
         if info is None:
-            self.armed = exp is not None
+            with self._lock:  # a trigger may have asked for one since ``current`` was read
+                self.armed = self.current is not None or self.exporting is not None
             return
         rids = adapter_capture.batch_rids(batch)
         if info.state == names.CAPTURE_RUNNING:
@@ -297,12 +300,14 @@ class Capture:
             self._end(info, names.CAPTURE_FAILED, info.error or "SGLang's profiler exported nothing")
 
     def _end(self, info: CaptureInfo, state: str, error: str = "") -> None:
-        info.state, info.error = state, error or info.error
-        if self.current is info:
-            self.current = None
-        if self.exporting is info:
-            self.exporting = None
-        self.armed = self.current is not None or self.exporting is not None
+        """End ``info`` (scheduler or export thread) under the lock: a capture asked for meanwhile stays armed."""
+        with self._lock:
+            info.state, info.error = state, error or info.error
+            if self.current is info:
+                self.current = None
+            if self.exporting is info:
+                self.exporting = None
+            self.armed = self.current is not None or self.exporting is not None
         if error:
             logger.warning("sglang-ctxprof: capture %s %s: %s", info.id, state, error)
 
@@ -323,38 +328,41 @@ class Capture:
             return
         info.export_ms = (time.perf_counter() - t0) * 1e3
         with self._lock:
-            self._enforce_cap()
+            self._enforce_cap(info)
         if info.state == names.CAPTURE_EXPORTING:
             self._end(info, names.CAPTURE_DONE)
         logger.info("sglang-ctxprof: capture %s (%s) done: %d steps, %d bytes, export %.0f ms -> %s",
                     info.id, info.trigger, len(info.step_ids), info.bytes, info.export_ms, path)
 
-    def _enforce_cap(self) -> None:
-        """Delete the oldest kept captures until the kept bytes fit the cap; the newest too (marked
-        failed) when it alone is over."""
+    def _enforce_cap(self, new: CaptureInfo) -> None:
+        """After ``new`` was written (under the lock): ``new`` itself first when it alone is over the cap
+        (deleted, marked failed; the older ones stay), then the oldest kept, until the kept bytes fit."""
         cap = int(self.cfg.max_mb * 1024 * 1024)
+        if new.bytes > cap:
+            self._delete(new)
         kept = [c for c in self.history if c.path and c.state in (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)
                 and os.path.exists(c.path)]
         total = sum(c.bytes for c in kept)
         for c in kept:
             if total <= cap:
                 break
-            try:
-                if c.path is not None:
-                    os.remove(c.path)
-            except OSError:
-                pass
+            self._delete(c)
             total -= c.bytes
-            self.deleted += 1
-            if c.state == names.CAPTURE_EXPORTING:
-                self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
-            else:
-                c.state = names.CAPTURE_DELETED
         self.bytes_kept = total
+
+    def _delete(self, c: CaptureInfo) -> None:
+        """Delete a kept capture's file: a done one is ``deleted``, one still exporting ``failed``."""
+        with contextlib.suppress(OSError):
+            os.remove(c.path or "")  # kept captures have a path
+        self.deleted += 1
+        if c.state == names.CAPTURE_EXPORTING:
+            self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
+        else:
+            c.state = names.CAPTURE_DELETED
 
     # ---- reading ---------------------------------------------------------------------------------------
     def find(self, cid: str) -> Optional[CaptureInfo]:
-        return next((c for c in self.history if c.id == cid), None)
+        return next((c for c in list(self.history) if c.id == cid), None)
 
     def for_rid(self, rid: str) -> list[dict[str, Any]]:
         return [c.to_dict() for c in list(self.history) if rid in c.rids or c.rid == rid]
@@ -372,7 +380,7 @@ class Capture:
             "suppressed": dict(self.suppressed),
             "deleted": self.deleted,
             "bytes_kept": self.bytes_kept,
-            "captures": [x.to_dict() for x in self.history],
+            "captures": [x.to_dict() for x in list(self.history)],
         }
 
 

@@ -7,6 +7,7 @@ on it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ import pytest
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect import hooks
-from sglang_ctxprof.collect.capture import MIN_BUCKET_STEPS, Capture
+from sglang_ctxprof.collect.capture import MIN_BUCKET_STEPS, Capture, CaptureInfo
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings
 from sglang_ctxprof.model.records import RankId, StepRecord
@@ -253,3 +254,114 @@ def test_a_declared_phase_block_is_a_profiler_range_only_while_a_capture_runs(tm
         hooks.SESSION = old
     got = [e.name for e in prof.events() if e.name.startswith(names.RANGE_PREFIX)]
     assert got == ["ctxprof.verify step=7 ctx=70"] and [m[0] for m in b.marks] == ["draft", "verify"]
+
+
+# ---- races with a trigger on another thread, and the byte cap ------------------------------------------
+class Racing(CaptureInfo):
+    """A kept capture that lets a trigger in (``Capture.request``, as the drain thread calls it) the
+    first time ``attr`` of it is read: a reader that iterates the history meets an append."""
+
+    def __init__(self, cap: Capture, attr: str) -> None:
+        super().__init__(id="0-manual-0", trigger=names.TRIGGER_MANUAL, steps=1, state=names.CAPTURE_DONE)
+        self.race = (cap, attr)
+
+    def __getattribute__(self, name: str):
+        race = object.__getattribute__(self, "__dict__").get("race")
+        if race is not None and name == race[1]:
+            self.__dict__["race"] = None
+            race[0].request(names.TRIGGER_HOST_GAP, now_s=5000.0)
+        return object.__getattribute__(self, name)
+
+
+def test_status_and_find_read_the_history_while_a_trigger_appends_to_it(tmp_path):
+    cap = Capture(settings(tmp_path, interval_s=0.0))
+    cap.history.append(Racing(cap, "to_dict"))
+    st = cap.status()  # a trigger fired while the status copied the captures
+    assert [c["id"] for c in st["captures"]] == ["0-manual-0"] and len(cap.history) == 2
+    cap = Capture(settings(tmp_path, interval_s=0.0))
+    cap.history.append(Racing(cap, "id"))
+    assert cap.find("nobody") is None and len(cap.history) == 2
+    assert cap.find(cap.current.id) is cap.current
+
+
+def exporting(cap: Capture, path, cid: str = "new") -> CaptureInfo:
+    """A capture stopped on the scheduler thread, its trace to be written to ``path`` (``_export_async``)."""
+    info = CaptureInfo(id=cid, trigger=names.TRIGGER_MANUAL, steps=1, state=names.CAPTURE_EXPORTING,
+                       path=str(path))
+    cap.history.append(info)
+    cap.exporting, cap.armed = info, True
+    return info
+
+
+def kept(cap: Capture, path, size: int, cid: str) -> CaptureInfo:
+    with open(path, "wb") as f:
+        f.truncate(size)
+    info = CaptureInfo(id=cid, trigger=names.TRIGGER_MANUAL, steps=1, state=names.CAPTURE_DONE,
+                       path=str(path), bytes=size)
+    cap.history.append(info)
+    return info
+
+
+class SizedProfiler:
+    """torch's profiler after ``stop()``: ``export_chrome_trace`` writes the trace file (``size`` bytes)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def export_chrome_trace(self, path: str) -> None:
+        with open(path, "wb") as f:
+            f.truncate(self.size)
+
+
+def test_a_capture_alone_over_the_cap_is_deleted_and_the_older_ones_are_kept(tmp_path):
+    mb = 1024 * 1024
+    cap = Capture(settings(tmp_path, max_mb=1.0))
+    old = [kept(cap, tmp_path / f"old{i}.json.gz", int(0.3 * mb), f"old{i}") for i in range(2)]
+    new = exporting(cap, tmp_path / "new.json.gz")
+    cap._export(new, SizedProfiler(2 * mb), new.path)  # the export thread's work
+    assert new.state == names.CAPTURE_FAILED and "byte cap" in new.error and not os.path.exists(new.path)
+    assert [c.state for c in old] == [names.CAPTURE_DONE] * 2 and all(os.path.exists(c.path) for c in old)
+    assert cap.bytes_kept == 2 * int(0.3 * mb) and cap.deleted == 1 and not cap.armed
+    # one that fits with the newest is kept, and the oldest go first to make room
+    newer = exporting(cap, tmp_path / "newer.json.gz", "newer")
+    cap._export(newer, SizedProfiler(int(0.6 * mb)), newer.path)
+    assert [c.state for c in (*old, newer)] == [names.CAPTURE_DELETED, names.CAPTURE_DONE, names.CAPTURE_DONE]
+    assert cap.bytes_kept == int(0.3 * mb) + int(0.6 * mb) and cap.deleted == 2
+
+
+class Interleaved(Capture):
+    """A capture where, on this thread's first read of ``attr`` (``current`` or ``exporting``) that
+    finds it None, a trigger on another thread (``request``, as the drain thread) runs, given
+    ``wait_s`` to finish: it waits for the lock where one is held."""
+
+    def __init__(self, cfg: CaptureSettings, attr: str, wait_s: float = 0.5) -> None:
+        super().__init__(cfg)
+        self.attr, self.wait_s, self.other = attr, wait_s, None
+
+    def __getattribute__(self, name: str):
+        value = object.__getattribute__(self, name)
+        if value is None and name == self.__dict__.get("attr") and self.__dict__.get("other") is None \
+                and threading.current_thread() is threading.main_thread():
+            self.other = t = threading.Thread(target=self.request, args=(names.TRIGGER_HOST_GAP,),
+                                              kwargs={"now_s": 9000.0})
+            t.start()
+            t.join(self.wait_s)
+        return value
+
+
+def test_the_end_of_an_export_never_disarms_a_capture_a_trigger_just_asked_for(tmp_path):
+    cap = Interleaved(settings(tmp_path, interval_s=0.0), "exporting")
+    info = exporting(cap, tmp_path / "new.json.gz")
+    cap._end(info, names.CAPTURE_DONE)  # the export thread ends its capture while a trigger fires
+    cap.other.join(5.0)
+    assert cap.current is not None and cap.current.state == names.CAPTURE_PENDING
+    assert cap.armed  # else no tick ever starts it, and every later trigger is refused
+
+
+def test_a_tick_never_disarms_a_capture_a_trigger_just_asked_for(tmp_path):
+    cap, s = Interleaved(settings(tmp_path, interval_s=0.0), "current", wait_s=5.0), CaptureScheduler()
+    cap.armed = True  # the tick after an export ended: nothing pending, so it disarms
+    s.step(cap)  # a trigger fires between its read of ``current`` and its write of ``armed``
+    assert cap.current is not None and cap.armed
+    s.step(cap)
+    assert cap.current.state == names.CAPTURE_RUNNING
