@@ -119,7 +119,7 @@ class GraphTimer:
         self._retired: list[tuple[Hashable, list]] = []  # sets of replaced graphs, until cleanup
         self._gen: dict[Hashable, int] = {}
         self._tracked: set[int] = set()  # backends with a weak-reference finalizer
-        self._gone: list[int] = []  # backends garbage-collected, released at the next capture or read
+        self._gone: list[int] = []  # backends garbage-collected, released at the next copy decision or read
         self._capture_key: Optional[Hashable] = None
         self._depth = 0
         self._t0 = 0.0
@@ -167,7 +167,9 @@ class GraphTimer:
 
     # ---- capture of a timed copy ------------------------------------------------------------------
     def wants_copy(self, backend_id: Any, size: Optional[int]) -> bool:
-        """Whether this newly captured shape gets a timed copy: configuration and capture order only."""
+        """Whether this newly captured shape gets a timed copy: configuration and capture order only.
+        A gone backend is forgotten first: one at its address (CPython reuses ids) starts at index 0."""
+        self._release_gone()
         index = self._index[backend_id] = self._index.get(backend_id, -1) + 1
         return self.timed and self.copies_off is None and shape_selected(self.timed_shapes, index, size)
 
@@ -175,7 +177,9 @@ class GraphTimer:
         self.refused[why] = self.refused.get(why, 0) + 1
 
     def track(self, backend: Any) -> None:
-        """Release the events of ``backend``'s copies once it is garbage-collected."""
+        """Release the events of ``backend``'s copies once it is garbage-collected.  A gone backend is
+        forgotten first (its finalizer ran before its id could be reused): one at its address gets its own."""
+        self._release_gone()
         bid = id(backend)
         if bid not in self._tracked:
             self._tracked.add(bid)

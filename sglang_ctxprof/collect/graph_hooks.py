@@ -13,7 +13,8 @@ how the split is measured).  Unlike the step hooks in :mod:`.hooks`, these decid
   runner say so; ``graph_eager_fallback`` runs a sampled verify eagerly from the same rule.  Only
   the bookkeeping of this rank's reads (``GraphTimer.on_replay``) looks at this rank's step;
 * a failure of that decision's own code (deterministic, so alike on every rank) launches SGLang's
-  plain graph.
+  plain graph, or answers what SGLang answered (``overlap_gate``, ``graph_eager_fallback``), and
+  is reported as a ``hooks`` failure.
 """
 
 from __future__ import annotations
@@ -120,15 +121,21 @@ def graph_cleanup(original, self, *args, **kwargs):
 def overlap_gate(original, self, batch, last_batch, *args, **kwargs):
     """AFTER Scheduler.is_disable_overlap_for_batch: when the previous and the next step are both
     sampled (K = 1), process the previous one first, so the next timed replay cannot overwrite its
-    events before they are read.  Configuration and step ids only: every rank agrees."""
+    events before they are read.  Configuration and step ids only: every rank agrees.  A failure of
+    that decision answers SGLang's own ``out``."""
     out = original(self, batch, last_batch, *args, **kwargs)
     if out:
         return out
     p = hooks.profiler()
     g = p.graph if p is not None else None
-    if g is not None and g.hold_overlap(adapter.batch_step_id(last_batch), adapter.next_step_id(self)):
-        return True
-    return out
+    if g is None:
+        return out
+    try:
+        hold = g.hold_overlap(adapter.batch_step_id(last_batch), adapter.next_step_id(self))
+    except Exception as exc:  # noqa: BLE001 - alike on every rank: SGLang's answer
+        p.guard.fail("hooks", exc)
+        return out
+    return True if hold else out
 
 
 def graph_eager_fallback(original, self, *args, **kwargs):

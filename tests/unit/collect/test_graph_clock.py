@@ -6,6 +6,7 @@ import pytest
 
 from graph_rig import build, cleanup  # noqa: F401 - fixture and builder
 from sglang_ctxprof.collect.graph_clock import EAGER, PLAIN, TIMED, GraphTimer, shape_selected
+from sglang_ctxprof.collect.step import StepBuilder
 from sglang_ctxprof.model.config import CtxProfConfig, parse_timed_shapes
 
 
@@ -48,3 +49,39 @@ def test_a_shape_left_out_replays_the_plain_graph(monkeypatch, cleanup):
     copies = p.status()["split"]["timed_copies"]
     assert copies["shapes"] == 1 and copies["selection"] == "none"  # bs1 from before, no bs2
     assert not any(isinstance(k, tuple) and k[1] == "bs2" for k in target.backend._graphs)
+
+
+class Backend:
+    """A graph backend: only its identity matters to the timer (``id`` keys its shapes and events)."""
+
+
+class Event:
+    """An external event: the capture of a timed copy records it."""
+
+    def record(self) -> None:
+        return None
+
+
+def test_a_backend_at_a_freed_backends_address_starts_afresh(monkeypatch):
+    """CPython reuses a freed object's id: a new backend there gets its own shape index (a
+    selection that depended on when the old one was collected could differ across ranks) and its
+    own finalizer (its events are released once it is gone)."""
+    import sglang_ctxprof.collect.graph_clock as graph_clock
+
+    g = GraphTimer(Event, lambda: True, timed_shapes="every:2")
+    old = Backend()
+    bid = id(old)
+    g.track(old)
+    assert g.wants_copy(bid, 1)  # its first shape (index 0); a second (index 1) would not be timed
+    del old  # its finalizer has run: the id is free for the next object
+    monkeypatch.setattr(graph_clock, "id", lambda obj: bid, raising=False)  # ... and the next backend gets it
+    new = Backend()
+    assert g.wants_copy(bid, 1)  # its own first shape: index 0 again
+    g.track(new)
+    g.capture_begin((bid, "bs1"))
+    g.region("Attn", lambda: None, (), {})
+    g.capture_end((bid, "bs1"), True)
+    assert g.events == 2 and g.rule(0, (bid, "bs1")) == "timed"
+    del new
+    g.read(StepBuilder("decode", 0))  # the next read releases a gone backend's events
+    assert g.events == 0 and g.released == 2 and g.rule(0, (bid, "bs1")) == "plain"
