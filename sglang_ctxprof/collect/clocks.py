@@ -168,6 +168,11 @@ class Parked:
             self.lost += 1
             on_evict(self._q.popleft())
 
+    def clear(self, on_drop: Callable[[Any], None]) -> None:
+        """Forget every parked item, oldest first, each through ``on_drop``."""
+        while self._q:
+            on_drop(self._q.popleft())
+
     def retry(self, try_finish: Callable[[Any], bool]) -> int:
         """Call ``try_finish(item)`` oldest first; stop at the first not ready (stream order)."""
         done = 0

@@ -3,7 +3,11 @@
 The scheduler thread pays only for what changes with the next step: per request, ``output_ids``
 (its length before and after SGLang processes the result), ``spec_verify_ct`` before and after
 (speculative decode), and whether it finished; per step, ``accept_lens`` as one list.  Each is one
-C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``), no Python loop per request.
+C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``: ``map`` over attribute
+getters); Python code runs per request only for those that finished (their ``finished_len``).  A
+prefill step adds two passes on that thread that call a Python function per request
+(``Profiler._host``): the client's trace context (``adapter.req_trace_parent``) and the prompt
+tokens found in the prefix cache (``adapter.req_cached_tokens``).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
 drain's work (:meth:`HostFacts.build`; at a batch of 256 they take 15-31 µs each at the median,
 where the two stages they replaced took 36-46).  First the phase arithmetic of a CPU-clock step (``step.resolve``, plain integers) and

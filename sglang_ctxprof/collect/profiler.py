@@ -149,7 +149,7 @@ class Profiler:
         self.recorder.start()
 
     def pause(self) -> None:
-        """Profiling switched off: forget the steps waiting for results; the drain thread ends once drained."""
+        """Profiling switched off: forget waiting steps (:meth:`drop_pending`); the drain thread ends when drained."""
         self.drop_pending()
         self.recorder.park()
 
@@ -221,9 +221,11 @@ class Profiler:
             self.pending_evicted += 1
 
     def drop_pending(self) -> None:
-        """Forget the steps still waiting for their results (the runtime toggle turned off)."""
+        """Forget the steps still waiting for their results, and the parked ones waiting for their device
+        times: their marks go back to the clock, as an evicted step's do (the runtime toggle turned off)."""
         while self.pending:
             release(self.pending.popitem(last=False)[1], self.clock)
+        self.parked.clear(lambda item: release(item[0], self.clock))
 
     def before_result(self, batch: Any) -> Optional[StepBuilder]:
         b = self.pending.get(adapter.step_id(batch))
@@ -334,11 +336,9 @@ class Profiler:
             "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
             "drain": "running" if self.recorder.running() else "stopped",  # stopped while off
             "parked": len(self.parked),
-            "submitted": self.recorder.submitted,
-            "dropped": self.recorder.dropped,
+            "submitted": self.recorder.submitted, "dropped": self.recorder.dropped,
             "sink_dropped": self.recorder.sink_dropped,  # aggregated, but a stalled sink never saw them
-            "pending": len(self.pending),
-            "pending_evicted": self.pending_evicted,
+            "pending": len(self.pending), "pending_evicted": self.pending_evicted,
             "unresolved": self.unresolved,
             "degraded": self.guard.status(),
             "hooks": self.hook_report,

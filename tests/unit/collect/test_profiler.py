@@ -360,3 +360,25 @@ def test_gpu_events_per_step_are_counted():
         _steps(sched, reqs, SAMPLE_EVERY, between=dev.run)
         # step span + draft, verify, attention, MoE, draft_extend: two events each
         assert p.status()["cost"]["events_per_step"] == 12 and dev.syncs == 0
+
+
+def test_disabling_forgets_the_steps_parked_for_their_device_times():
+    """A step whose device events were not complete at its result is parked; switching profiling
+    off forgets it (its events go back to the clock), so it never lands in the next period."""
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        cap = Capture(p)
+        sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
+        _steps(sched, reqs, 1)
+        dev = FakeDevice()
+        p.clock = clock = CudaEventClock(event_factory=lambda: dev.Event(enable_timing=True))
+        _steps(sched, reqs, 3)  # the device is behind: steps 2-4 wait for their events
+        assert len(p.parked) == 3
+        created = clock.created
+        session.disable()
+        assert len(p.parked) == 0 and p.status()["parked"] == 0
+        session.enable()
+        dev.run()  # the forgotten steps' events complete now
+        _steps(sched, reqs, 2, between=dev.run)
+        assert [r.step_id for r in cap.records()] == [1, 5, 6]
+        assert clock.created == created  # the new steps reuse the forgotten steps' events
