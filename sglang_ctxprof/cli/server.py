@@ -1,8 +1,9 @@
 """``ServerProcess``: start a real SGLang server, wait until it is ready, stop it without leftovers.
 
 The server runs in its own session (process group); on exit we send SIGTERM to the launcher, wait,
-then SIGKILL the whole group, so no scheduler or detokenizer survives.  Readiness means ``/health``
-answers 200 and ``/v1/models`` lists the model; a process that exits early, or a timeout, raises
+then SIGKILL the whole group, so no scheduler or detokenizer survives (also when the launcher
+has exited already: the group outlives its leader).  Readiness means ``/v1/models`` answers 200
+and lists the model; a process that exits early, or a timeout, raises
 :class:`ServerError` with the tail of the server log.
 
 Once ready, a server started with ``--skip-server-warmup`` (as ``cpu_args`` does) is sent SGLang's
@@ -204,21 +205,17 @@ class ServerProcess:
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:
             return
-        try:
-            pgid = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            pgid = None
+        pgid = self.proc.pid  # its own session: the group's id is the launcher's pid, even once it has exited
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
-        if pgid is not None:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:  # nothing of the group is left
+            pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -111,3 +111,36 @@ def test_free_ports_are_below_the_ephemeral_range_and_never_handed_out_twice():
     for p in ports[:20]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))  # free: nothing took it
+
+
+def test_stop_kills_the_group_after_its_launcher_has_exited_and_been_reaped(tmp_path):
+    """SGLang's launcher may exit before its scheduler does; once ``poll()`` has reaped it, its pid
+    names no process, but its group (its own session) still holds the children: stop kills them."""
+    import os
+    import sys
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    sp = ServerProcess([], port=1, timeout=5)
+    sp.cmd = [sys.executable, "-c", "import subprocess, sys; p = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pidfile)!r}, 'w').write(str(p.pid))"]
+    sp.spawn()
+    sp.proc.wait(timeout=20)  # the launcher exits, its child lives on in the group
+    assert not sp.alive()  # reaped
+    child = int(pidfile.read_text())
+    os.kill(child, 0)  # alive
+    sp.stop(timeout=1)
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        try:  # killed, not reaped yet (a zombie): gone
+            if open(f"/proc/{child}/stat").read().split()[2] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the launcher's child survived stop()")
