@@ -18,7 +18,8 @@ Output: ``SGLANG_CTXPROF_LOG=json`` (one JSON object a line) or ``text`` (key=va
 
 The logger is built with ``structlog.wrap_logger`` and our own processor chain.  We never call
 ``structlog.configure`` and never touch the ``logging`` module's root or SGLang's loggers, so
-SGLang's log format stays exactly as it was.  Imports structlog lazily (optional dependency).
+SGLang's log format stays exactly as it was.  structlog (a dependency of the package) is imported
+when the first log view is built, not when this module is.
 """
 
 from __future__ import annotations

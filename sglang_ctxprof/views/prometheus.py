@@ -1,7 +1,9 @@
 """Prometheus text exposition of a :class:`~.profile.Profile` (``?format=prometheus``).
 
 It uses the same family names and labels as the live metrics of ``views/metrics.py`` (which SGLang's
-``/metrics`` exports with ``--enable-metrics``), so a dashboard works on either:
+``/metrics`` exports with ``--enable-metrics``), less the live families' ``model_name`` label (the
+served profile merges ranks; a scrape job's labels name the server), so a dashboard that does not
+select on ``model_name`` works on either:
 
 * ``sglang_ctxprof_phase_seconds{phase, ctx_bucket}``: here a ``summary`` (``_count``, ``_sum`` and
   the 0.5/0.9/0.99 quantiles that ``/ctx_profile`` keeps) instead of the live histogram's ``le``
