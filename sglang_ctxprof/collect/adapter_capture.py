@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ..model.names import KIND_PREFILL
+from ..model.rids import short_rid
 from .adapter import batch_kind
 
 Export = Callable[[Any, str], None]  # (stopped torch profiler, path SGLang chose) -> None
@@ -109,7 +110,8 @@ def forward_ct(scheduler: Any) -> int:
 
 
 def batch_rids(batch: Any) -> tuple[str, ...]:
-    return tuple(getattr(r, "rid", "") for r in (getattr(batch, "reqs", None) or ()))
+    """The batch's request ids as the profiler keeps them (``model.rids.short_rid``)."""
+    return tuple(short_rid(getattr(r, "rid", "")) for r in (getattr(batch, "reqs", None) or ()))
 
 
 def is_prefill(batch: Any) -> bool:

@@ -105,6 +105,21 @@ def test_a_rid_capture_waits_for_its_request_and_stops_when_it_leaves(tmp_path):
     assert [x["id"] for x in cap.for_rid("r1")] == [cid] and cap.for_rid("nobody") == []
 
 
+def test_a_long_rid_is_captured_and_found_as_the_profiler_keeps_it(tmp_path):
+    """A client's long rid is kept short everywhere (``model.rids``): the route and the slow-request
+    trigger ask for the short one, and the batch's rids are read the same way."""
+    from sglang_ctxprof.model.rids import short_rid
+
+    long_rid = "r" * 300
+    cap, s = Capture(settings(tmp_path, steps=2)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_RID, rid=short_rid(long_rid))["capture"]["id"]
+    for _ in range(3):  # two captured steps, then the tick that stops it
+        s.step(cap, rids=(long_rid, "x"))
+    c = wait_state(cap, cid)
+    assert c.state == names.CAPTURE_DONE and c.step_ids == [1, 2], (c.state, c.error)
+    assert c.rids == [short_rid(long_rid), "x"] and [x["id"] for x in cap.for_rid(short_rid(long_rid))] == [cid]
+
+
 def test_a_rid_capture_passes_over_other_requests_prefills_between_its_steps(tmp_path):
     """SGLang runs a new request's prefill between two decode steps of the running ones: the capture
     of a running request passes it over (not one of its steps: no step id, no range of ours) and
