@@ -101,6 +101,10 @@ class CtxProfInstrumentor:
                 logger.warning("sglang-ctxprof: hook target %s not found (%s); that part of the "
                                "profile is off", t.path, exc)
             return f"missing: {exc}"
+        except Exception as exc:  # noqa: BLE001 - its module raised on import: as good as missing
+            logger.warning("sglang-ctxprof: hook target %s cannot be imported (%s: %s); that part of the "
+                           "profile is off", t.path, type(exc).__name__, exc)
+            return f"missing: {type(exc).__name__}: {exc}"
         if is_wrapper(current):
             return "already wrapped"
         reason = check_signature(current, expected)

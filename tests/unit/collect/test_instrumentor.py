@@ -72,6 +72,20 @@ def test_missing_and_incompatible_targets_are_reported_not_fatal(caplog):
     inst.uninstrument()
 
 
+def test_a_target_whose_module_fails_to_import_is_reported_missing_not_raised(tmp_path, monkeypatch):
+    """A module of SGLang's that raises on import (a kernel library probing its device, say) is a
+    missing target, like one that is not there: the rest is hooked and the server starts."""
+    (tmp_path / "ctxprof_broken_mod.py").write_text("raise RuntimeError('no device for this kernel library')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    inst = CtxProfInstrumentor()
+    rep = inst.instrument([Target("ctxprof_broken_mod.Thing.run", "draft", required=False),
+                           Target(f"{M}.Scheduler.run_batch", "run_batch")], hooks.HOOKS)
+    assert rep["ctxprof_broken_mod.Thing.run"] == "missing: RuntimeError: no device for this kernel library"
+    assert rep[f"{M}.Scheduler.run_batch"] == "ok" and is_wrapper(fakes.Scheduler.run_batch)
+    inst.uninstrument()
+    assert not is_wrapper(fakes.Scheduler.run_batch)
+
+
 def test_step_record_phases_add_up_and_timing_is_exact(monkeypatch):
     now = [10**12]  # the fakes "sleep" by advancing the profiler's clock: exact, no tolerance
     monkeypatch.setattr(fakes.time, "sleep", lambda s: now.__setitem__(0, now[0] + round(s * 1e9)))
