@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..views.diagnosis import Evidence
 
 
 def add_cli_args(ap) -> None:
@@ -29,7 +32,7 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
 
 
-def load_evidence(path: str, role: str) -> Any:
+def load_evidence(path: str, role: str) -> "Evidence":
     """Evidence of a saved profile JSON or a sweep directory; a clear error for anything else."""
     from ..views.diagnosis import evidence_from_profile, evidence_from_sweep
     from ..views.profile import Profile

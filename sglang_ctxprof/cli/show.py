@@ -11,7 +11,10 @@ All servers must use the same bucketing.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..views.profile import Profile
 
 
 def add_cli_args(ap) -> None:
@@ -37,7 +40,7 @@ def fetch_state(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     return body
 
 
-def merge_servers(bodies: list[tuple[str, dict]]) -> tuple[Any, list[dict[str, Any]], dict[str, dict[str, int]]]:
+def merge_servers(bodies: list[tuple[str, dict]]) -> tuple["Profile", list[dict[str, Any]], dict[str, dict[str, int]]]:
     """(merged Profile, per-server totals, steps per bucket label per server) of ``(url, state body)``."""
     from ..aggregate.snapshot import Snapshot, merge
     from ..views.profile import build_profile
@@ -66,7 +69,7 @@ def merge_servers(bodies: list[tuple[str, dict]]) -> tuple[Any, list[dict[str, A
     return merged, per_server, by_bucket
 
 
-def _fleet_text(merged: Any, per_server: list[dict[str, Any]], by_bucket: dict[str, dict[str, int]]) -> str:
+def _fleet_text(merged: "Profile", per_server: list[dict[str, Any]], by_bucket: dict[str, dict[str, int]]) -> str:
     from ..views.text import _table, render
 
     keys = ("ranks", "decode_steps", "request_steps", "accepted", "committed", "prefill_batches",

@@ -24,10 +24,13 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import sweep_results as res
 from .main import CliError
+
+if TYPE_CHECKING:
+    from .sweep import SweepArgs
 
 ARMS = ("spec", "plain")
 
@@ -47,7 +50,7 @@ def plain_args(sargs: list[str]) -> list[str]:
     return out
 
 
-def validate(args: Any) -> None:
+def validate(args: "SweepArgs") -> None:
     if sorted(args.arms) != sorted(ARMS):
         raise CliError("--arms takes spec,plain")
     if not args.out:
@@ -62,7 +65,7 @@ def validate(args: Any) -> None:
         raise CliError("--arms without --launch needs --url (speculative server) and --plain-url (plain server)")
 
 
-def run_arms(args: Any, after: Optional[Callable[..., None]] = None) -> int:
+def run_arms(args: "SweepArgs", after: Optional[Callable[..., None]] = None) -> int:
     from .client import ServerClient
     from .server import ServerError, ServerProcess
 
@@ -104,7 +107,7 @@ def run_arms(args: Any, after: Optional[Callable[..., None]] = None) -> int:
             print("servers stopped.", file=sys.stderr, flush=True)
 
 
-def sweep_arms(args: Any, clients: dict[str, Any]) -> int:
+def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
     from .client import ClientError
     from .prompts import PromptPlan, tokenize_corpus
     from .sweep_point import two_point
@@ -161,7 +164,7 @@ def sweep_arms(args: Any, clients: dict[str, Any]) -> int:
     return 0
 
 
-def out_dir(args: Any, arm: str) -> Path:
+def out_dir(args: "SweepArgs", arm: str) -> Path:
     return Path(args.out) / arm
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import sweep_results as res
+
+if TYPE_CHECKING:
+    from .sweep import SweepArgs
 
 _DT, _STEPS, _TOPK, _ALG = ("--speculative-num-draft-tokens", "--speculative-num-steps",
                             "--speculative-eagle-topk", "--speculative-algorithm")
@@ -56,7 +59,7 @@ def budget_table(per_budget: dict[int, list[dict[str, Any]]]) -> list[dict[str, 
     return table
 
 
-def run_budgets(args: Any, run_args) -> int:
+def run_budgets(args: "SweepArgs", run_args) -> int:
     rc = 0
     per: dict[int, list[dict[str, Any]]] = {}
     for n in args.draft_tokens:

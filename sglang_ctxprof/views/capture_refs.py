@@ -17,9 +17,12 @@ Pure: imports only ``model``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ..model import names
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 RECENT = 5  # captures the diagnosis flag lists (the newest)
 FLAG_KIND = "captures"
@@ -52,7 +55,7 @@ def span_attrs(captures: Iterable[Mapping[str, Any]], step_ids: Iterable[int]) -
             names.ATTR_CAPTURE_PATH: paths, names.ATTR_CAPTURE_STEPS: sorted(set(covered))}
 
 
-def recent(profile: Any) -> tuple[Mapping[str, Any], ...]:
+def recent(profile: "Profile") -> tuple[Mapping[str, Any], ...]:
     """The newest captures over the served profile's ranks (``profile.ranks[i]["status"]["capture"]``),
     deleted ones left out; () for a saved profile without ranks."""
     out: list[Mapping[str, Any]] = []
