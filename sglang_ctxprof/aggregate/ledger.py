@@ -19,8 +19,10 @@ context between its points (extrapolated beyond them, and labelled so).  Per con
 Across contexts (:func:`ledger`): both attention slopes (ms per 1k tokens, Theil-Sen over the
 points), the extra verify attention at 32k they imply, the crossover context where the speedup
 falls below 1 (interpolated between measured points, or extrapolated from the fitted step times;
-labelled ``measured`` or ``extrapolated``), and a verdict that names the verify attention path
-when it scales worse than decode attention.  Pure: imports nothing of SGLang, torch or OTel.
+labelled ``measured`` or ``extrapolated``; where the fitted lines cross at or before the longest
+context measured, whose measured speedup is still 1 or more, that context as the earliest), and a
+verdict that names the verify attention path when it scales worse than decode attention.  Pure:
+imports nothing of SGLang, torch or OTel.
 """
 
 from __future__ import annotations
@@ -111,7 +113,12 @@ def _wall(point: Mapping[str, Any]) -> float:
 def crossover(rows: Sequence[Mapping[str, Any]], spec: Sequence[Mapping[str, Any]],
                plain: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Where the speedup falls below 1: between two measured contexts, or from the fitted lines.
-    ``rows``: ctx, label, speedup and al per context (the ledger's rows, or measured speedups)."""
+    ``rows``: ctx, label, speedup and al per context (the ledger's rows, or measured speedups).
+
+    Extrapolated, with every measured speedup 1 or more: none when the speculative step grows no
+    faster than AL x the plain step (it keeps paying); else where the two fitted lines cross, and
+    where they cross at or before the longest context measured (the fits then disagree with the
+    measured speedups there), that context, as the earliest the crossover can be."""
     rs = sorted(rows, key=lambda r: r["ctx"])
     for a, b in zip(rs, rs[1:]):
         if a["speedup"] >= 1.0 > b["speedup"]:
@@ -128,12 +135,19 @@ def crossover(rows: Sequence[Mapping[str, Any]], spec: Sequence[Mapping[str, Any
     # al * (a_p + s_p x) = a_s + s_s x  ->  x = (a_s - al a_p) / (al s_p - s_s), x in thousands
     den = al * pl["ms_per_1k"] - st["ms_per_1k"]
     num = st["intercept_ms"] - al * pl["intercept_ms"]
-    if den >= 0 or num / den <= rs[-1]["ctx"] / 1e3:
+    if den >= 0:
         return {"ctx": None, "how": "extrapolated",
                 "note": "speculation keeps paying at any context on these slopes"}
+    slopes = f"spec {st['ms_per_1k']:+.3f}, plain {pl['ms_per_1k']:+.3f} ms/1k"
+    last = rs[-1]
+    if num / den <= last["ctx"] / 1e3:  # every measured speedup is >= 1 here: the rows say not before it
+        return {"ctx": float(last["ctx"]), "how": "extrapolated",
+                "note": f"at {last['label']} at the earliest: the fitted step-time lines ({slopes}, AL {al:.2f}) "
+                        f"cross at ~{1e3 * num / den:.0f} tokens, not past {last['label']}, the longest context "
+                        f"measured, where the measured speedup is {last['speedup']:.2f}x; the spec step grows "
+                        f"faster than AL x plain, so speculation stops paying there or beyond"}
     return {"ctx": 1e3 * num / den, "how": "extrapolated",
-            "note": f"from the step-time slopes (spec {st['ms_per_1k']:+.3f}, plain {pl['ms_per_1k']:+.3f} ms/1k) "
-                    f"and AL {al:.2f} at {rs[-1]['label']}"}
+            "note": f"from the step-time slopes ({slopes}) and AL {al:.2f} at {last['label']}"}
 
 
 def _inflation(rows: Sequence[Mapping[str, Any]], spec_key: str, plain_key: str, what: str) -> dict[str, Any]:

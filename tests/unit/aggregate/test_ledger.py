@@ -127,3 +127,31 @@ def test_a_plain_point_of_the_same_bucket_is_measured_not_extrapolated():
     # without a shared label the same numbers are interpolated / extrapolated, and say so
     led = ledger([dict(s, label="x" + s["label"]) for s in spec], plain)
     assert [r["plain_from"] for r in led["rows"]] == ["interpolated", "extrapolated"]
+
+
+def _line(ctx, step_ms, plain=False):
+    ph = {"decode": step_ms} if plain else {"draft": 1.0, "verify": step_ms - 1.0}
+    return {"ctx": ctx, "label": str(ctx), "al": 1.0 if plain else 2.0, "phases": {**ph, "step": step_ms}}
+
+
+def test_a_spec_step_growing_faster_than_al_times_plain_does_not_keep_paying():
+    """Spec step 16 + 3 ms per 1k, plain 10 + 1 ms per 1k, AL 2: the lines cross at 4k, the longest
+    context measured (speedup 1.16 -> 1.00).  The spec step grows faster than AL x plain: speculation
+    stops paying there, it does not keep paying at any context."""
+    ctxs = (1000, 2000, 4000)
+    spec = [_line(c, 16.0 + 3.0 * c / 1e3) for c in ctxs]
+    plain = [_line(c, 10.0 + 1.0 * c / 1e3, plain=True) for c in ctxs]
+    led = ledger(spec, plain)
+    assert [r["speedup"] for r in led["rows"]] == pytest.approx([2 * 11 / 19, 2 * 12 / 22, 1.0])
+    c = led["crossover"]
+    assert "keeps paying" not in c["note"]
+    assert c["how"] == "extrapolated" and c["ctx"] == pytest.approx(4000)
+    assert "~4000 tokens" in c["note"] and "4000" in led["verdict"]
+    # the fitted lines (spec 17.375 + 2.75 ms per 1k) crossing at 3.5k, before the longest context
+    # measured, where the measured speedup is still above 1: the crossover is there at the earliest
+    ctxs = (1000, 2000, 3000, 4000)
+    spec = [_line(c, 17.0 + 3.0 * c / 1e3) for c in ctxs[:3]] + [_line(4000, 27.5)]  # 2 x 14 / 27.5 at 4k
+    plain = [_line(c, 10.0 + 1.0 * c / 1e3, plain=True) for c in ctxs]
+    c = ledger(spec, plain)["crossover"]
+    assert c["ctx"] == pytest.approx(4000) and c["how"] == "extrapolated"
+    assert "at the earliest" in c["note"] and "~3500 tokens" in c["note"] and "1.02x" in c["note"]
