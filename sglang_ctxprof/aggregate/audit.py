@@ -4,22 +4,25 @@
 after the request history has taken it, and counts each broken invariant
 (``names.AUDIT_INVARIANTS``):
 
-* ``leaf_sum``: a decode step's leaf phases add up to the step (a forward whose attention/MoE split
-  was left out counts whole), within 1 us plus one part in 10^6;
-* ``accepted_bound``: no request accepts more than the step's draft positions plus its non-draft
-  tokens (the bonus token; a block drafter's block behind its anchor);
+* ``leaf_sum``: a decode step's leaf phases (``records.leaf_phases``: a forward whose attention/MoE
+  split was left out counts whole) add up to the step, within 1 us plus one part in 10^6;
+* ``accepted_bound``: no request accepts more than the step's draft positions
+  (``StepRecord.draft_positions``: the chain or block behind its anchor) plus its non-draft tokens
+  (the bonus token; UNO's clean root as well);
 * ``hook_once``: every hooked phase (draft, verify and its attention/MoE blocks, draft_extend, a plain
   decode's forward and its blocks) that timed the first decode step of an (algorithm, timing) pair
   times each later one: a hook that stops firing shows as its phase missing or at zero, a new one
   as a phase never seen before;
 * at a request's finish, against SGLang's own numbers carried by the record (``books``):
   ``verify_ct``: our decode steps == ``spec_verify_ct``; ``completion_tokens``:
-  ``1 + committed == completion_tokens``; ``accept_metric``: our accepted drafts (accepted minus
-  the non-draft tokens, over the request's steps) == SGLang's ``spec_num_correct_drafts``, the count
-  behind its ``spec_accept_rate`` and ``spec_accept_length`` metrics.
+  ``1 + committed == completion_tokens``; ``accept_metric``: our accepted drafts
+  (``records.accepted_drafts`` of each of the request's steps, summed) == SGLang's
+  ``spec_num_correct_drafts``, the count behind its ``spec_accept_rate`` and ``spec_accept_length``
+  metrics.  A request the history does not hold whole (evicted, or (re)created after its prefill:
+  ``RequestLog.tally``) is checked for none of them.
 
 A record costs a few dict lookups and one sum over its leaf phases (its phase-name tuple is looked up
-once); a finished request two C-level sums over its kept rows.  ``status()`` lists the counts, what
+once); a finished request a few C-level sums over its kept rows.  ``status()`` lists the counts, what
 was checked, and the latest violations.  Pure: imports only the package's record types.
 """
 
@@ -29,26 +32,19 @@ from collections import deque
 from itertools import compress
 from typing import Any, Optional
 
-from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, LEAF_PHASES, Phase
-from ..model.records import StepRecord
+from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, Phase
+from ..model.records import StepRecord, leaf_phases
 from .requests import RequestLog
 
 LATEST = 16  # violations listed in /ctx_profile/status
-_SPLITS = {Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
-           Phase.DECODE.value: (Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value, Phase.DECODE_REST.value)}
 HOOKED: frozenset[str] = frozenset({Phase.DRAFT.value, Phase.VERIFY.value, Phase.VERIFY_ATTN.value,
                                     Phase.VERIFY_MOE.value, Phase.DRAFT_EXTEND.value, Phase.DECODE.value,
                                     Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value})
-_LEAVES = frozenset(LEAF_PHASES)
 
 
 def _shape(keys: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(phases that sum to the step, hooked phases) of a record whose phases are named ``keys``."""
-    leaves = [k for k in keys if k in _LEAVES]
-    for whole, parts in _SPLITS.items():
-        if whole in keys and not any(p in keys for p in parts):
-            leaves.append(whole)  # the split was left out (a CUDA graph's unsampled step)
-    return tuple(leaves), tuple(k for k in keys if k in HOOKED)
+    return leaf_phases(keys), tuple(k for k in keys if k in HOOKED)
 
 
 class Audit:
@@ -88,7 +84,7 @@ class Audit:
             if abs(total - rec.step_ms) > 1e-3 + 1e-6 * rec.step_ms:
                 self._bad("leaf_sum", rec, "", f"leaves sum to {total:.6f} ms, step {rec.step_ms:.6f} ms")
         top = max(rec.accepted)
-        bound = max(0, rec.block_size - 1 if rec.block_size else rec.draft_tokens - 1) + rec.non_draft_tokens
+        bound = rec.draft_positions + rec.non_draft_tokens
         if top > bound:
             i = rec.accepted.index(top)
             self._bad("accepted_bound", rec, rec.rids[i],
@@ -114,8 +110,8 @@ class Audit:
                 continue  # no books read for it
             books = requests.tally(rid)
             if books is None:
-                continue  # evicted from the history before it finished: nothing to check against
-            steps, accepted, committed = books  # what was folded plus its kept rows (C sums)
+                continue  # not held whole (evicted, or back without its prefill): nothing to check against
+            steps, _, committed, ours = books  # what was folded plus its kept rows (C sums)
             self.checked["requests"] += 1
             if 1 + committed != out:
                 self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + committed}, "
@@ -124,7 +120,6 @@ class Audit:
                 continue  # no speculative decoding (or a request that finished at its prefill)
             if steps != vct:
                 self._bad("verify_ct", rec, rid, f"steps = {steps}, SGLang spec_verify_ct = {vct}")
-            ours = accepted - rec.non_draft_tokens * steps
             if correct >= 0 and ours != correct:
                 self._bad("accept_metric", rec, rid, f"accepted drafts = {ours}, "
                                                      f"SGLang spec_num_correct_drafts = {correct}")

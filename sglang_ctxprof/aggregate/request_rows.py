@@ -2,15 +2,15 @@
 they are served in.
 
 A decode step's shared facts (step id, start, batch size, draft tokens, step time, block size,
-denoise steps, host end, phases) are one ``meta`` tuple, kept once per step in the log's ``Metas``
-table under an int key.  A request's rows are ``W`` ints per row in one ``array('q')``: the step's
-key, then the request's own context length, accepted and committed tokens.  An array holds no
-object references, so kept rows add nothing to what the garbage collector walks, young or full
-collections alike: only the table (one entry per step still referenced) is walked.  A decode step
-appends every kept request's row in one C-level ``map`` pass (``append_all``), so the drain
-thread's Python work per step does not grow with the batch.  Rows become :class:`StepRow` tuples
-(``row``) only when read; a request's totals are C-level sums over strided slices of its cells
-(``Rows.totals``).
+denoise steps, host end, phases, non-draft tokens) are one ``meta`` tuple, kept once per step that
+kept a row, in the log's ``Metas`` table under an int key.  A request's rows are ``W`` ints per row
+in one ``array('q')``: the step's key, then the request's own context length, accepted and
+committed tokens.  An array holds no object references, so kept rows add nothing to what the
+garbage collector walks, young or full collections alike: only the table (one entry per step still
+referenced; ``prune`` lets go of the others) is walked.  A decode step appends every kept
+request's row in one C-level ``map`` pass (``append_all``), so the drain thread's Python work per
+step does not grow with the batch.  Rows become :class:`StepRow` tuples (``row``) only when read; a
+request's totals are C-level sums over strided slices of its cells (``Rows.totals``).
 
 Pure; imports only the package's record types.
 """
@@ -20,12 +20,12 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import filterfalse, repeat, takewhile
 from operator import itemgetter
 from struct import Struct
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
-from ..model.records import StepRecord, step_end_ns
+from ..model.records import StepRecord, accepted_drafts_sum, step_end_ns
 
 
 class StepRow(NamedTuple):
@@ -50,16 +50,17 @@ class StepRow(NamedTuple):
         return step_end_ns(self.t_start_ns, self.step_ms)
 
 
-# A step's shared facts, in this order (``meta``): StepRow without ctx_len, accepted and committed.
+# A step's shared facts, in this order (``meta``): StepRow without ctx_len, accepted and committed,
+# then the step's non-draft tokens (what its accepted drafts are counted against; not served).
 Meta = tuple
 Metas = dict  # int key -> Meta: the steps a log's rows refer to (one table per log, shared by its Rows)
-_M_T0, _M_MS = 1, 4
+_M_T0, _M_MS, _M_ND = 1, 4, 9
 _ms_of = itemgetter(_M_MS)
 
 
 def meta_of(rec: StepRecord) -> Meta:
     return (rec.step_id, rec.t_start_ns, rec.batch_size, rec.draft_tokens, rec.step_ms, rec.block_size,
-            rec.denoise_steps, rec.host_end_ns, _phases(rec))
+            rec.denoise_steps, rec.host_end_ns, _phases(rec), rec.non_draft_tokens)
 
 
 def row(m: Meta, ctx: int, acc: int, com: int) -> tuple:
@@ -120,11 +121,20 @@ class Rows(Sequence):
         keys, metas = self.cells[0::W], self.metas
         return Rows(dict(zip(keys, map(metas.__getitem__, keys))), self.cells[:])
 
-    def tally(self, r: Any) -> tuple[int, int, int]:
-        """``r``'s folded (steps, accepted, committed) plus these rows': two C-level sums over one
-        copy of the cells (taken at once, so a concurrent append or clear cannot split it)."""
+    def tally(self, r: Any) -> tuple[int, int, int, int]:
+        """``r``'s folded (steps, accepted, committed, accepted drafts) plus these rows': C-level sums
+        over one copy of the cells (taken at once, so a concurrent append or clear cannot split it)."""
         c = self.cells[:]
-        return r["steps"] + len(c) // W, sum(c[2::W], r["accepted"]), sum(c[3::W], r["committed"])
+        acc = sum(c[2::W])
+        return (r["steps"] + len(c) // W, r["accepted"] + acc, sum(c[3::W], r["committed"]),
+                r["accepted_drafts"] + self.accepted_drafts(c, acc))
+
+    def accepted_drafts(self, c: array, accepted: int) -> int:
+        """The accepted drafts (``records.accepted_drafts`` of each row) of the rows in ``c`` (these
+        rows' cells, or a copy of them; ``accepted``: their accepted tokens), summed in C against the
+        non-draft tokens of the latest row's step: a request's steps share them (SGLang fixes its
+        per-request count by the algorithm)."""
+        return accepted_drafts_sum(c[2::W], self.metas[c[-W]][_M_ND], accepted) if c else 0
 
     def totals(self, r: Any) -> dict[str, Any]:
         """``r``'s folded totals plus these rows (sequential float sum of step times, as step by step)."""
@@ -156,6 +166,24 @@ def append_all(stores: list[array], key: int, ctx: Iterable[int], acc: Iterable[
     _drain(map(array.frombytes, stores, map(_pack_row, repeat(key), ctx, acc, com)))
 
 
+def prune(metas: Metas, stores: list[array]) -> None:
+    """Let go of the metas no row of ``stores`` (every kept row store of a log) refers to, in C-level
+    passes: those older than the oldest row (each store's first: cheap), and where that does not
+    halve the table (a long-lived request's old rows hold back newer steps no row refers to), every
+    one whose key no row holds (all rows' keys gathered)."""
+    size = len(metas)
+    oldest = min(map(_first, stores), default=None)
+    if oldest is None:
+        metas.clear()
+        return
+    _drain(map(metas.__delitem__, list(takewhile(oldest.__gt__, metas))))  # keys are in step order
+    if 2 * len(metas) > size:
+        live: set[int] = set()
+        _drain(map(live.update, map(_keys_of, stores)))
+        _drain(map(metas.__delitem__, list(filterfalse(live.__contains__, metas))))
+
+
+_first, _keys_of = itemgetter(0), itemgetter(slice(0, None, W))  # a row store's first key, all its keys
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 
 

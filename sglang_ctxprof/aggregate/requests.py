@@ -5,14 +5,19 @@ at most ``max_steps`` step rows (later rows are counted but not kept); all reque
 most ``max_rows`` rows after every record (the oldest requests' rows are dropped first).  A request's
 rows are ints in one untracked array (``request_rows.Rows``: the key of the step's shared ``meta`` in
 the log's table, then its own ctx_len, accepted, committed), so the garbage collector walks no row,
-only the table: one entry per step some kept row refers to (the others are let go every ``PRUNE``
-steps).  A decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in C-level
-passes (new requests found, all moved to the ring's newest end, one row appended per request);
-Python work only for requests that are new, get their first row, are past ``max_steps`` or
-finished.  A request's totals are its kept rows plus what was folded when rows were not kept or
+only the table: one entry per step some kept row refers to (a step that kept no row stores none;
+those whose rows were all dropped or evicted are let go when the table has doubled, ``PRUNE`` steps
+at the least).  A decode step is taken ``CHUNK`` requests per stage (``stages``), each stage in
+C-level passes (new requests found, all moved to the ring's newest end, one row appended per
+request); Python work only for requests that are new, get their first row, are past ``max_steps``
+or finished.  A request's totals are its kept rows plus what was folded when rows were not kept or
 were dropped, summed in C when the request is read (``_totals``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
+
+An entry (re)created by a decode step or a retracted request's re-prefill never saw the request's
+prefill (it was evicted, or ran before the history was cleared): its totals are partial, so it is
+served as any other but ``tally`` does not hand it to the self-audit.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -33,8 +38,8 @@ from operator import attrgetter, gt, itemgetter, not_
 from typing import Any, Iterator, Mapping, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
-from ..model.records import RequestEnd, StepRecord
-from .request_rows import W, LazyRows, Metas, Rows, StepRow, append_all, meta_of, row_dict
+from ..model.records import RequestEnd, StepRecord, accepted_drafts
+from .request_rows import W, LazyRows, Meta, Metas, Rows, StepRow, append_all, meta_of, prune, row_dict
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize"]
 
@@ -56,7 +61,7 @@ class RequestLog:
         self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
         self._cells: dict[str, array] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
         self._metas: Metas = {}  # key -> a decode step's shared facts, for the rows that refer to it
-        self._key = 0  # the next decode step's key (consecutive: the table's keys are a range)
+        self._key = 0  # the next decode step's key (increasing; steps that kept no row leave holes)
         self._prune_at = PRUNE
         self.rows = 0
         self.evicted = 0
@@ -80,11 +85,11 @@ class RequestLog:
             return
         n, key = len(rec.rids), self._key
         self._key += 1
-        self._metas[key] = meta_of(rec)
+        meta = meta_of(rec)
         for lo in range(0, n, CHUNK):
             if lo:
                 yield
-            self._decode_rows(rec, lo, min(n, lo + CHUNK), key)
+            self._decode_rows(rec, lo, min(n, lo + CHUNK), key, meta)
         if rec.trace_parents:
             self._trace_parents(rec)
         if self.rows > self.max_rows:
@@ -94,16 +99,18 @@ class RequestLog:
             yield
             self._prune_metas()
 
-    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, key: int) -> None:
+    def _decode_rows(self, rec: StepRecord, lo: int, hi: int, key: int, meta: Meta) -> None:
         """Requests ``lo:hi`` of a decode step in C-level passes: the new ones added, all moved to the
         newest end of the ring, each given the step's row (``request_rows.append_all``); Python work
-        only for requests that are new, get their first row, are past ``max_steps`` or finished."""
+        only for requests that are new, get their first row, are past ``max_steps`` or finished.  The
+        step's ``meta`` goes into the table under ``key`` before the first row that refers to it, and
+        only then: a step whose requests are all past ``max_steps`` stores none."""
         reqs, rids = self._reqs, rec.rids[lo:hi]
         new = list(filterfalse(reqs.__contains__, rids))
         if new and len(reqs) + len(new) > self.capacity:
             over = len(reqs) + len(new) - self.capacity
             if over > len(reqs) - len(rids) or any(map(set(rec.rids).__contains__, islice(reqs, over))):
-                return self._decode_rows_one_by_one(rec, lo, hi, key)  # it would evict one of this step's
+                return self._decode_rows_one_by_one(rec, lo, hi, key, meta)  # it would evict one of this step's
         for rid in new:
             self._add(rid, rec)
         _drain(map(reqs.move_to_end, rids))
@@ -114,22 +121,25 @@ class RequestLog:
         if max_steps and not min(lens):  # a request's first kept row: it now holds rows
             self._with_rows.update(dict.fromkeys(compress(rids, map(not_, lens))))
         if max(lens) < cap:
+            self._metas[key] = meta
             append_all(rows, key, ctx, acc, com)
             self.rows += len(rows)
         else:  # some are past max_steps: their steps are folded into the totals, no row kept
             keep = list(map(gt, repeat(cap), lens))
             kept = list(compress(rows, keep))
+            if kept:
+                self._metas[key] = meta
             append_all(kept, key, compress(ctx, keep), compress(acc, keep), compress(com, keep))
             self.rows += len(kept)
-            t_dev = rec.end_ns
+            t_dev, nd = rec.end_ns, rec.non_draft_tokens
             for i in compress(range(len(rids)), map(not_, keep)):
                 r = reqs[rids[i]]
                 r["steps_truncated"] += 1
-                self._fold_step(r, ctx[i], acc[i], com[i], rec.step_ms, t_dev, bool(lens[i]))
+                self._fold_step(r, ctx[i], acc[i], com[i], rec.step_ms, t_dev, bool(lens[i]), nd)
         for rid in compress(rids, rec.finished[lo:hi]):
             reqs[rid]["finished"] = True
 
-    def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, key: int) -> None:
+    def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, key: int, meta: Meta) -> None:
         """``_decode_rows`` request by request, where adding a new request evicts one of this step's
         own (a ring smaller than the step's batch): the ring's order is then exactly as if each
         request was recorded in turn."""
@@ -146,11 +156,12 @@ class RequestLog:
             if len(rows) < max_steps:
                 if not rows:
                     with_rows[rid] = None
+                self._metas[key] = meta
                 rows.append(key, ctx, acc, com)
                 self.rows += 1
             else:
                 r["steps_truncated"] += 1
-                self._fold_step(r, ctx, acc, com, rec.step_ms, t_dev, bool(rows))
+                self._fold_step(r, ctx, acc, com, rec.step_ms, t_dev, bool(rows), rec.non_draft_tokens)
             if fin:
                 r["finished"] = True
 
@@ -167,6 +178,7 @@ class RequestLog:
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
+        r["partial"] = rec.kind == KIND_DECODE  # its prefill and any earlier step went unseen
         r["step_rows"] = rows = Rows(self._metas)
         self._cells[rid] = rows.cells
         if len(self._reqs) > self.capacity:
@@ -177,9 +189,10 @@ class RequestLog:
 
     @staticmethod
     def _fold_step(r: dict[str, Any], ctx: int, acc: int, com: int, step_ms: float, t_end: int,
-                   has_rows: bool) -> None:
+                   has_rows: bool, non_draft_tokens: int) -> None:
         r["steps"] += 1
         r["accepted"] += acc
+        r["accepted_drafts"] += accepted_drafts(acc, non_draft_tokens)
         r["committed"] += com
         r["decode_ms"] += step_ms
         r["max_step_ms"] = max(r["max_step_ms"], step_ms)
@@ -198,6 +211,7 @@ class RequestLog:
     def _observe_prefill(self, rec: StepRecord) -> None:
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
+            created = r is None or r["finished"]
             if r is None:
                 r = self._add(rid, rec)
             elif r["finished"]:  # a new request under a rid used before: keep the two apart
@@ -212,6 +226,7 @@ class RequestLog:
             if com:  # the re-prefill of a retracted request: its prompt was prompt + output so far
                 r["committed"] += com
                 r["retractions"] += 1
+                r["partial"] = r["partial"] or created  # its first prefill and steps went unseen
             elif r["prompt_tokens"] is None:
                 r["prompt_tokens"] = rec.ctx_lens[i]
         if rec.trace_parents:
@@ -244,19 +259,19 @@ class RequestLog:
             r = self._reqs.get(rid)
             if r is None:
                 continue
+            acc = r["accepted"]
             r.update(_totals(r))
+            r["accepted_drafts"] += r["step_rows"].accepted_drafts(r["step_rows"].cells, r["accepted"] - acc)
             r["rows_at_fold"] = r["rows_at_end"] = 0
             self.rows -= len(r["step_rows"])
             r["step_rows_dropped"] += len(r["step_rows"])
             r["step_rows"].clear()
 
     def _prune_metas(self) -> None:
-        """Let go of the metas older than the oldest kept row (its request's first): C-level passes
-        over the ring, every ``PRUNE`` steps at the least, so the table stays within twice what the
-        kept rows refer to."""
+        """Let go of metas no kept row refers to (``request_rows.prune``), and run again when the table
+        has doubled (``PRUNE`` steps at the least), so it stays within about twice what they refer to."""
         metas = self._metas
-        live = min(map(_first, filter(None, map(_store, map(_rows_of, self._reqs.values())))), default=self._key)
-        _drain(map(metas.__delitem__, range(next(iter(metas), live), live)))
+        prune(metas, list(filter(None, map(_store, map(_rows_of, self._reqs.values())))))
         self._prune_at = len(metas) + max(PRUNE, len(metas))
 
     @staticmethod
@@ -284,6 +299,8 @@ class RequestLog:
             "step_rows": [],
             "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
             "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
+            "partial": False,  # (re)created after its prefill: its totals miss what came before
+            "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
         }
 
     def get(self, rid: str, lazy: bool = False, with_steps: bool = True) -> dict[str, Any] | None:
@@ -292,16 +309,17 @@ class RequestLog:
         r = self._reqs.get(rid)
         return summarize(r, with_steps=with_steps, lazy=lazy) if r is not None else None
 
-    def tally(self, rid: str) -> Optional[tuple[int, int, int]]:
-        """One request's (steps, accepted, committed): what was folded plus its kept rows, summed in C
-        over the rows' cells (what the self-audit checks against SGLang's books; no row, no step
-        time, no summary built), or None when the history does not hold it."""
+    def tally(self, rid: str) -> Optional[tuple[int, int, int, int]]:
+        """One request's (steps, accepted, committed, accepted drafts: ``records.accepted_drafts`` step
+        by step): what was folded plus its kept rows, summed in C over the rows' cells (what the
+        self-audit checks against SGLang's books; no row, no step time, no summary built), or None
+        when the history does not hold it whole (evicted, or partial: (re)created after its prefill)."""
         r = self._reqs.get(rid)
-        if r is None:
+        if r is None or r["partial"]:
             return None
         rows = r["step_rows"]
         if not rows:
-            return r["steps"], r["accepted"], r["committed"]
+            return r["steps"], r["accepted"], r["committed"], r["accepted_drafts"]
         return rows.tally(r)
 
     def pop(self, rid: str) -> dict[str, Any] | None:
@@ -351,10 +369,10 @@ def _tok_s(r: Mapping[str, Any]) -> float:
     return r["committed"] / decode_s if decode_s > 0 else 0.0
 
 
-_INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end")
+_INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "partial", "accepted_drafts")
 _TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
-_rows_of, _store, _first = itemgetter("step_rows"), attrgetter("cells"), itemgetter(0)
+_rows_of, _store = itemgetter("step_rows"), attrgetter("cells")
 
 
 def _totals(r: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A request's decode tok/s is committed tokens over its wall time from the start o
 step to the end of its last (host clock), which is more than the sum of its own steps.  Inside that
 window every millisecond is one of:
 
-* ``own_steps_ms``: its own decode steps, by leaf phase (the whole batch's step: the request waits
-  for it).  ``batch_sharing_ms`` says how much of them is the extra time of steps shared with other
+* ``own_steps_ms``: its own decode steps (the whole batch's step: the request waits for it), by
+  leaf phase (``records.leaf_ms``: a forward without its attention/MoE split counts whole).
+  ``batch_sharing_ms`` says how much of them is the extra time of steps shared with other
   requests, against the same context bucket's mean step at batch size 1 where that was measured
   (else None): it is *part of* ``own_steps_ms``, not an extra term;
 * ``others_prefill_ms``: other requests' prefill batches that ran in between;
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
-from ..model.names import KIND_PREFILL, LEAF_PHASES, Phase
-from ..model.records import host_end_ns
+from ..model.buckets import Bucketing
+from ..model.names import KIND_PREFILL, Phase
+from ..model.records import host_end_ns, leaf_ms
 from .recent import RecentStep
 
 
@@ -33,16 +35,8 @@ def _row_end(r: Mapping[str, Any]) -> int:
     return host_end_ns(int(r["t_start_ns"]), float(r["step_ms"]), int(r.get("t_end_ns") or 0))
 
 
-def _leaves(ph: Mapping[str, float]) -> dict[str, float]:
-    """Leaf phases of a step; a verify without its split (CUDA graph, unsampled) stays ``verify``."""
-    out = {p: float(ph[p]) for p in LEAF_PHASES if p in ph}
-    if Phase.VERIFY.value in ph and Phase.VERIFY_ATTN.value not in ph:
-        out[Phase.VERIFY.value] = float(ph[Phase.VERIFY.value])
-    return out
-
-
 def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[RecentStep], bs1_ms: Mapping[int, float],
-              bucketing: Any) -> Optional[dict[str, Any]]:
+              bucketing: Bucketing) -> Optional[dict[str, Any]]:
     """The waterfall of one request from its decode ``rows`` (dicts as served), or None without any."""
     rows = sorted((r for r in rows if r.get("t_start_ns")), key=lambda r: r["t_start_ns"])
     if not rows:
@@ -53,7 +47,7 @@ def waterfall(rows: list[Mapping[str, Any]], timeline: Iterable[RecentStep], bs1
     own_ids = {int(r["step_id"]) for r in rows}
     own: dict[str, float] = {}
     for r in rows:
-        ph = _leaves(r.get("phases_ms") or {})
+        ph = leaf_ms(r.get("phases_ms") or {})
         if not ph:
             ph = {Phase.UNATTRIBUTED.value: float(r["step_ms"])}
         for p, ms in ph.items():

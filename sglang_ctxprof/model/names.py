@@ -40,7 +40,8 @@ class Phase(str, enum.Enum):
     DECODE_REST = "decode_rest"
 
 
-# Phases whose sum is the step span (order is the display order).
+# Phases whose sum is the step span when each target forward is split (display order); a forward
+# whose split was not read counts whole in its parts' place (``records.leaf_phases``).
 LEAF_PHASES: tuple[str, ...] = (
     Phase.DRAFT.value,
     Phase.VERIFY_ATTN.value,

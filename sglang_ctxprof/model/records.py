@@ -7,12 +7,13 @@ to disk and be read back by the CLI.  Both are derived from the dataclass fields
 new field travels once its type has a codec in ``_CODECS``.
 
 The facts every view derives from a step are computed here once: where it ends (``step_end_ns``;
-``host_end_ns`` for the scheduler's clock) and the drafts each request had accepted
-(``accepted_drafts``).
+``host_end_ns`` for the scheduler's clock), the drafts each request had accepted
+(``accepted_drafts``) and the phases that add up to it (``leaf_phases``, ``leaf_ms``).
 
 Accounting rule (documented in docs/measurement.md): for a request, ``1 + sum(committed)`` equals SGLang's
 ``completion_tokens`` (the first token comes from prefill), the number of decode records equals
-``meta_info.spec_verify_ct``, and ``sum(accepted) - sum(committed)`` is what SGLang dropped at the
+``meta_info.spec_verify_ct``, and ``sum(accepted) - sum(committed)``, plus one per retraction (a
+retracted request's re-prefill commits one token with none accepted), is what SGLang dropped at the
 request's last step (``max_new_tokens`` or a stop condition).
 
 Imports nothing from SGLang, torch or OTel.
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 from dataclasses import MISSING, Field, dataclass, field, fields
 from operator import itemgetter
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-from .names import ABORT_QUEUED, ABORT_RETRACTED, KIND_DECODE, KIND_PREFILL, LEAF_PHASES, REPORTED_PHASES, Phase
+from .names import (ABORT_QUEUED, ABORT_RETRACTED, FORWARD_SPLIT, KIND_DECODE, KIND_PREFILL, LEAF_PHASES,
+                    REPORTED_PHASES, Phase)
 
 
 def _same(v: Any) -> Any:
@@ -73,6 +75,37 @@ def accepted_drafts(accepted: int, non_draft_tokens: int) -> int:
     """Draft positions one request had accepted in a step: its accepted length less the tokens that
     are not drafts (the bonus token; UNO's clean root as well)."""
     return max(0, accepted - non_draft_tokens)
+
+
+def accepted_drafts_sum(accepted: Sequence[int], non_draft_tokens: int, total: Optional[int] = None) -> int:
+    """``accepted_drafts`` summed over steps of the same ``non_draft_tokens`` (``accepted``: an
+    ``array``, list or tuple; ``total``: its sum where the caller has it), in C-level passes with no
+    Python call per step: each step's accepted less the non-draft tokens, plus back what a step that
+    accepted fewer would take away."""
+    n = non_draft_tokens
+    total = sum(accepted) if total is None else total
+    return total - n * len(accepted) + sum((n - k) * accepted.count(k) for k in range(n))
+
+
+# LEAF_PHASES with each target forward (FORWARD_SPLIT) just before its parts: the order leaves are listed in.
+_WHOLE_BEFORE = {parts[0]: whole for whole, parts in FORWARD_SPLIT.items()}
+_LEAF_ORDER = tuple(q for p in LEAF_PHASES for q in ((_WHOLE_BEFORE[p], p) if p in _WHOLE_BEFORE else (p,)))
+assert len(_LEAF_ORDER) == len(LEAF_PHASES) + len(FORWARD_SPLIT)  # every forward's parts are leaves
+
+
+def leaf_phases(names: Iterable[str]) -> tuple[str, ...]:
+    """The phases among ``names`` (a step's ``phases_ms`` keys) whose times add up to the step, in
+    ``LEAF_PHASES`` order: each leaf phase present, and a target forward (``names.FORWARD_SPLIT``: a
+    speculative step's verify, a plain step's decode) whole where none of its attention / MoE / rest
+    parts is present (it ran in a CUDA graph whose split was not read), else by its parts."""
+    have = set(names)
+    return tuple(p for p in _LEAF_ORDER
+                 if p in have and not (p in FORWARD_SPLIT and any(c in have for c in FORWARD_SPLIT[p])))
+
+
+def leaf_ms(phases: Mapping[str, float]) -> dict[str, float]:
+    """A step's leaf phases (``leaf_phases``) and their times: what adds up to the step."""
+    return {p: float(phases[p]) for p in leaf_phases(phases)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +236,8 @@ class StepRecord:
         return zip(shape[0], (self.step_ms, *map(float, shape[1](ph))))
 
     def leaf_sum_ms(self) -> float:
-        return sum(float(self.phases_ms.get(p, 0.0)) for p in LEAF_PHASES)
+        """The sum of the step's leaf phases (``leaf_ms``): the step's time when its phases add up."""
+        return sum(leaf_ms(self.phases_ms).values())
 
     def to_dict(self) -> dict[str, Any]:
         """Builtins, one key per field in declaration order (plus ``batch_size`` after ``rank``)."""

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ..model.names import LEAF_PHASES, Phase
+from ..model.records import leaf_ms
 from ..model.stats import theil_sen
 from . import capture_refs
 from .audit_view import audit_counts
 from .profile import Profile
 
-_STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
+_STEP, _V = Phase.STEP.value, Phase.VERIFY.value
 _DEC = Phase.DECODE.value
 HOST_GAP = "host_gap"  # a point's typical host time between steps (ms), beside its phases
 
@@ -66,17 +67,16 @@ class Evidence:
 
 
 def leaves(phases: Mapping[str, float]) -> dict[str, float]:
-    out = {p: float(phases[p]) for p in LEAF_PHASES if p in phases}
-    if _V in phases and _VA not in phases:
-        out[_V] = float(phases[_V])
-    return out
+    """A point's leaf phases and their times (``records.leaf_ms``: a forward without its attention/MoE
+    split counts whole); the step, the host gap and any other key are left out."""
+    return leaf_ms(phases)
 
 
 def evidence_from_profile(profile: Profile, source: str = "profile") -> Evidence:
     pts = []
     for b in profile.buckets:
         step = b.robust_ms(_STEP)
-        if not b.steps or not step:
+        if not b.steps or not step or not b.accepted_per_step:  # no acceptance counted: no point (as a sweep's)
             continue
         ph = {p: b.robust_ms(p) or 0.0 for p in b.phases}
         noise = {p: 2 * max(0.0, v.p90_ms - v.p50_ms) / math.sqrt(max(1, v.count)) for p, v in b.phases.items()}

@@ -122,3 +122,44 @@ def test_an_aborted_request_is_no_violation_and_hides_none_of_a_normal_one():
     assert st["violations"] == {k: 2 * int(k == "verify_ct") for k in AUDIT_INVARIANTS}, st
     assert [v["rid"] for v in st["latest"]] == ["normal", "ab"] and st["checked"]["requests"] == 2
     assert agg.snapshot().requests_aborted == 2
+
+
+def test_a_request_evicted_and_brought_back_by_a_decode_step_is_not_checked():
+    """A ring smaller than the live requests: ``a`` is evicted after its first decode step, and its
+    last step adds it again with only that step.  Its totals are partial, so the audit checks it
+    for nothing (as one evicted for good), and a whole request beside it is still checked."""
+    agg = Aggregator(request_capacity=2)
+    agg.observe(_prefill("a", 0))
+    agg.observe(_decode("a", 1))
+    agg.observe(_prefill("b", 2))
+    agg.observe(_prefill("c", 3))  # the ring holds b and c: a is evicted
+    agg.observe(_decode("a", 4, fin=True, books=((2, 7, 4),)))  # SGLang's books: 2 steps, 6 committed
+    agg.observe(_decode("c", 5, fin=True, books=((1, 4, 2),)))
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0), st
+    assert st["checked"]["requests"] == 1
+    assert agg.requests.get("a")["steps"] == 1  # the summary is what the history saw, as before
+
+
+def test_a_plain_decode_step_counts_its_forward_whole_without_its_split():
+    agg = Aggregator()
+    for i, ph in enumerate(({"decode": 4.0, "decode_attn": 2.0, "decode_moe": 1.0, "decode_rest": 1.0,
+                             "overhead": 1.0}, {"decode": 4.0, "overhead": 1.0})):
+        agg.observe(_decode("p", i, algorithm="NONE", accepted=(1,), committed=(1,), draft_tokens=0,
+                            phases_ms=ph, timing=("cuda_events", "cuda_graph")[i]))
+    assert agg.audit.status()["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0)
+
+
+def test_accept_metric_counts_accepted_drafts_step_by_step_as_the_records_do():
+    """Accepted drafts are ``records.accepted_drafts`` per step (never below 0), summed over the
+    request's steps, kept rows and folded ones alike: a UNO step (two non-draft tokens) that accepted
+    only one token adds no draft, it does not take one away from the others."""
+    agg = Aggregator(max_steps_per_request=2)
+    agg.observe(_prefill("u", 0))
+    acc = (4, 1, 3, 4)  # drafts 2, 0, 1, 2: 5 (accepted - 2 x steps would say 4)
+    for i, a in enumerate(acc, 1):
+        agg.observe(_decode("u", i, fin=i == 4, algorithm="UNO", non_draft_tokens=2, accepted=(a,),
+                            committed=(a,), books=((4, 1 + sum(acc), 5),) if i == 4 else ()))
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0), st
+    assert st["checked"]["requests"] == 1

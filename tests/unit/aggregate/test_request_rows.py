@@ -12,7 +12,7 @@ PH = (("draft", "verify"), (1.0, 2.0))
 
 
 def _meta(i: int) -> tuple:
-    return (i, 10**18 + i * 10**7, 4, 3, 2.5 + i, 0, 0, 10**18 + i * 10**7 + 5, PH)
+    return (i, 10**18 + i * 10**7, 4, 3, 2.5 + i, 0, 0, 10**18 + i * 10**7 + 5, PH, 1)
 
 
 def _rows(n: int) -> Rows:
@@ -52,3 +52,23 @@ def test_totals_are_the_folded_ones_plus_each_row_in_order():
     latest_folded = dict(folded, rows_at_fold=5, rows_at_end=5, ctx_first=None)
     t = rows.totals(latest_folded)
     assert (t["ctx_first"], t["ctx_last"], t["t_end_ns"]) == (100, 60, 7)
+
+
+def test_prune_lets_go_of_every_meta_no_row_refers_to():
+    """Older than the oldest row: let go at once; where that does not halve the table, the keys in
+    between that no row holds as well.  No row at all: an empty table."""
+    from array import array
+
+    from sglang_ctxprof.aggregate.request_rows import prune
+
+    def store(*keys: int) -> array:
+        return array("q", [c for k in keys for c in (k, 1, 1, 1)])
+
+    metas = {k: _meta(k) for k in range(10)}
+    prune(metas, [store(2, 3), store(8)])  # 0, 1 older; 4-7 and 9 held by no row
+    assert list(metas) == [2, 3, 8]
+    metas = {k: _meta(k) for k in range(10)}
+    prune(metas, [store(5, 6, 7, 8, 9)])  # the older half let go: the cheap pass is enough
+    assert list(metas) == [5, 6, 7, 8, 9]
+    prune(metas, [])
+    assert metas == {}

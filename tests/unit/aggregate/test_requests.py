@@ -18,6 +18,13 @@ def _step(i: int, n: int, fin_last: bool = False) -> StepRecord:
                       step_ms=2.0 + i, phases_ms={"draft": 1.0, "verify": 1.0 + i}, t_start_ns=10**18 + i * 10**7)
 
 
+def _prefill(i: int, n: int, committed: int = 0) -> StepRecord:
+    return StepRecord(step_id=i, kind="prefill", algorithm="EAGLE", rank=RankId(),
+                      rids=tuple(f"r{k}" for k in range(n)), ctx_lens=(100,) * n, accepted=(0,) * n,
+                      committed=(committed,) * n, finished=(False,) * n, draft_tokens=0, step_ms=5.0,
+                      t_start_ns=10**18 - 10**7)
+
+
 def test_a_large_step_is_folded_a_chunk_of_requests_at_a_time():
     n = 3 * CHUNK + 5
     log = RequestLog()
@@ -64,15 +71,17 @@ def test_tally_is_the_summarys_steps_accepted_and_committed():
     """What the self-audit reads: the same steps, accepted and committed a summary shows (folded
     steps past ``max_steps`` plus kept rows), without building a row."""
     log = RequestLog(max_steps=3)
+    log.observe(_prefill(-1, 4))
     for i in range(5):
         log.observe(_step(i, 4))
     got = log.get("r2")
-    assert log.tally("r2") == (got["steps"], got["accepted"], got["committed"]) and got["steps"] == 5
+    assert log.tally("r2")[:3] == (got["steps"], got["accepted"], got["committed"]) and got["steps"] == 5
     assert len(got["step_rows"]) == 3 and log.tally("nope") is None
     log.max_rows = 0  # rows dropped past the budget fold into the totals: the tally stays
     log.observe(_step(5, 4))
     got = log.get("r2")
-    assert got["step_rows"] == [] and log.tally("r2") == (got["steps"], got["accepted"], got["committed"]) == (6, 18, 18)
+    assert got["step_rows"] == [] and (got["steps"], got["accepted"], got["committed"]) == (6, 18, 18)
+    assert log.tally("r2")[:3] == (6, 18, 18)
 
 
 def test_a_step_larger_than_the_ring_evicts_as_if_recorded_request_by_request():
@@ -135,3 +144,68 @@ def test_the_steps_table_lets_go_of_steps_no_kept_row_refers_to():
     kept = [r for r in log.to_state(with_steps=True) if r["step_rows"]]
     assert kept and all(row["phases_ms"]["verify"] == 1.0 + row["step_id"] for r in kept for row in r["step_rows"])
     assert min(log._metas) == min(row["step_id"] for r in kept for row in r["step_rows"])
+
+
+def test_one_long_request_past_max_steps_pins_no_meta_per_step():
+    """A request past ``max_steps`` folds its steps: a step that appends no row keeps no meta, and a
+    meta no kept row refers to is let go even when it sits between two that are."""
+    log = RequestLog(capacity=16, max_steps=8)
+    for i in range(20000):
+        log.observe(_step(i, 1))
+    assert log.rows == 8 and log.get("r0")["steps"] == 20000
+    assert len(log._metas) <= 2 * 8, len(log._metas)
+    assert [row["step_id"] for row in log.get("r0")["step_rows"]] == list(range(8))
+
+
+def test_metas_between_kept_rows_are_let_go():
+    """An old request keeps its first rows while newer requests come and go: their steps' metas leave
+    the table though older keys stay referenced, and every kept row reads back whole."""
+    from sglang_ctxprof.aggregate.requests import PRUNE
+
+    log = RequestLog(capacity=4, max_steps=4)
+    log.observe(_step(0, 1))  # r0: kept at the ring's newest end by every later step
+    for i in range(1, 3 * PRUNE):
+        log.observe(replace(_step(i, 2), rids=("r0", f"s{i}")))  # s<i>: one row, evicted soon after
+    kept = {row["step_id"] for r in log.to_state(with_steps=True) for row in r["step_rows"]}
+    assert len(log._metas) <= len(kept) + PRUNE, (len(log._metas), len(kept))
+    assert all(row["phases_ms"]["verify"] == 1.0 + row["step_id"]
+               for r in log.to_state(with_steps=True) for row in r["step_rows"])
+
+
+def test_an_entry_made_after_its_prefill_is_partial_and_has_no_tally():
+    """Evicted, then added again by a decode step or a retraction's re-prefill: its totals miss what
+    came before, so it has no tally (the self-audit checks it for nothing); its summary is as before."""
+    log = RequestLog(capacity=2)
+    log.observe(_prefill(0, 1))
+    log.observe(_step(1, 1))
+    assert log.tally("r0") == (1, 1, 1, 0)
+    log.observe(replace(_prefill(2, 1), rids=("x",)))
+    log.observe(replace(_prefill(3, 1), rids=("y",)))  # r0 evicted
+    log.observe(_step(4, 1))  # r0 back, with one step of two
+    assert log.tally("r0") is None and log.get("r0")["steps"] == 1 and "partial" not in log.get("r0")
+    log.observe(_prefill(5, 2, committed=1))  # r1's re-prefill after a retraction: new to the ring
+    log.observe(_step(6, 2))
+    assert log.tally("r1") is None and log.tally("r0") is None
+    log.clear()
+    log.observe(_prefill(7, 1))
+    log.observe(_prefill(8, 1, committed=1))  # a retraction the history saw from the start
+    log.observe(_step(9, 1))
+    assert log.tally("r0") == (1, 1, 2, 0)
+
+
+def test_tally_counts_accepted_drafts_per_step_over_kept_folded_and_shed_rows():
+    """The fourth number of a tally: ``records.accepted_drafts`` of each of the request's steps (its
+    own non-draft tokens), summed over its kept rows, the steps past ``max_steps`` and the rows shed
+    past the budget alike."""
+    from sglang_ctxprof.model.records import accepted_drafts
+
+    log = RequestLog(max_steps=3)
+    log.observe(_prefill(-1, 4))
+    recs = [replace(_step(i, 4), non_draft_tokens=2) for i in range(5)]  # r2 accepts 3: one draft a step
+    for rec in recs:
+        log.observe(rec)
+    want = sum(accepted_drafts(a, 2) for rec in recs for a in rec.accepted[2:3])
+    assert log.tally("r2")[3] == want == 5
+    log.max_rows = 0
+    log.observe(replace(_step(5, 4), non_draft_tokens=2))  # every row shed into the totals
+    assert log.get("r2")["step_rows"] == [] and log.tally("r2")[3] == want + 1

@@ -71,3 +71,59 @@ def test_reported_phases_are_what_phase_reads_in_reported_order_and_the_shape_ca
     assert len(shapes) == 4
     full: dict = {(str(i),): ((), None) for i in range(records.SHAPES_KEPT)}
     assert list(r.reported_phases(full)) == got and len(full) == records.SHAPES_KEPT  # bounded: not kept
+
+
+# A spec step split and unsplit (a CUDA graph's unsampled step), a plain decode step split and unsplit.
+SPEC_SPLIT = {"draft": 1.0, "verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verify_rest": 0.5,
+              "draft_extend": 0.5, "overhead": 0.5}
+SPEC_WHOLE = {"draft": 1.0, "verify": 3.0, "draft_extend": 0.5, "overhead": 0.5}
+PLAIN_SPLIT = {"decode": 9.0, "decode_attn": 4.0, "decode_moe": 3.0, "decode_rest": 2.0, "overhead": 1.0}
+PLAIN_WHOLE = {"decode": 9.0, "overhead": 1.0}
+
+
+@pytest.mark.parametrize("ph, want", [
+    (SPEC_SPLIT, ("draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead")),
+    (SPEC_WHOLE, ("draft", "verify", "draft_extend", "overhead")),
+    (PLAIN_SPLIT, ("decode_attn", "decode_moe", "decode_rest", "overhead")),
+    (PLAIN_WHOLE, ("decode", "overhead")),
+], ids=["spec-split", "spec-whole", "plain-split", "plain-whole"])
+def test_a_forward_counts_whole_without_its_split_and_by_its_parts_with_it(ph, want):
+    r = StepRecord(step_id=1, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(10,),
+                   accepted=(1,), committed=(1,), finished=(False,), draft_tokens=2,
+                   step_ms=sum(ph[p] for p in want), phases_ms=ph)
+    assert r.leaf_sum_ms() == r.step_ms
+    from sglang_ctxprof.model.records import leaf_ms, leaf_phases
+
+    assert set(leaf_phases(ph)) == set(want) and leaf_ms(ph) == {p: ph[p] for p in want}
+    assert leaf_phases({**ph, "step": 1.0, "host_gap": 1.0, "prefill": 1.0}) == leaf_phases(ph)
+
+
+def test_what_sglang_dropped_at_the_last_step_counts_one_more_per_retraction():
+    """The accounting rule: a retracted request's re-prefill commits one token with none accepted, so
+    what SGLang dropped at the request's last step is sum(accepted) - sum(committed) plus one per
+    retraction (the module docstring states it so)."""
+    from sglang_ctxprof.aggregate.requests import RequestLog
+    from sglang_ctxprof.model import records
+
+    def rec(i: int, kind: str, acc: int, com: int) -> StepRecord:
+        return StepRecord(step_id=i, kind=kind, algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(10,),
+                          accepted=(acc,), committed=(com,), finished=(i == 3,), draft_tokens=4, step_ms=1.0)
+
+    log = RequestLog()
+    # prefill; a step of 3; retracted and prefilled again (1 token); the last step accepts 3, keeps 1
+    for r in (rec(0, "prefill", 0, 0), rec(1, "decode", 3, 3), rec(2, "prefill", 0, 1), rec(3, "decode", 3, 1)):
+        log.observe(r)
+    a = log.get("a")
+    assert a["accepted"] - a["committed"] + a["retractions"] == 2 and a["retractions"] == 1
+    assert "plus one per retraction" in " ".join(records.__doc__.split())
+
+
+def test_accepted_drafts_sum_is_accepted_drafts_step_by_step():
+    from sglang_ctxprof.model.records import accepted_drafts, accepted_drafts_sum
+
+    from array import array
+
+    acc = [0, 1, 2, 5, 1, 3, 2, 0]
+    for nd in (1, 2, 3):
+        assert accepted_drafts_sum(array("q", acc), nd) == sum(accepted_drafts(a, nd) for a in acc)
+    assert accepted_drafts_sum(acc, 2) == 0 + 0 + 0 + 3 + 0 + 1 + 0 + 0 and accepted_drafts_sum((), 2) == 0
