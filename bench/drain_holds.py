@@ -98,7 +98,8 @@ def measure(n: int, steps: int, gcc: GcClock) -> dict:
             "longest_piece_us": longest[0] / 1e3, "gc_in_longest_us": longest[1] / 1e3,
             "audit_violations": audit,
             "by_kind": {k: {"n": len(v), "p50_us": sorted(v)[len(v) // 2] / 1e3,
-                            "p99_us": sorted(v)[int(0.99 * len(v))] / 1e3} for k, v in kinds.items()}}
+                            "p99_us": sorted(v)[int(0.99 * len(v))] / 1e3, "max_us": max(v) / 1e3}
+                    for k, v in kinds.items()}}
 
 
 def main(argv=None) -> int:
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
               f"{r['longest_piece_us']:10.0f} | {r['gc_in_longest_us']:11.0f} | {r['audit_violations']}", flush=True)
         if a.by_kind:
             for k, v in r["by_kind"].items():
-                print(f"{'':>5}   {k:>22}: {v['n']:>6} pieces, p50 {v['p50_us']:7.1f} us, p99 {v['p99_us']:7.1f} us")
+                print(f"{'':>5}   {k:>22}: {v['n']:>6} pieces, p50 {v['p50_us']:7.1f} us, p99 {v['p99_us']:7.1f} us, "
+                      f"max {v['max_us']:7.1f} us")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
     return 0

@@ -20,7 +20,8 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from itertools import filterfalse, repeat, takewhile
+from bisect import bisect_right
+from itertools import accumulate, filterfalse, repeat, takewhile
 from operator import itemgetter
 from struct import Struct
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
@@ -166,23 +167,37 @@ def append_all(stores: list[array], key: int, ctx: Iterable[int], acc: Iterable[
     _drain(map(array.frombytes, stores, map(_pack_row, repeat(key), ctx, acc, com)))
 
 
-def prune(metas: Metas, stores: list[array]) -> None:
+def prune(metas: Metas, stores: list[array]) -> Iterator[None]:
     """Let go of the metas no row of ``stores`` (every kept row store of a log) refers to, in C-level
     passes: those older than the oldest row (each store's first: cheap), and where that does not
     halve the table (a long-lived request's old rows hold back newer steps no row refers to), every
-    one whose key no row holds (all rows' keys gathered)."""
+    one whose key no row holds.  That full pass is pieces, a yield before each: the keys of the
+    stores that hold :data:`PRUNE_PIECE` rows together (or of one larger store), then
+    :data:`PRUNE_PIECE` metas looked at (the drain thread hands the GIL over between two); the
+    caller exhausts it before the log changes."""
     size = len(metas)
     oldest = min(map(_first, stores), default=None)
     if oldest is None:
         metas.clear()
         return
     _drain(map(metas.__delitem__, list(takewhile(oldest.__gt__, metas))))  # keys are in step order
-    if 2 * len(metas) > size:
-        live: set[int] = set()
-        _drain(map(live.update, map(_keys_of, stores)))
-        _drain(map(metas.__delitem__, list(filterfalse(live.__contains__, metas))))
+    if 2 * len(metas) <= size:
+        return
+    live: set[int] = set()
+    ends = list(accumulate(map(len, stores)))  # cells up to each store
+    lo = 0
+    while lo < len(stores):  # per piece: the stores that hold PRUNE_PIECE rows together, or one store
+        hi = max(lo + 1, bisect_right(ends, (ends[lo - 1] if lo else 0) + W * PRUNE_PIECE, lo))
+        yield
+        _drain(map(live.update, map(_keys_of, stores[lo:hi])))
+        lo = hi
+    keys = list(metas)
+    for k in range(0, len(keys), PRUNE_PIECE):
+        yield
+        _drain(map(metas.__delitem__, filterfalse(live.__contains__, keys[k:k + PRUNE_PIECE])))
 
 
+PRUNE_PIECE = 2048  # rows (or metas) a piece of the full prune pass looks at (~50 µs)
 _first, _keys_of = itemgetter(0), itemgetter(slice(0, None, W))  # a row store's first key, all its keys
 _PHASE_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {}  # interned phase-name tuples
 

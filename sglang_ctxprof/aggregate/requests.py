@@ -97,7 +97,7 @@ class RequestLog:
             self._shed_rows()
         if len(self._metas) >= self._prune_at:
             yield
-            self._prune_metas()
+            yield from self._prune_metas()
 
     def _decode_rows(self, rec: StepRecord, lo: int, hi: int, key: int, meta: Meta) -> None:
         """Requests ``lo:hi`` of a decode step in C-level passes: the new ones added, all moved to the
@@ -267,11 +267,12 @@ class RequestLog:
             r["step_rows_dropped"] += len(r["step_rows"])
             r["step_rows"].clear()
 
-    def _prune_metas(self) -> None:
-        """Let go of metas no kept row refers to (``request_rows.prune``), and run again when the table
-        has doubled (``PRUNE`` steps at the least), so it stays within about twice what they refer to."""
+    def _prune_metas(self) -> Iterator[None]:
+        """Let go of metas no kept row refers to (``request_rows.prune``, in pieces), and run again when
+        the table has doubled (``PRUNE`` steps at the least), so it stays within about twice what they
+        refer to."""
         metas = self._metas
-        prune(metas, list(filter(None, map(_store, map(_rows_of, self._reqs.values())))))
+        yield from prune(metas, list(filter(None, map(_store, map(_rows_of, self._reqs.values())))))
         self._prune_at = len(metas) + max(PRUNE, len(metas))
 
     @staticmethod

@@ -65,10 +65,33 @@ def test_prune_lets_go_of_every_meta_no_row_refers_to():
         return array("q", [c for k in keys for c in (k, 1, 1, 1)])
 
     metas = {k: _meta(k) for k in range(10)}
-    prune(metas, [store(2, 3), store(8)])  # 0, 1 older; 4-7 and 9 held by no row
+    list(prune(metas, [store(2, 3), store(8)]))  # 0, 1 older; 4-7 and 9 held by no row
     assert list(metas) == [2, 3, 8]
     metas = {k: _meta(k) for k in range(10)}
-    prune(metas, [store(5, 6, 7, 8, 9)])  # the older half let go: the cheap pass is enough
+    assert list(prune(metas, [store(5, 6, 7, 8, 9)])) == []  # the older half let go: the cheap pass, one piece
     assert list(metas) == [5, 6, 7, 8, 9]
-    prune(metas, [])
+    list(prune(metas, []))
     assert metas == {}
+
+
+def test_the_full_prune_pass_runs_in_pieces_of_bounded_rows_and_keys(monkeypatch):
+    """Each piece of the full pass gathers the keys of the stores holding PRUNE_PIECE rows together (or
+    of one larger store) or looks at PRUNE_PIECE metas, so the drain thread hands the GIL over between."""
+    from array import array
+
+    from sglang_ctxprof.aggregate import request_rows
+    from sglang_ctxprof.aggregate.request_rows import prune
+
+    monkeypatch.setattr(request_rows, "PRUNE_PIECE", 4)
+
+    def store(*keys: int) -> array:
+        return array("q", [c for k in keys for c in (k, 1, 1, 1)])
+
+    metas = {k: _meta(k) for k in range(40)}
+    stores = [store(0), store(*range(10, 13)), store(*range(20, 29)), store(30, 31)]  # 1 + 3 + 9 + 2 rows
+    seen = []
+    for _ in prune(metas, stores):
+        seen.append(len(metas))
+    # gathering: [0, 10-12] (4 rows), [20-28] (one larger store), [30, 31]; then 40 keys, 4 a piece
+    assert len(seen) == 3 + 10 and seen[:3] == [40, 40, 40]
+    assert list(metas) == [0, 10, 11, 12, *range(20, 29), 30, 31]
