@@ -177,9 +177,9 @@ class Profiler:
         return audit.counts if audit is not None else None
 
     def export_history(self, rid: str, with_steps: bool) -> Optional[dict[str, Any]]:
-        """A finished request as the exporters read it: the aggregator's history (its step rows only
-        ``with_steps``, and then built only if read) and the deep captures that covered its steps."""
-        req = self.aggregator.request(rid, lazy=True, with_steps=with_steps)
+        """A finished request as the exporters read it, under the aggregator's lock: its history (step
+        rows only ``with_steps``, copied, built if read) and the captures that covered its steps."""
+        req = self.recorder.read_aggregator(lambda a: a.request(rid, lazy=True, with_steps=with_steps))
         if req is not None and self.capture.history:
             req["captures"] = self.capture.for_rid(rid)
         return req

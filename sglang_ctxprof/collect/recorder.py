@@ -330,6 +330,13 @@ class Recorder:
             self._catch_up()
             return fn(self.aggregator)
 
+    def read_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
+        """Run ``fn(aggregator)`` under the lock as the aggregator is, without catching up: a sink's
+        read (the aggregator has taken at least the record the sink is fed), never interleaved with
+        a reader's catch-up on the scheduler thread."""
+        with self._lock:
+            return fn(self.aggregator)
+
     def stop(self, timeout: float = 2.0) -> None:
         """Tell the drain thread to stop (its own event, never cleared), wait up to ``timeout`` for
         it, forget it, and drain what is left here.  A thread still inside a slow pass ends with its

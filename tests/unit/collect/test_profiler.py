@@ -382,3 +382,27 @@ def test_disabling_forgets_the_steps_parked_for_their_device_times():
         _steps(sched, reqs, 2, between=dev.run)
         assert [r.step_id for r in cap.records()] == [1, 5, 6]
         assert clock.created == created  # the new steps reuse the forgotten steps' events
+
+
+def test_the_exporters_read_a_finished_request_under_the_aggregators_lock():
+    """The sinks run on the drain thread outside the aggregator's lock, while a read's catch-up on
+    the scheduler thread may append or shed rows: the history read the exporters make is taken
+    under that lock (it never sees rows half appended or half shed), without catching up."""
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
+        _steps(sched, reqs, 2)
+        p.recorder.flush()
+        held = []
+        real = p.aggregator.request
+
+        def request(rid, lazy=False, with_steps=True):
+            held.append(p.recorder._lock.locked())
+            return real(rid, lazy, with_steps)
+
+        p.aggregator.request = request
+        p.recorder.stop()  # no drain thread: what is queued stays queued
+        _steps(sched, reqs, 1)
+        queued = len(p.recorder._q)
+        assert p.export_history("a", True)["steps"] == 2
+        assert held == [True] and len(p.recorder._q) == queued > 0  # under the lock, no catch-up
