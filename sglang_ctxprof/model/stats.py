@@ -192,6 +192,14 @@ class LinearFit:
         return f
 
 
+def _spread(points: list[tuple[float, float]], n: int) -> list[tuple[float, float]]:
+    """``n`` of ``points`` evenly spread (all of them when there are no more than ``n``)."""
+    if len(points) <= n:
+        return points
+    step = len(points) / n
+    return [points[int(i * step)] for i in range(n)]
+
+
 class PointSample:
     """A bounded uniform sample of (x, y) points (reservoir sampling with a fixed seed)."""
 
@@ -222,11 +230,15 @@ class PointSample:
             self.points[j] = (x, y)
 
     def merge(self, o: "PointSample") -> None:
+        """Add ``o`` (another rank's sample): each side keeps points in proportion to what it saw, at
+        the coarser side's steps per point, so a rank that saw few steps weighs in the union as
+        little as it does in the steps; at most ``8 * cap`` points in all (ranks merged in turn)."""
+        a, b = self.points, o.points
+        if a and b:
+            per = max(self.seen / len(a), o.seen / len(b))  # steps one kept point stands for
+            a, b = _spread(a, round(self.seen / per)), _spread(b, round(o.seen / per))
         self.seen += o.seen
-        self.points.extend(o.points)
-        if len(self.points) > self.cap * 8:  # stays bounded however many ranks merge
-            step = len(self.points) / (self.cap * 8)
-            self.points = [self.points[int(i * step)] for i in range(self.cap * 8)]
+        self.points = _spread(a + b, self.cap * 8)  # stays bounded however many ranks merge
 
     def copy(self) -> "PointSample":
         c = PointSample(self.cap)
