@@ -15,8 +15,8 @@ their phases and when they ran (:class:`SlowSteps`, bounded, merged across ranks
   how much slower it was, which phase took the excess, and ``warmup`` when it was among the first
   :data:`WARMUP_STEPS` decode steps of the server or of its bucket (a new shape).
 
-When more than :data:`KEEP` steps of a bucket pass the fence, ``truncated`` says so and the robust
-means still include the rest.  Pure: imports nothing of SGLang, torch or OTel.
+When all :data:`KEEP` slowest steps kept for a bucket pass the fence (more may have), ``truncated``
+says so, and the robust means still include the rest.  Pure: imports nothing of SGLang, torch or OTel.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from __future__ import annotations
 import heapq
 from typing import Any, Mapping, Optional
 
-from ..model.names import LEAF_PHASES, Phase
+from ..model.names import Phase
+from ..model.records import leaf_phases
 from ..model.stats import DurationStats
 
 KEEP = 16  # slowest steps kept per bucket
@@ -97,7 +98,7 @@ def robust(step: Optional[DurationStats], phases: Mapping[str, DurationStats],
         clean[p] = (st.total - sum(mine)) / rest if rest > 0 else st.mean
     rows = []
     for s, o, bo, ph in outs:
-        excess = {p: ph[p] - clean.get(p, 0.0) for p in LEAF_PHASES if p in ph}
+        excess = {p: ph[p] - clean.get(p, 0.0) for p in leaf_phases(ph)}  # an unsplit forward counts whole
         top = max(excess, key=lambda p: excess[p]) if excess else ""
         rows.append({"step_ms": s, "excess_ms": s - step_ms, "ordinal": o, "bucket_ordinal": bo, "phase": top,
                      "phase_excess_ms": excess.get(top, 0.0),

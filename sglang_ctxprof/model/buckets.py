@@ -3,11 +3,12 @@
 A bucket is a half-open token range ``[lo, hi)``.  Three layouts:
 
 * ``pow2`` (default): ``[0,64) [64,128) [128,256) ... [2^k, 2^(k+1))`` up to the max context;
-* ``fixed:<width>``: equal-width ranges (``fixed:1024`` -> ``[0,1024) [1024,2048) ...``);
+* ``fixed:<width>``: equal-width ranges (``fixed:1024`` -> ``[0,1024) [1024,2048) ...``), at most
+  ``MAX_BUCKETS`` of them, so a narrow width ends before the max context (``fixed:1024``: ``261120+``);
 * ``edges:a,b,c``: explicit boundaries.
 
-The number of buckets is bounded (``MAX_BUCKETS``), so labels used as Prometheus labels and
-dictionary keys keep a bounded cardinality.  Contexts beyond the last edge go to an open-ended
+The number of buckets is bounded (``MAX_BUCKETS``; an ``edges:`` list longer than that is refused), so
+labels used as Prometheus labels and dictionary keys keep a bounded cardinality.  Contexts beyond the last edge go to an open-ended
 last bucket.  Pure; imports only the standard library.
 """
 

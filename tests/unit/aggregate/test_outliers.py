@@ -90,3 +90,18 @@ def test_slow_steps_are_bounded_and_merge_across_ranks():
     merged = summarize(merge_states([st, st]))  # identical ranks: ties on time and ordinals
     rb = merged["buckets"][0]["robust"]
     assert len(rb["outliers"]) == KEEP
+
+
+def test_a_slow_unsplit_forward_is_named_as_the_phase_that_took_the_excess():
+    """A plain step replayed in a CUDA graph whose split was not read carries its forward whole
+    (``decode``): a slow one is named by it, as a split one is named by its part."""
+    agg, t = Aggregator(), 10**18
+    for sid in range(1, 21):
+        fwd = 40.0 if sid == 12 else 9.0
+        ph = {"decode": fwd, "overhead": 0.5}
+        agg.observe(StepRecord(sid, "decode", "none", RankId(), ("r",), (1500,), (1,), (1,), (False,), 0,
+                               fwd + 0.5, ph, t_start_ns=t, t_end_ns=t + int((fwd + 0.5) * MS)))
+        t += 20 * MS
+    b = next(b for b in build_profile(agg.snapshot()).buckets if b.steps)
+    out = b.robust["outliers"]
+    assert len(out) == 1 and out[0]["phase"] == "decode" and out[0]["phase_excess_ms"] == pytest.approx(31.0)
