@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from ..model.config import GraphSettings
 from ..model.names import CLOCK_THREAD, CLOCK_WALL, CLOCKS, TIMING_CPU, TIMING_CPU_THREAD, TIMING_CUDA_EVENTS
@@ -149,11 +149,14 @@ def make_graph_timer(device: str | None, settings: Optional[GraphSettings] = Non
         return None
 
 
-class Parked:
+T = TypeVar("T")
+
+
+class Parked(Generic[T]):
     """Bounded FIFO of steps whose device times are not ready yet; retried, never waited on."""
 
     def __init__(self, maxlen: int = 256) -> None:
-        self._q: deque = deque()
+        self._q: deque[T] = deque()
         self.maxlen = maxlen
         self.parked = 0
         self.lost = 0
@@ -161,19 +164,19 @@ class Parked:
     def __len__(self) -> int:
         return len(self._q)
 
-    def push(self, item: Any, on_evict: Callable[[Any], None]) -> None:
+    def push(self, item: T, on_evict: Callable[[T], None]) -> None:
         self._q.append(item)
         self.parked += 1
         while len(self._q) > self.maxlen:
             self.lost += 1
             on_evict(self._q.popleft())
 
-    def clear(self, on_drop: Callable[[Any], None]) -> None:
+    def clear(self, on_drop: Callable[[T], None]) -> None:
         """Forget every parked item, oldest first, each through ``on_drop``."""
         while self._q:
             on_drop(self._q.popleft())
 
-    def retry(self, try_finish: Callable[[Any], bool]) -> int:
+    def retry(self, try_finish: Callable[[T], bool]) -> int:
         """Call ``try_finish(item)`` oldest first; stop at the first not ready (stream order)."""
         done = 0
         while self._q and try_finish(self._q[0]):

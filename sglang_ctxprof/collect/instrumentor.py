@@ -20,9 +20,12 @@ import functools
 import importlib
 import inspect
 import logging
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..model.names import WRAPPER_MARK
+
+if TYPE_CHECKING:
+    from .adapter import Target
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class CtxProfInstrumentor:
     def groups(self) -> set[str]:
         return {g for *_, g in self._patched}
 
-    def instrument(self, targets: Iterable[Any], hooks: dict[str, Hook],
+    def instrument(self, targets: Iterable["Target"], hooks: dict[str, Hook],
                    signatures: dict[str, tuple[str, ...]] | None = None,
                    groups: Iterable[str] | None = None) -> dict[str, str]:
         wanted = set(groups) if groups is not None else None
@@ -93,7 +96,7 @@ class CtxProfInstrumentor:
             self.report[t.path] = self._install(t, hooks[t.hook], (signatures or {}).get(t.path, ()))
         return dict(self.report)
 
-    def _install(self, t: Any, hook: Hook, expected: tuple[str, ...]) -> str:
+    def _install(self, t: "Target", hook: Hook, expected: tuple[str, ...]) -> str:
         try:
             owner, attr, current = resolve(t.path)
         except (ImportError, AttributeError) as exc:

@@ -102,7 +102,7 @@ class Profiler:
         self.exporters: Optional[ExporterSet] = None  # views.exporters.Exporters (attach_exporters)
         self.graph: Optional[GraphTimer] = None  # on CUDA
         self.coverage: Optional[dict[str, Any]] = None  # adapter.model_coverage, computed once
-        self.parked = Parked()
+        self.parked: Parked[tuple[StepBuilder, HostFacts]] = Parked()
         self.hw: Optional[dict[str, Any]] = None
         self.capture = Capture(config.capture, self.guard)
         if self.capture.auto:  # the automatic triggers read each record after the aggregator
