@@ -16,8 +16,9 @@ were dropped, summed in C when the request is read (``_totals``).  This is what
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
 An entry (re)created by a decode step or a retracted request's re-prefill never saw the request's
-prefill (it was evicted, or ran before the history was cleared): its totals are partial, so it is
-served as any other but ``tally`` does not hand it to the self-audit.
+prefill (it was evicted, or ran before the history was cleared), and one running while profiling
+stopped (``interrupt``) misses steps: its totals are partial, so it is served as any other but
+``tally`` does not hand it to the self-audit.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -280,16 +281,10 @@ class RequestLog:
         return {
             "rid": rid,
             "use": 0,  # how many earlier requests used this rid (SGLang allows reuse once finished)
-            "prompt_tokens": None,
-            "prefill_ms": 0.0,
-            "steps": 0,
-            "accepted": 0,
-            "committed": 0,
-            "decode_ms": 0.0,
+            "prompt_tokens": None, "prefill_ms": 0.0,
+            "steps": 0, "accepted": 0, "committed": 0, "decode_ms": 0.0,
             "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
-            "ctx_first": None,
-            "ctx_last": None,
-            "finished": False,
+            "ctx_first": None, "ctx_last": None, "finished": False,
             "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
             "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
             "steps_truncated": 0,
@@ -300,7 +295,7 @@ class RequestLog:
             "step_rows": [],
             "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
             "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
-            "partial": False,  # (re)created after its prefill: its totals miss what came before
+            "partial": False,  # (re)created after its prefill, or running while profiling stopped: steps missed
             "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
         }
 
@@ -322,6 +317,12 @@ class RequestLog:
         if not rows:
             return r["steps"], r["accepted"], r["committed"], r["accepted_drafts"]
         return rows.tally(r)
+
+    def interrupt(self) -> None:
+        """Profiling stops: every request not finished yet misses the steps until it starts again, so
+        it is partial (``tally`` hands it to no audit)."""
+        for r in self._reqs.values():
+            r["partial"] = r["partial"] or not r["finished"]
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""

@@ -149,8 +149,10 @@ class Profiler:
         self.recorder.start()
 
     def pause(self) -> None:
-        """Profiling switched off: forget waiting steps (:meth:`drop_pending`); the drain thread ends when drained."""
+        """Profiling switched off: forget waiting steps (:meth:`drop_pending`), mark the running requests
+        partial (they miss steps: ``RequestLog.interrupt``); the drain thread ends when drained."""
         self.drop_pending()
+        self.recorder.with_aggregator(lambda a: a.requests.interrupt())
         self.recorder.park()
 
     def resume(self) -> None:
@@ -327,16 +329,14 @@ class Profiler:
     # ---- control commands ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         return {
-            "enabled": self.active,
-            "pid": os.getpid(),
+            "enabled": self.active, "pid": os.getpid(),
             "rank": self.serving.rank.to_dict() if self.serving.rank else None,
             "algorithm": self.serving.algorithm,
             "timing": self.timing_mode(),
             "clock": self.clock_name if type(self.clock) is CpuClock else None,  # names.CLOCKS, CPU only
             "split": self.graph.describe() if self.graph is not None else {"mode": "block_events"},
             "drain": "running" if self.recorder.running() else "stopped",  # stopped while off
-            "parked": len(self.parked),
-            "submitted": self.recorder.submitted, "dropped": self.recorder.dropped,
+            "parked": len(self.parked), "submitted": self.recorder.submitted, "dropped": self.recorder.dropped,
             "sink_dropped": self.recorder.sink_dropped,  # aggregated, but a stalled sink never saw them
             "pending": len(self.pending), "pending_evicted": self.pending_evicted,
             "unresolved": self.unresolved,

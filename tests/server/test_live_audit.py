@@ -182,3 +182,39 @@ def test_a_stalled_sink_stalls_neither_requests_nor_reads(server):
     assert _metric_steps(url) - steps0 == want  # released: every step reached the sink exactly once
     (rank,) = http("GET", url + names.ROUTE_STATUS)[1]["ranks"]
     assert rank["status"]["sink_dropped"] == 0 and rank["status"]["degraded"] is None
+
+
+def _stream_acting(url: str, rid: str, actions: dict[int, str]) -> None:
+    """Stream a 160-token request; after chunk ``n`` POST the route ``actions[n]``."""
+    body = {"input_ids": rand_ids(400, seed=93), "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
+    host, port = url.split("//")[1].split(":")
+    c = HTTPConnection(host, int(port), timeout=300)
+    c.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    resp, chunks = c.getresponse(), 0
+    while True:
+        line = resp.fp.readline()
+        if not line or line.startswith(b"data: [DONE]"):
+            break
+        if line.startswith(b"data:"):
+            chunks += 1
+            if chunks in actions:
+                assert http("POST", url + actions[chunks])[0] == 200
+    c.close()
+    assert chunks > max(actions), chunks
+
+
+def test_a_reset_or_a_pause_mid_request_raises_no_counter(server):
+    """A request running across a reset (its history gone) or across disable/enable (its steps in
+    between unseen) is not held whole: the audit checks it for nothing instead of reporting the
+    engine's books broken.  A request after it is checked as usual."""
+    url = server.url
+    m0 = _metrics(url)
+    _stream_acting(url, f"mid-reset-{uuid.uuid4().hex[:6]}", {8: names.ROUTE_RESET})
+    _stream_acting(url, f"mid-pause-{uuid.uuid4().hex[:6]}", {8: names.ROUTE + "/disable", 16: names.ROUTE + "/enable"})
+    before = audit(url)["checked"]["requests"]
+    generate(url, rand_ids(120, seed=94), 12)  # finishes after both: its check comes after theirs
+    a = _settled(url, before, 1)
+    assert a["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), a["latest"]
+    assert a["checked"]["requests"] >= before + 1
+    assert {k: v - m0.get(k, 0.0) for k, v in _metrics(url).items()} == dict.fromkeys(names.AUDIT_INVARIANTS, 0.0)

@@ -193,6 +193,23 @@ def test_an_entry_made_after_its_prefill_is_partial_and_has_no_tally():
     assert log.tally("r0") == (1, 1, 2, 0)
 
 
+def test_the_requests_running_when_profiling_stops_are_partial():
+    """Switched off mid-request (``interrupt``), a request misses the steps until profiling is back:
+    no tally; a finished one keeps its tally, a new one after has its own."""
+    log = RequestLog()
+    log.observe(_prefill(0, 1))
+    log.observe(_step(1, 1))
+    log.observe(replace(_prefill(2, 1), rids=("done",)))
+    log.observe(replace(_step(3, 1), rids=("done",), finished=(True,)))
+    log.interrupt()
+    log.observe(_step(9, 1))  # back on: r0 runs on, two steps later
+    assert log.tally("r0") is None and log.get("r0")["steps"] == 2
+    assert log.tally("done") == (1, 1, 1, 0)
+    log.observe(replace(_prefill(10, 1), rids=("new",)))
+    log.observe(replace(_step(11, 1), rids=("new",)))
+    assert log.tally("new") == (1, 1, 1, 0)
+
+
 def test_tally_counts_accepted_drafts_per_step_over_kept_folded_and_shed_rows():
     """The fourth number of a tally: ``records.accepted_drafts`` of each of the request's steps (its
     own non-draft tokens), summed over its kept rows, the steps past ``max_steps`` and the rows shed
