@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from http.client import HTTPConnection
+from typing import Callable
 
 import pytest
 
@@ -71,22 +72,28 @@ def _request(url: str, n: int, new: int, mode: str, seed: int) -> int:
         st, out = http("POST", url + "/generate", body)
         assert st == 200, out
         return 1
+    _stream(url, body, lambda n: mode == "abandon" and n == 3)  # "abandon": hang up after 3 chunks
+    return 1
+
+
+def _stream(url: str, body: dict, stop_after: Callable[[int], bool]) -> int:
+    """Stream ``body``'s request; after each chunk (counted from 1) ``stop_after(n)`` may hang up.
+    Returns the chunks read."""
     host, port = url.split("//")[1].split(":")
     c = HTTPConnection(host, int(port), timeout=300)
     c.request("POST", "/generate", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
-    resp = c.getresponse()
-    chunks = 0
+    resp, chunks = c.getresponse(), 0
     while True:
         line = resp.fp.readline()
         if not line or line.startswith(b"data: [DONE]"):
             break
         if line.startswith(b"data:"):
             chunks += 1
-            if mode == "abandon" and chunks == 3:
-                c.sock.close()  # hang up mid-stream
+            if stop_after(chunks):
+                c.sock.close()
                 break
     c.close()
-    return 1
+    return chunks
 
 
 def _settled(url: str, before: int, want: int, timeout: float = 120) -> dict:
@@ -186,21 +193,15 @@ def test_a_stalled_sink_stalls_neither_requests_nor_reads(server):
 
 def _stream_acting(url: str, rid: str, actions: dict[int, str]) -> None:
     """Stream a 160-token request; after chunk ``n`` POST the route ``actions[n]``."""
-    body = {"input_ids": rand_ids(400, seed=93), "rid": rid, "stream": True,
+    body = {"input_ids": rand_ids(400, seed=93), "rid": rid,
             "sampling_params": {"max_new_tokens": 160, "temperature": 0, "ignore_eos": True}}
-    host, port = url.split("//")[1].split(":")
-    c = HTTPConnection(host, int(port), timeout=300)
-    c.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-    resp, chunks = c.getresponse(), 0
-    while True:
-        line = resp.fp.readline()
-        if not line or line.startswith(b"data: [DONE]"):
-            break
-        if line.startswith(b"data:"):
-            chunks += 1
-            if chunks in actions:
-                assert http("POST", url + actions[chunks])[0] == 200
-    c.close()
+
+    def act(n: int) -> bool:
+        if n in actions:
+            assert http("POST", url + actions[n])[0] == 200
+        return False
+
+    chunks = _stream(url, body, act)
     assert chunks > max(actions), chunks
 
 

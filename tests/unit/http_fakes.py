@@ -1,7 +1,7 @@
 """Small fake HTTP servers for the sweep and the CLI (no SGLang): a fake "SGLang" answering
 /model_info, /tokenize and /generate (timings proportional to the tokens) and 404 on /ctx_profile,
-like a server started without --enable-ctx-profile; a web server that is not SGLang; and a
-threading server that keeps quiet about clients that gave up.
+like a server started without --enable-ctx-profile; a web server that is not SGLang; a threading
+server that keeps quiet about clients that gave up; and their quiet JSON handler to build others on.
 
 A real server's long request is slower than its short one by many decode steps (hundreds of ms on
 the CPU), far beyond what a busy machine adds to one HTTP round trip.  The fake's modeled time is a
@@ -48,13 +48,8 @@ def clock_module(clock: FakeClock) -> types.ModuleType:
     return mod
 
 
-class FakeSGLang(BaseHTTPRequestHandler):
-    max_len = 8192
-    die_after = None  # generate calls before the fake starts failing (server "killed")
-    hang_after = None  # generate calls before the fake stops answering (server stuck)
-    clock: FakeClock | None = None  # where the modeled time goes (None: real sleeps)
-    stall_short_s = 0.0  # real seconds a request for under 10 new tokens waits first (a busy machine)
-    calls = 0
+class JsonHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers JSON (``_json``)."""
 
     def log_message(self, *a):
         pass
@@ -66,6 +61,15 @@ class FakeSGLang(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         self.wfile.write(raw)
+
+
+class FakeSGLang(JsonHandler):
+    max_len = 8192
+    die_after = None  # generate calls before the fake starts failing (server "killed")
+    hang_after = None  # generate calls before the fake stops answering (server stuck)
+    clock: FakeClock | None = None  # where the modeled time goes (None: real sleeps)
+    stall_short_s = 0.0  # real seconds a request for under 10 new tokens waits first (a busy machine)
+    calls = 0
 
     def do_GET(self):
         if self.path == "/model_info":

@@ -9,8 +9,6 @@ answers carry terminal control sequences.
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import socket
 import subprocess
@@ -20,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from http_fakes import JsonHandler, QuietServer
 from sglang_ctxprof.cli.main import SUBCOMMANDS, main
 
 SCRIPT = Path(sys.executable).with_name("sglang-ctxprof")
@@ -100,30 +99,19 @@ def test_no_command_prints_usage_and_fails():
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\rrid\u202e"
 
 
-class _Hostile(http.server.BaseHTTPRequestHandler):
+class _Hostile(JsonHandler):
     """A server whose answers carry terminal control sequences: in an error, and as a capture id."""
 
-    def _send(self, code: int, body: dict) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
     def do_GET(self):
-        self._send(404, {"error": f"request {HOSTILE} not found"})
+        self._json(404, {"error": f"request {HOSTILE} not found"})
 
     def do_POST(self):
-        self._send(200, {"accepted": True, "captures": [{"id": f"../../{HOSTILE}"}]})
-
-    def log_message(self, *args):
-        pass
+        self._json(200, {"accepted": True, "captures": [{"id": f"../../{HOSTILE}"}]})
 
 
 @pytest.fixture()
 def hostile_url():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    srv = QuietServer(("127.0.0.1", 0), _Hostile)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
