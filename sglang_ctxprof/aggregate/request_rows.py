@@ -171,9 +171,9 @@ def prune(metas: Metas, stores: list[array]) -> Iterator[None]:
     """Let go of the metas no row of ``stores`` (every kept row store of a log) refers to, in C-level
     passes: those older than the oldest row (each store's first: cheap), and where that does not
     halve the table (a long-lived request's old rows hold back newer steps no row refers to), every
-    one whose key no row holds.  That full pass is pieces, a yield before each: the keys of the
-    stores that hold :data:`PRUNE_PIECE` rows together (or of one larger store), then
-    :data:`PRUNE_PIECE` metas looked at (the drain thread hands the GIL over between two); the
+    one whose key no row holds.  That full pass is pieces, a yield before each: the stores' sizes,
+    the keys of the stores that hold :data:`PRUNE_PIECE` rows together (or of one larger store),
+    then :data:`PRUNE_PIECE` metas looked at (the drain thread hands the GIL over between two); the
     caller exhausts it before the log changes."""
     size = len(metas)
     oldest = min(map(_first, stores), default=None)
@@ -183,6 +183,7 @@ def prune(metas: Metas, stores: list[array]) -> Iterator[None]:
     _drain(map(metas.__delitem__, list(takewhile(oldest.__gt__, metas))))  # keys are in step order
     if 2 * len(metas) <= size:
         return
+    yield
     live: set[int] = set()
     ends = list(accumulate(map(len, stores)))  # cells up to each store
     lo = 0

@@ -92,6 +92,6 @@ def test_the_full_prune_pass_runs_in_pieces_of_bounded_rows_and_keys(monkeypatch
     seen = []
     for _ in prune(metas, stores):
         seen.append(len(metas))
-    # gathering: [0, 10-12] (4 rows), [20-28] (one larger store), [30, 31]; then 40 keys, 4 a piece
-    assert len(seen) == 3 + 10 and seen[:3] == [40, 40, 40]
+    # the sizes; gathering: [0, 10-12] (4 rows), [20-28] (one larger store), [30, 31]; then 40 keys, 4 a piece
+    assert len(seen) == 1 + 3 + 10 and seen[:4] == [40, 40, 40, 40]
     assert list(metas) == [0, 10, 11, 12, *range(20, 29), 30, 31]
