@@ -8,7 +8,7 @@ exit non-zero; they never print a traceback.  So does a missing package: the lin
 Every line the CLI prints passes :class:`Escaping` while :func:`main` runs: the server's answers
 (rids, errors, labels) are other people's strings, and a control character in one (an escape
 sequence, a carriage return, a bidi control) reaches the terminal as a Python escape, never raw.
-Newlines and tabs of our own layout pass.
+Newlines, tabs and colour sequences (rich's tables on a terminal) pass.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -110,15 +111,23 @@ def printable(s: Any, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in s)
 
 
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")  # a colour or style sequence (rich's tables on a terminal)
+
+
 class Escaping:
-    """A text stream that writes :func:`printable` text (newlines and tabs kept) to ``inner``."""
+    """A text stream that writes :func:`printable` text to ``inner``: newlines, tabs and colour or
+    style sequences (SGR: they only colour what follows) pass; every other control character (a
+    title, a cursor move, a screen clear, a carriage return) is written as a Python escape."""
 
     def __init__(self, inner: TextIO) -> None:
         self.inner = inner
 
     def write(self, s: str) -> int:
-        self.inner.write(printable(s, keep="\n\t"))
-        return len(s)
+        n = len(s)
+        if not s.isprintable():
+            s = "".join(part if i % 2 else printable(part, keep="\n\t") for i, part in enumerate(_SGR.split(s)))
+        self.inner.write(s)
+        return n
 
     def __getattr__(self, name: str) -> Any:  # flush, isatty, encoding, fileno ...: the inner stream's
         return getattr(self.inner, name)

@@ -130,3 +130,23 @@ def test_a_capture_id_that_is_not_one_is_refused_before_any_file(hostile_url, ca
     err = capsys.readouterr().err
     assert "not a capture id" in err and "\x1b" not in err, repr(err)
     assert not (tmp_path / "out").exists() and not list(tmp_path.parent.glob("*.trace.json.gz"))
+
+
+def test_rich_tables_on_a_terminal_keep_their_colours_and_a_hostile_cell_is_escaped():
+    """The escaping stream passes colour sequences (rich styles its tables with them on a terminal)
+    and escapes every other control character, also inside a table cell."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from sglang_ctxprof.cli.main import Escaping
+
+    buf = io.StringIO()
+    t = Table("ctx", "label")
+    t.add_row("64", HOSTILE)
+    Console(file=Escaping(buf), force_terminal=True, color_system="standard", width=100).print(t)
+    out = buf.getvalue()
+    assert "\x1b[1m" in out  # the header's bold: passed as it is
+    assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out and "\r" not in out, repr(out)
+    assert "\\x1b]0;owned" in out and "\\x1b[2J" in out  # (rich drops the bell and the carriage return)
