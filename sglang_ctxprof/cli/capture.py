@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import urllib.error
 import urllib.parse
@@ -20,9 +19,8 @@ import urllib.request
 from typing import Any
 
 from ..model import names
+from .client import RID_RE  # what the server's capture route accepts for an id: no "/", URL-safe
 from .main import printable
-
-_CID_RE = re.compile(names.RID_PATTERN)  # what the server's capture route accepts: no "/", URL-safe
 
 
 def add_cli_args(ap) -> None:
@@ -72,7 +70,7 @@ def run(ns) -> int:
     path = names.ROUTE_CAPTURE + ("?" + urllib.parse.urlencode(q) if q else "")
     body = _json(ns, *_call(ns, "POST", path, ns.admin_key), "capture refused")
     cid = str(body["captures"][0]["id"])
-    if not _CID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
+    if not RID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
         raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
     t0 = time.time()

@@ -220,7 +220,7 @@ class Capture:
         info = self.current
         if info is None:
             with self._lock:  # a trigger may have asked for one since ``current`` was read
-                self.armed = self.current is not None or self.exporting is not None
+                self._rearm()
             return
         rids = adapter_capture.batch_rids(batch)
         if info.state == names.CAPTURE_RUNNING:
@@ -299,15 +299,17 @@ class Capture:
             self.exporting = None
             self._end(info, names.CAPTURE_FAILED, info.error or "SGLang's profiler exported nothing")
 
+    def _rearm(self) -> None:
+        """``armed`` from what is pending, running or exporting (caller holds the lock)."""
+        self.armed = self.current is not None or self.exporting is not None
+
     def _end(self, info: CaptureInfo, state: str, error: str = "") -> None:
         """End ``info`` (scheduler or export thread) under the lock: a capture asked for meanwhile stays armed."""
         with self._lock:
             info.state, info.error = state, error or info.error
-            if self.current is info:
-                self.current = None
-            if self.exporting is info:
-                self.exporting = None
-            self.armed = self.current is not None or self.exporting is not None
+            self.current = None if self.current is info else self.current
+            self.exporting = None if self.exporting is info else self.exporting
+            self._rearm()
         if error:
             logger.warning("sglang-ctxprof: capture %s %s: %s", info.id, state, error)
 
@@ -376,10 +378,8 @@ class Capture:
                                                    "on": self.auto and c.slow_factor > 0},
                          names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0},
                          names.TRIGGER_SLOW_REQUEST: {"on": self.auto and self.tail is not None}},
-            "fired": dict(self.fired),
-            "suppressed": dict(self.suppressed),
-            "deleted": self.deleted,
-            "bytes_kept": self.bytes_kept,
+            "fired": dict(self.fired), "suppressed": dict(self.suppressed),
+            "deleted": self.deleted, "bytes_kept": self.bytes_kept,
             "captures": [x.to_dict() for x in list(self.history)],
         }
 
@@ -390,11 +390,10 @@ class CaptureSink:
     name = "capture"
 
     def __init__(self, capture: Capture, aggregator: Aggregator) -> None:
-        self.capture = capture
-        self.aggregator = aggregator
+        self.capture, self.aggregator = capture, aggregator
 
     def observe(self, rec: StepRecord) -> None:
         self.capture.observe(rec, self.aggregator)
 
-    def stop(self) -> None:
+    def stop(self) -> None:  # nothing of its own to stop
         return None
