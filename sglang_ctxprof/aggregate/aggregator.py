@@ -230,6 +230,13 @@ class Aggregator:
         exporters read finished requests here, ``lazy``: rows built only if read)."""
         return self.requests.get(rid, lazy, with_steps)
 
+    def finished_request(self, rid: str, stamp: int, lazy: bool = False,
+                         with_steps: bool = True) -> dict[str, Any] | None:
+        """The summary of the use of ``rid`` that the record or end stamped ``stamp`` finished
+        (``RequestLog.finished``): what the exporters read, behind the aggregator by a few records,
+        in which the rid may have been used again."""
+        return self.requests.finished(rid, stamp, lazy, with_steps)
+
     def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:
         """The summary served by ``/ctx_profile/requests/{rid}``: step rows plus the waterfall."""
         r = self.requests.get(rid)

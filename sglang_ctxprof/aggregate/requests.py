@@ -11,7 +11,7 @@ at the least).  A decode step is taken ``CHUNK`` requests per stage (``stages``)
 C-level passes (new requests found, all moved to the ring's newest end, one row appended per
 request); Python work only for requests that are new, get their first row, are past ``max_steps``
 or finished.  A request's totals are its kept rows plus what was folded when rows were not kept or
-were dropped, summed in C when the request is read (``_totals``).  This is what
+were dropped, summed in C when the request is read (``request_entry.totals_of``).  This is what
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
@@ -36,13 +36,14 @@ from array import array
 from collections import OrderedDict, deque
 from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, gt, itemgetter, not_
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Optional
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, accepted_drafts
-from .request_rows import W, LazyRows, Meta, Metas, Rows, StepRow, append_all, meta_of, prune, row_dict
+from .request_entry import finish, new_entry, summarize, tok_s, totals_of
+from .request_rows import W, Meta, Metas, Rows, StepRow, append_all, meta_of, prune
 
-__all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow", "aborted_summary", "row_dict", "summarize"]
+__all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow"]
 
 
 CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
@@ -138,7 +139,7 @@ class RequestLog:
                 r["steps_truncated"] += 1
                 self._fold_step(r, ctx[i], acc[i], com[i], rec.step_ms, t_dev, bool(lens[i]), nd)
         for rid in compress(rids, rec.finished[lo:hi]):
-            reqs[rid]["finished"] = True
+            finish(reqs[rid], rec.end_ns)
 
     def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, key: int, meta: Meta) -> None:
         """``_decode_rows`` request by request, where adding a new request evicts one of this step's
@@ -164,7 +165,7 @@ class RequestLog:
                 r["steps_truncated"] += 1
                 self._fold_step(r, ctx, acc, com, rec.step_ms, t_dev, bool(rows), rec.non_draft_tokens)
             if fin:
-                r["finished"] = True
+                finish(r, rec.end_ns)
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
@@ -174,11 +175,11 @@ class RequestLog:
         r = self._reqs.get(end.rid)
         if r is None or r["finished"]:
             return
-        r["finished"] = True
+        finish(r, end.t_ns)
         r["aborted"] = end.kind
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
-        r = self._reqs[rid] = self._new(rid, rec.t_start_ns)
+        r = self._reqs[rid] = new_entry(rid, rec.t_start_ns)
         r["partial"] = rec.kind == KIND_DECODE  # its prefill and any earlier step went unseen
         r["step_rows"] = rows = Rows(self._metas)
         self._cells[rid] = rows.cells
@@ -221,7 +222,8 @@ class RequestLog:
                 self._reqs.move_to_end(rid)
             r["t_end_ns"] = rec.end_ns
             r["rows_at_end"] = len(r["step_rows"])
-            r["finished"] = r["finished"] or rec.finished[i]
+            if rec.finished[i]:
+                finish(r, rec.end_ns)
             r["prefill_ms"] += rec.step_ms
             com = rec.committed[i] if rec.committed else 0
             if com:  # the re-prefill of a retracted request: its prompt was prompt + output so far
@@ -261,7 +263,7 @@ class RequestLog:
             if r is None:
                 continue
             acc = r["accepted"]
-            r.update(_totals(r))
+            r.update(totals_of(r))
             r["accepted_drafts"] += r["step_rows"].accepted_drafts(r["step_rows"].cells, r["accepted"] - acc)
             r["rows_at_fold"] = r["rows_at_end"] = 0
             self.rows -= len(r["step_rows"])
@@ -276,34 +278,26 @@ class RequestLog:
         yield from prune(metas, list(filter(None, map(_store, map(_rows_of, self._reqs.values())))))
         self._prune_at = len(metas) + max(PRUNE, len(metas))
 
-    @staticmethod
-    def _new(rid: str, t_ns: int) -> dict[str, Any]:
-        return {
-            "rid": rid,
-            "use": 0,  # how many earlier requests used this rid (SGLang allows reuse once finished)
-            "prompt_tokens": None, "prefill_ms": 0.0,
-            "steps": 0, "accepted": 0, "committed": 0, "decode_ms": 0.0,
-            "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
-            "ctx_first": None, "ctx_last": None, "finished": False,
-            "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
-            "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
-            "steps_truncated": 0,
-            "step_rows_dropped": 0,
-            "t_first_ns": t_ns,
-            "t_end_ns": t_ns,
-            "trace_parent": "",
-            "step_rows": [],
-            "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
-            "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
-            "partial": False,  # (re)created after its prefill, or running while profiling stopped: steps missed
-            "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
-        }
-
     def get(self, rid: str, lazy: bool = False, with_steps: bool = True) -> dict[str, Any] | None:
         """One request's summary, with its step rows unless not ``with_steps`` (``lazy``: rows become
         dicts only when read)."""
         r = self._reqs.get(rid)
         return summarize(r, with_steps=with_steps, lazy=lazy) if r is not None else None
+
+    def finished(self, rid: str, stamp: int, lazy: bool = False,
+                 with_steps: bool = True) -> dict[str, Any] | None:
+        """The summary of the use of ``rid`` that the record or end stamped ``stamp`` finished (its
+        ``end_ns``; an end's ``t_ns``), or None when the history no longer holds it.  The rid may
+        name a newer use by now: a reader that lags behind the history (the exporters) finds the
+        older one under its internal key, newest first."""
+        r = self._reqs.get(rid)
+        while r is not None:
+            if r["finished"] and r["finished_at"] == stamp:
+                return summarize(r, with_steps=with_steps, lazy=lazy)
+            if not r["use"]:
+                return None
+            r = self._reqs.get(f"{rid}\x00{r['use'] - 1}")
+        return None
 
     def tally(self, rid: str) -> Optional[tuple[int, int, int, int]]:
         """One request's (steps, accepted, committed, accepted drafts: ``records.accepted_drafts`` step
@@ -336,8 +330,8 @@ class RequestLog:
     def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
         # Rank on the raw totals and summarize only the n kept (a snapshot stays cheap at 4096 requests).
         # Each request's totals are worked out once: ranked on, then reused for the n kept.
-        ranked = ((r, _totals(r)) for r in self._reqs.values() if r["steps"] or r["step_rows"])
-        top = heapq.nsmallest(max(0, n), ranked, key=lambda rt: _tok_s(rt[1]))
+        ranked = ((r, totals_of(r)) for r in self._reqs.values() if r["steps"] or r["step_rows"])
+        top = heapq.nsmallest(max(0, n), ranked, key=lambda rt: tok_s(rt[1]))
         return [summarize(r, with_steps=with_steps, totals=t) for r, t in top]
 
     def totals(self) -> list[dict[str, Any]]:
@@ -358,41 +352,5 @@ class RequestLog:
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
 
 
-def aborted_summary(end: RequestEnd) -> dict[str, Any]:
-    """The summary of a request ``end`` ended that the history does not hold as aborted (it was
-    aborted before its first step): no steps, finished and aborted at ``end.t_ns``."""
-    r = RequestLog._new(end.rid, end.t_ns)
-    r["finished"], r["aborted"] = True, end.kind
-    return summarize(r, with_steps=True)
-
-
-def _tok_s(r: Mapping[str, Any]) -> float:
-    decode_s = r["decode_ms"] / 1e3
-    return r["committed"] / decode_s if decode_s > 0 else 0.0
-
-
-_INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "partial", "accepted_drafts")
-_TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C
 _rows_of, _store = itemgetter("step_rows"), attrgetter("cells")
-
-
-def _totals(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A request's totals: what was folded (steps without a kept row) plus its kept rows."""
-    rows = r["step_rows"]
-    if not rows:
-        return {k: r[k] for k in _TOTALS}
-    return rows.totals(r)
-
-
-def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False,
-              totals: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    out = {k: v for k, v in r.items() if k not in _INTERNAL}
-    out.update(_totals(r) if totals is None else totals)
-    steps = out["steps"]
-    out["accepted_per_step"] = out["accepted"] / steps if steps else 0.0
-    out["decode_tok_s"] = _tok_s(out)
-    if with_steps:
-        rows = r["step_rows"]
-        out["step_rows"] = LazyRows(rows) if lazy else [row_dict(t) for t in rows]
-    return out

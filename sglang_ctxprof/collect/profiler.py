@@ -45,8 +45,8 @@ from .cost import Cost
 from .host import HostFacts, IdCache
 from .recorder import Recorder
 from ..model.guard import Guard
-from .step import StepBuilder, release, resolve, timing_label
 from ..model.records import RankId
+from .step import StepBuilder, release, resolve, timing_label
 from .clocks import Clock, CpuClock, Parked, cpu_clock, make_clock, make_graph_timer
 from .graph_clock import GraphTimer
 
@@ -175,13 +175,13 @@ class Profiler:
 
     def audit_counts(self) -> Optional[Mapping[str, int]]:
         """The live self-audit's violations per invariant (``aggregate.audit``), or None when off."""
-        audit = self.aggregator.audit
-        return audit.counts if audit is not None else None
+        return self.aggregator.audit.counts if self.aggregator.audit is not None else None
 
-    def export_history(self, rid: str, with_steps: bool) -> Optional[dict[str, Any]]:
-        """A finished request as the exporters read it, under the aggregator's lock: its history (step
-        rows only ``with_steps``, copied, built if read) and the captures that covered its steps."""
-        req = self.recorder.read_aggregator(lambda a: a.request(rid, lazy=True, with_steps=with_steps))
+    def export_history(self, rid: str, with_steps: bool, stamp: int) -> Optional[dict[str, Any]]:
+        """A finished request as the exporters read it, under the aggregator's lock: the use of ``rid``
+        that the record or end stamped ``stamp`` finished (step rows only ``with_steps``, copied,
+        built if read) and the captures that covered its steps."""
+        req = self.recorder.read_aggregator(lambda a: a.finished_request(rid, stamp, True, with_steps))
         if req is not None and self.capture.history:
             req["captures"] = self.capture.for_rid(rid)
         return req

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..aggregate.requests import _tok_s
+from ..aggregate.request_entry import tok_s as _tok_s
 from ..model import names
 from ..model.records import StepRecord
 from ..model.sinks import Policy

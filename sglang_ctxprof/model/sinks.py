@@ -23,8 +23,9 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from .records import StepRecord
 
-# (rid, with its step rows?) -> the request's summary (its step rows read only when asked for)
-History = Callable[[str, bool], Optional[Mapping[str, Any]]]
+# (rid, with its step rows?, the stamp of what finished it) -> that request's summary (its step rows
+# read only when asked for): the stamp is the finishing record's ``end_ns`` or the end's ``t_ns``
+History = Callable[[str, bool, int], Optional[Mapping[str, Any]]]
 # (record, bucket edges) -> {(own context bucket, budget, correct drafts): request-steps}
 Counts = Callable[[StepRecord, Sequence[int]], Mapping[tuple[int, int, int], int]]
 
@@ -47,7 +48,7 @@ class Policy(Protocol):
     def slow_reason(self, summary: Mapping[str, Any]) -> str: ...
 
 
-def _no_history(rid: str, with_steps: bool) -> Optional[Mapping[str, Any]]:
+def _no_history(rid: str, with_steps: bool, stamp: int) -> Optional[Mapping[str, Any]]:
     return None
 
 
@@ -73,9 +74,10 @@ class BindFacts:
 
     ``primary``: the tp-rank-0 scheduler of its DP group, the one that emits (other TP ranks see the
     same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
-    with ``--enable-metrics``; ``history(rid, with_steps)``: the aggregator's request history (the
-    recorder feeds the aggregator before any sink; its step rows only ``with_steps``);
-    ``dropped()``: records the recorder's queue dropped;
+    with ``--enable-metrics``; ``history(rid, with_steps, stamp)``: from the aggregator's request
+    history, the use of ``rid`` that the record or end stamped ``stamp`` finished (the recorder
+    feeds the aggregator before any sink, and may have fed it later records, in which the rid may
+    be used again; step rows only ``with_steps``); ``dropped()``: records the recorder's queue dropped;
     ``degraded()``: the fault guard's status (``{"components": {...}}`` or None); ``audit()``: the
     live self-audit's violations per invariant (``aggregate.audit``; None when it is off);
     ``policy()``: the exporters' trace policy as it is now (``ExporterSet.policy``, which

@@ -60,7 +60,8 @@ def fed(make: Callable[[BindFacts], T]) -> T:
     sink (``.requests``) first feeds that aggregator, as the recorder's drain thread does (the sink
     reads finished requests from its history)."""
     agg = Aggregator()
-    exporters = make(BindFacts(history=lambda rid, with_steps: agg.request(rid, lazy=True, with_steps=with_steps)))
+    exporters = make(BindFacts(history=lambda rid, with_steps, stamp: agg.finished_request(
+        rid, stamp, lazy=True, with_steps=with_steps)))
     sink = getattr(exporters, "requests")
     observe = sink.observe
 

@@ -4,7 +4,8 @@ Each is a :class:`~sglang_ctxprof.model.sinks.RecordSink` that the recorder feed
 thread (never on the scheduler's hot path), after the aggregator, each under its own fault-guard
 component (its ``name``):
 
-* :class:`RequestSink` (``exporter``): when a record says a request finished, reads that request,
+* :class:`RequestSink` (``exporter``): when a record says a request finished, reads that request
+  (the use of its rid that this record finished: a client may have used the rid again by then),
   from the aggregator's one request history (with its step rows only while it may become a trace:
   OTel on and the policy not ``off``), takes the tail-based decision
   (``views/policy``) -> OTel spans (``views/otel``) and the ``slow_request`` log event
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from ..model import names
 from ..model.buckets import Bucketing
 from ..model.config import DEFAULT_OTEL_QUEUE, CtxProfConfig
-from ..aggregate.requests import aborted_summary
+from ..aggregate.request_entry import aborted_summary
 from ..model.records import RequestEnd, StepRecord
 from ..model.sinks import BindFacts, RecordSink
 from .policy import TracePolicy
@@ -115,7 +116,7 @@ class RequestSink:
         policy = self.policy  # one policy for the rows read and the decision (a switch may come meanwhile)
         steps = self._tracing(policy)
         for rid in compress(rec.rids, rec.finished):  # the finished ones, picked in C
-            req = self.facts.history(rid, steps)
+            req = self.facts.history(rid, steps, rec.end_ns)
             if req is None:
                 continue
             if self._first(rid, req):
@@ -127,7 +128,7 @@ class RequestSink:
         if not self._tracking() or not self.facts.primary:
             return
         policy = self.policy
-        req = self.facts.history(end.rid, self._tracing(policy))
+        req = self.facts.history(end.rid, self._tracing(policy), end.t_ns)
         if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
             self.finish(req, policy)
         else:

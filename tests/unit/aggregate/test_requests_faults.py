@@ -55,6 +55,37 @@ def test_a_reused_rid_is_a_new_request():
     assert len(log.slowest(10)) == 2
 
 
+def test_a_reader_behind_the_log_finds_the_use_each_record_finished():
+    """The exporters read a finished request a few records after the log took them: by then its rid
+    may name a newer use, running or finished too.  Each finishing record's stamp finds its own use."""
+    log = RequestLog()
+    recs = [prefill(1, "same", 50), decode(2, "same", 51, 2, fin=True), prefill(3, "same", 70),
+            decode(4, "same", 71, 1), decode(5, "same", 72, 1, fin=True), prefill(6, "same", 90)]
+    for rec in recs:
+        log.observe(rec)
+    first, second = log.finished("same", recs[1].end_ns), log.finished("same", recs[4].end_ns)
+    assert (first["use"], first["prompt_tokens"], first["committed"]) == (0, 50, 2)
+    assert (second["use"], second["prompt_tokens"], second["committed"]) == (1, 70, 2)
+    assert log.finished("same", recs[3].end_ns) is None  # it finished nothing
+    assert log.finished("other", recs[1].end_ns) is None
+    log.observe(decode(7, "same", 91, 1, fin=True))
+    log.observe(decode(8, "same", 92, 1, fin=True))  # a record that repeats the finish keeps the first stamp
+    assert log.finished("same", decode(7, "same", 91).end_ns)["use"] == 2
+    assert log.finished("same", decode(8, "same", 92).end_ns) is None
+
+
+def test_an_abort_is_found_by_its_end_and_a_reused_rid_by_its_record():
+    from sglang_ctxprof.model.records import RequestEnd
+
+    log = RequestLog()
+    log.observe(prefill(1, "r", 100))
+    end = RequestEnd("r", retracted=True, t_ns=5 * 10**6)
+    log.end(end)
+    log.observe(prefill(6, "r", 40))  # used again before a reader saw the abort
+    got = log.finished("r", end.t_ns)
+    assert (got["use"], got["aborted"], got["prompt_tokens"]) == (0, "retracted", 100)
+
+
 def test_reuse_and_row_shedding_stay_consistent():
     log = RequestLog(max_rows=3)
     for k in range(4):

@@ -396,13 +396,13 @@ def test_the_exporters_read_a_finished_request_under_the_aggregators_lock():
         held = []
         real = p.aggregator.request
 
-        def request(rid, lazy=False, with_steps=True):
+        def finished_request(rid, stamp, lazy=False, with_steps=True):  # "a" runs on: read it as it is
             held.append(p.recorder._lock.locked())
             return real(rid, lazy, with_steps)
 
-        p.aggregator.request = request
+        p.aggregator.finished_request = finished_request
         p.recorder.stop()  # no drain thread: what is queued stays queued
         _steps(sched, reqs, 1)
         queued = len(p.recorder._q)
-        assert p.export_history("a", True)["steps"] == 2
+        assert p.export_history("a", True, 0)["steps"] == 2
         assert held == [True] and len(p.recorder._q) == queued > 0  # under the lock, no catch-up

@@ -82,11 +82,12 @@ def test_the_exporters_history_carries_the_captures_of_the_request():
     history = exp.facts.history
     for r in (rec(0, names.KIND_PREFILL), rec(1), rec(2, fin=True)):
         p.aggregator.observe(r)
-    assert "captures" not in history("r1", True)  # no capture taken: nothing added, nothing read
+    end = rec(2, fin=True).end_ns  # the stamp of the record that finished it
+    assert "captures" not in history("r1", True, end)  # no capture taken: nothing added, nothing read
     p.capture.history.append(info("1-rid-9", names.TRIGGER_RID, [2], rid="r1"))
     p.capture.history.append(info("2-manual-9", names.TRIGGER_MANUAL, [7]))
     p.capture.history[-1].rids = ["other"]
-    assert [c["id"] for c in history("r1", True)["captures"]] == ["1-rid-9"]
+    assert [c["id"] for c in history("r1", True, end)["captures"]] == ["1-rid-9"]
 
 
 def test_the_diagnosis_flags_recent_captures_with_where_to_fetch_them():

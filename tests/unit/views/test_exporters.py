@@ -79,6 +79,35 @@ def test_only_the_primary_rank_emits_and_metrics_need_enable_metrics():
     assert _exported(exp) == [] and s.metrics.view is None and s.status()["metrics"] is None
 
 
+def test_a_rid_used_again_before_the_sinks_saw_its_finish_exports_each_use_once():
+    """The recorder feeds the aggregator every waiting record before the sinks see the first: a
+    client that sends the same rid again at once has its next use prefilled (or finished) in the
+    history when the request sink reads the last one.  Each use is exported once, with its numbers."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.collect.recorder import Recorder
+    from sglang_ctxprof.model.guard import Guard
+
+    agg = Aggregator(Bucketing.parse("pow2"))
+    spans = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(spans))
+    exp = Exporters(Bucketing.parse("pow2"), TracePolicy(mode="all"), env={}, otel=OtelView(prov), facts=BindFacts(
+        history=lambda rid, with_steps, stamp: agg.finished_request(rid, stamp, lazy=True, with_steps=with_steps)))
+    rec = Recorder(agg, Guard(), sinks=exp.sinks)
+    step = 0
+    for use, (prompt, steps) in enumerate([(50, 1), (70, 2), (90, 3)]):
+        step += 10
+        rec.submit(StepRecord(step_id=step, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=("same",),
+                              ctx_lens=(prompt,), accepted=(0,), committed=(0,), finished=(False,),
+                              draft_tokens=0, step_ms=1.0, t_start_ns=10**18 + step * 10**7))
+        for rec_ in _steps("same", steps, 2.0, start=step + 1):
+            rec.submit(rec_)
+    rec.flush()  # the aggregator takes all three uses, then the sinks see the first finish
+    roots = [sp.attributes for sp in spans.get_finished_spans() if sp.name == names.SPAN_REQUEST]
+    assert sorted((a[names.ATTR_PROMPT_TOKENS], a[names.ATTR_STEPS]) for a in roots) == [(50, 1), (70, 2), (90, 3)]
+    assert all(a[names.ATTR_FINISHED] for a in roots)
+
+
 def test_config_names_the_bad_variable():
     import pytest
 
@@ -112,8 +141,10 @@ def test_sinks_are_registered_in_order_and_get_their_facts_at_bind():
         for i in range(3):
             p.recorder.submit(_rec(i, fin=i == 2))
         p.recorder.flush()
-        assert facts.history("a", False)["steps"] == 3  # the aggregator's own history, fed before the sinks
-        assert "step_rows" not in facts.history("a", False) and len(facts.history("a", True)["step_rows"]) == 3
+        end = _rec(2).end_ns  # the stamp of the record that finished it
+        assert facts.history("a", False, end)["steps"] == 3  # the aggregator's own history, fed before the sinks
+        assert "step_rows" not in facts.history("a", False, end)
+        assert len(facts.history("a", True, end)["step_rows"]) == 3 and facts.history("a", True, end + 1) is None
         assert exp.status()["requests_finished"] == 1  # the request sink decided the finished request
         assert facts.dropped() == 0 and facts.degraded() is None
     assert exp.steps.logs._thread is None  # uninstrument stopped the log view's summary thread
@@ -158,9 +189,9 @@ def test_a_finished_requests_rows_are_read_only_while_it_may_become_a_trace():
     facts = s.requests.facts
     history = facts.history
 
-    def spy(rid, with_steps):
+    def spy(rid, with_steps, stamp):
         asked.append(with_steps)
-        return history(rid, with_steps)
+        return history(rid, with_steps, stamp)
 
     s.requests.facts = replace(facts, history=spy)
     cap, cfg = LogCapture(), LogSettings(fmt="json", summary_s=0)
@@ -193,8 +224,8 @@ def test_a_policy_switch_while_a_request_is_read_applies_from_the_next_one():
     facts = s.requests.facts
     history = facts.history
 
-    def switching(rid, with_steps):
-        req = history(rid, with_steps)
+    def switching(rid, with_steps, stamp):
+        req = history(rid, with_steps, stamp)
         s.set_policy({"mode": "all"})  # arrives after the rows were (not) read
         return req
 

@@ -114,7 +114,7 @@ def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, reques
 def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
     """A request aborted after its steps (too big for the queue) is dropped whole and counted; one
     aborted before its first step is one root span, which fits."""
-    from sglang_ctxprof.aggregate.requests import aborted_summary
+    from sglang_ctxprof.aggregate.request_entry import aborted_summary
     from sglang_ctxprof.model.records import RequestEnd
 
     exp = _Recording()

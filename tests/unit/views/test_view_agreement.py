@@ -335,7 +335,9 @@ def test_every_view_counts_and_names_aborted_requests_the_same():
     prov = TracerProvider()
     prov.add_span_processor(SimpleSpanProcessor(spans))
     pol = TracePolicy(mode="all", slow_tok_s=0, slow_step_ms=0)
-    exp = Exporters(bk, pol, facts=BindFacts(history=agg.request, metrics_enabled=True), env={},
+    exp = Exporters(bk, pol, facts=BindFacts(
+        history=lambda rid, with_steps, stamp: agg.finished_request(rid, stamp, with_steps=with_steps),
+        metrics_enabled=True), env={},
                     otel=OtelView(prov))
     cap, cfg = LogCapture(), LogSettings(fmt="json", summary_s=0)
     exp.attach_logs(LogView(cfg, exp.requests.current_policy,

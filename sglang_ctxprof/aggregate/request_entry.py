@@ -1,0 +1,96 @@
+"""One request's entry in the history (``requests.RequestLog``): its fields, its finish, its summary.
+
+An entry is a plain dict (the ring holds thousands; a dict per request is what the C-level passes
+of ``RequestLog`` move and read).  :func:`new_entry` is its one shape.  Its totals are what was
+folded (steps whose row was not kept, or was dropped) plus its kept rows (``request_rows.Rows``),
+summed in C when read (:func:`totals_of`).  :func:`summarize` is what every reader gets: the
+entry without its internal fields, with its totals, its mean acceptance and decode rate, and its
+step rows when asked for (``lazy``: built only when read).
+
+A request is finished once (:func:`finish`): by the step record that says so (stamped with the
+record's ``end_ns``) or by a ``RequestEnd`` (its ``t_ns``).  The stamp is how a reader that lags
+behind the history (the exporters) finds the use of a reused rid that a given record finished.
+
+Pure; imports only the package's record types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..model.records import RequestEnd
+from .request_rows import LazyRows, row_dict
+
+# The entry's own bookkeeping, never shown to a reader.
+INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "partial", "accepted_drafts", "finished_at")
+# The totals a request's kept rows add to (``Rows.totals``).
+TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
+
+
+def new_entry(rid: str, t_ns: int) -> dict[str, Any]:
+    """A request first seen at ``t_ns``: no step yet."""
+    return {
+        "rid": rid,
+        "use": 0,  # how many earlier requests used this rid (SGLang allows reuse once finished)
+        "prompt_tokens": None, "prefill_ms": 0.0,
+        "steps": 0, "accepted": 0, "committed": 0, "decode_ms": 0.0,
+        "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
+        "ctx_first": None, "ctx_last": None, "finished": False,
+        "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
+        "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
+        "steps_truncated": 0,
+        "step_rows_dropped": 0,
+        "t_first_ns": t_ns,
+        "t_end_ns": t_ns,
+        "trace_parent": "",
+        "step_rows": [],
+        "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
+        "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
+        "partial": False,  # (re)created after its prefill, or running while profiling stopped: steps missed
+        "finished_at": 0,  # the stamp of what finished it (``finish``): a record's end_ns, an end's t_ns
+        "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
+    }
+
+
+def finish(r: dict[str, Any], stamp: int) -> None:
+    """Mark a request finished by the record or end stamped ``stamp``; a later record that repeats
+    the finish keeps the first stamp."""
+    if not r["finished"]:
+        r["finished"], r["finished_at"] = True, stamp
+
+
+def tok_s(r: Mapping[str, Any]) -> float:
+    """Decode tokens per second: committed tokens over decode time (0 before a decode step)."""
+    decode_s = r["decode_ms"] / 1e3
+    return r["committed"] / decode_s if decode_s > 0 else 0.0
+
+
+def totals_of(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's totals: what was folded (steps without a kept row) plus its kept rows."""
+    rows = r["step_rows"]
+    if not rows:
+        return {k: r[k] for k in TOTALS}
+    return rows.totals(r)
+
+
+def summarize(r: Mapping[str, Any], with_steps: bool, lazy: bool = False,
+              totals: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """What a reader gets of an entry (``totals``: its totals, when already worked out)."""
+    out = {k: v for k, v in r.items() if k not in INTERNAL}
+    out.update(totals_of(r) if totals is None else totals)
+    steps = out["steps"]
+    out["accepted_per_step"] = out["accepted"] / steps if steps else 0.0
+    out["decode_tok_s"] = tok_s(out)
+    if with_steps:
+        rows = r["step_rows"]
+        out["step_rows"] = LazyRows(rows) if lazy else [row_dict(t) for t in rows]
+    return out
+
+
+def aborted_summary(end: RequestEnd) -> dict[str, Any]:
+    """The summary of a request ``end`` ended that the history does not hold as aborted (it was
+    aborted before its first step): no steps, finished and aborted at ``end.t_ns``."""
+    r = new_entry(end.rid, end.t_ns)
+    finish(r, end.t_ns)
+    r["aborted"] = end.kind
+    return summarize(r, with_steps=True)
