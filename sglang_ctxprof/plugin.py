@@ -97,8 +97,9 @@ def install_http_routes(app=None) -> None:
 
     if app is None:
         app = adapter.http_app()
-    install_routes(app, ControlClient(adapter.tokenizer_manager, adapter.make_control_request),
-                   adapter.admin_auth())
+    config = CtxProfConfig.from_env()
+    install_routes(app, ControlClient(adapter.tokenizer_manager, adapter.make_control_request,
+                                      timeout_s=config.control_timeout_s), adapter.admin_auth(), config)
 
 
 def _register_cli_hooks() -> None:

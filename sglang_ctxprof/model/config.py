@@ -73,6 +73,10 @@ Environment variables (all optional):
     soon after another waits (asynchronously) for a cool-down in proportion (``views.http_gate``).
     The build thread shares the GIL with the event loop that streams every response, so this is
     also about the most a loop of reads can delay a streamed chunk.
+``SGLANG_CTXPROF_CONTROL_TIMEOUT_S`` (default 30)
+    How long a route waits for every scheduler to answer its control command (a scheduler answers
+    between two steps); past it the route answers 504, and until that late answer comes every
+    route answers 504 at once (``control.client``).
 ``SGLANG_CTXPROF_FAULT`` (test only)
     A component to break on purpose (``hooks``, ``recorder``, ``aggregator``, ``exporter``,
     ``control``, ``http``, ...), or ``runtime`` for the test-only fault switch.  Never in production.
@@ -163,6 +167,7 @@ def _choice(env: Mapping[str, str], key: str, default: str, choices: tuple[str, 
 
 
 READ_SHARE = 0.1  # the default share of SGLang's HTTP process the read builds may take
+CONTROL_TIMEOUT_S = 30.0  # the default wait for every scheduler's answer to a control command
 
 
 def _share(env: Mapping[str, str]) -> float:
@@ -263,6 +268,7 @@ class CtxProfConfig:
     queue_size: int = 8192
     request_ring: int = 4096
     read_share: float = READ_SHARE
+    control_timeout_s: float = CONTROL_TIMEOUT_S
     fault: str = ""
     trace: TraceSettings = field(default_factory=TraceSettings)
     logs: LogSettings = field(default_factory=LogSettings)
@@ -290,6 +296,9 @@ class CtxProfConfig:
             queue_size=_int(env, names.ENV_QUEUE_SIZE, 8192),
             request_ring=_int(env, names.ENV_REQUEST_RING, 4096),
             read_share=_share(env),
+            control_timeout_s=parse_float(names.ENV_CONTROL_TIMEOUT_S,
+                                          _raw(env, names.ENV_CONTROL_TIMEOUT_S) or CONTROL_TIMEOUT_S,
+                                          positive=True),
             fault=env.get(names.ENV_FAULT, "") or "",
             trace=TraceSettings(
                 mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),

@@ -7,6 +7,8 @@
   traceback is logged.  Only a repeated failure (:data:`STRIKES` in a row, with no success in
   between) disables the routes (503 from then on, until a restart or the test-only heal), so one
   odd request cannot switch the whole API off.
+* A scheduler that does not answer a route's control command in time (``control.client.NoAnswer``)
+  gets the client a 504 with what was waited for; it is no failure of ours (no strike).
 * A request body is read by :func:`json_body`: at most a route's byte limit (413 above it, before
   reading the rest when ``Content-Length`` says so), and parsed to a 400 for anything that is not
   JSON, nests too deep for the parser (``RecursionError``) or holds ``NaN``/``Infinity``.
@@ -30,6 +32,7 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..control.client import NoAnswer
 from ..model.config import CtxProfConfig
 from ..model.guard import Guard
 
@@ -138,6 +141,8 @@ def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request],
             out = await handler(request)
             if not isinstance(out, Response):
                 out = json_response(out)
+        except NoAnswer as exc:  # a scheduler's, not ours: no strike
+            return error(504, str(exc))
         except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
             _strikes += 1
             reason = f"{type(exc).__name__}: {exc}"

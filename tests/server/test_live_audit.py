@@ -30,6 +30,7 @@ from sglang_ctxprof.model import names
 pytestmark = pytest.mark.server
 
 FAULT_PLUGIN = ROOT / "tests" / "plugins" / "ctxprof_fault"
+CONTROL_TIMEOUT_S = 5  # the server's wait for a scheduler's answer (a 504 past it)
 # (prompt tokens, max_new_tokens, mode): mode "" = plain, "stream" = streamed to the end, "abandon" =
 # streamed, then the client hangs up after 3 chunks.
 SOAK = [(40 + 50 * i, (1, 9, 33, 96)[i % 4], ("", "", "stream", "abandon" if i % 8 == 3 else "stream")[i % 4])
@@ -44,6 +45,7 @@ def server():
     with open(fault_file, "w") as f:
         json.dump({"fault": ""}, f)
     env[ctxprof_fault.ENV] = fault_file
+    env[names.ENV_CONTROL_TIMEOUT_S] = str(CONTROL_TIMEOUT_S)
     srv = start_server("audit-faults", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics"], env=env)
     srv.fault_file = fault_file
     try:
@@ -189,6 +191,34 @@ def test_a_stalled_sink_stalls_neither_requests_nor_reads(server):
     assert _metric_steps(url) - steps0 == want  # released: every step reached the sink exactly once
     (rank,) = http("GET", url + names.ROUTE_STATUS)[1]["ranks"]
     assert rank["status"]["sink_dropped"] == 0 and rank["status"]["degraded"] is None
+
+
+def test_a_hung_scheduler_gets_reads_a_504_and_never_another_commands_answer(server):
+    """A scheduler that answers no control command (the plugin's ``hang_control``: its thread waits
+    inside the answer, as a hung rank's would) costs a read a 504 after the control timeout, and
+    the reads after it a 504 at once, naming the command still out (nothing queues behind it); it is
+    no failure of ours.  Once the scheduler answers, each read gets its own command's answer, not
+    the late one."""
+    url = server.url
+    set_fault(server, "hang_control")
+    try:
+        st, body = http("GET", url + names.ROUTE_STATUS, timeout=4 * CONTROL_TIMEOUT_S)
+        print("hung, first read:", st, body)
+        assert st == 504 and f"within {CONTROL_TIMEOUT_S} s" in body["error"], (st, body)
+        st, body = http("GET", url + names.ROUTE_REQUESTS + "?slowest=3", timeout=4 * CONTROL_TIMEOUT_S)
+        print("hung, next read:", st, body)
+        assert st == 504 and f"has not answered the '{names.CMD_STATUS}' command" in body["error"], (st, body)
+    finally:
+        set_fault(server, "")
+    deadline = time.time() + 60  # liveness only: the late answer arrives
+    while True:
+        st, body = http("GET", url + names.ROUTE_REQUESTS + "?slowest=3")
+        if st != 504 or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert st == 200 and isinstance(body.get("requests"), list), (st, body)  # its own answer
+    st, body = http("GET", url + names.ROUTE_STATUS)
+    assert st == 200 and body["ranks"][0]["status"]["degraded"] is None, body
 
 
 def _stream_acting(url: str, rid: str, actions: dict[int, str]) -> None:

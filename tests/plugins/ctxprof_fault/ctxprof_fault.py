@@ -16,7 +16,8 @@
   ``completion_tokens`` - a committed token lost at each step.
 
 Not an invariant: ``stall_sink`` stalls a record sink (the Prometheus metrics view's ``observe``
-waits while the fault is set), as a blocked log pipe or exporter would.
+waits while the fault is set), as a blocked log pipe or exporter would; ``hang_control`` hangs the
+scheduler thread in its answer to a control command while the fault is set, as a hung rank would.
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ def register() -> None:
         return orig_observe(self, rec)
 
     MetricsView.observe = observe
+    from sglang_ctxprof.collect.session import CtxProfSession
+
+    orig_control = CtxProfSession.handle_control
+
+    def handle_control(self, rid, scheduler):
+        while fault() == "hang_control":  # a hung rank: the scheduler thread answers nothing, steps nothing
+            time.sleep(0.02)
+        return orig_control(self, rid, scheduler)
+
+    CtxProfSession.handle_control = handle_control
     orig_hist = Req.update_spec_correct_drafts_histogram
 
     def update_spec_correct_drafts_histogram(self, num_correct_drafts):

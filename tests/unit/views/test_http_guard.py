@@ -8,6 +8,7 @@ import math
 import pytest
 from starlette.requests import Request
 
+from sglang_ctxprof.control.client import NoAnswer
 from sglang_ctxprof.model.guard import Guard
 from sglang_ctxprof.views import http_guard
 
@@ -30,7 +31,11 @@ def client(monkeypatch):
         got, bad = await http_guard.json_body(request, 8192, "a small JSON body")
         return bad if bad is not None else {"got": got}
 
+    async def hung(request: Request):
+        raise NoAnswer("no answer from every scheduler to 'status' within 30 s")
+
     app = fastapi.FastAPI()
+    app.add_api_route("/hung", http_guard.guarded(hung), methods=["GET"])
     app.add_api_route("/body", http_guard.guarded(body), methods=["POST"])
     app.add_api_route("/inf", http_guard.guarded(inf_reply), methods=["GET"])
     app.add_api_route("/w", http_guard.guarded(write), methods=["POST", "GET"])
@@ -73,6 +78,13 @@ def test_a_bad_body_is_a_4xx_and_strikes_nothing(client, data, status):
         assert r.json()["error"]
     assert http_guard.guard().ok("http") and http_guard._strikes == 0
     assert client.post("/body", content=b'{"x": [1, 2]}').json() == {"got": {"x": [1, 2]}}
+
+
+def test_a_scheduler_that_does_not_answer_is_a_504_and_strikes_nothing(client):
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.get("/hung")
+        assert r.status_code == 504 and "within 30 s" in r.json()["error"]
+    assert http_guard.guard().ok("http") and http_guard._strikes == 0
 
 
 def test_a_body_over_the_limit_is_refused_by_its_declared_length_or_as_it_streams(client):
