@@ -10,7 +10,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 * ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket;
 * ``POST /ctx_profile/reset[?clock=wall|thread]``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N[&steps=1]`` (step rows only with ``steps=1``) and
-  ``GET /ctx_profile/requests/{rid}`` (with its step rows);
+  ``GET /ctx_profile/requests/{rid}`` or ``?rid=RID`` (with its step rows; a browser drops a path
+  segment of ``.`` or ``..``, so the live page asks for such a rid by the query);
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
 * ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``),
@@ -125,7 +126,7 @@ async def get_profile(rc: ReadContext, request: Request):
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    return await rc.gate.run(("profile", fmt), lambda: _profile_read(rc, fmt))
+    return await rc.gate.serve(("profile", fmt), lambda: _profile_read(rc, fmt))
 
 
 async def _profile_read(rc: ReadContext, fmt: str) -> Any:
@@ -179,8 +180,8 @@ async def get_diagnosis(rc: ReadContext, request: Request):
             return _error(400, f"ctx must be an integer number of tokens, got {qp['ctx'][:40]!r}")
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
-    return await rc.gate.run(("diagnosis", ctx, fmt),
-                             lambda: _diagnosis_read(rc, ctx, fmt))
+    return await rc.gate.serve(("diagnosis", ctx, fmt),
+                               lambda: _diagnosis_read(rc, ctx, fmt))
 
 
 async def _diagnosis_read(rc: ReadContext, ctx: Optional[int], fmt: str) -> Any:
@@ -257,9 +258,12 @@ async def get_status(rc: ReadContext, request: Request):
 
 async def get_requests(rc: ReadContext, request: Request):
     qp = dict(request.query_params)
-    unknown = set(qp) - {"slowest", "steps"}
+    unknown = set(qp) - {"slowest", "steps", "rid"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    if "rid" in qp:  # one request, as /requests/{rid}
+        return (await _request(rc, qp["rid"]) if len(qp) == 1
+                else _error(400, "give either rid=RID or slowest=N, not both"))
     if qp.get("steps", "0") not in ("0", "1"):
         return _error(400, f"steps must be 0 or 1, got {qp['steps'][:40]!r}")
     raw = qp.get("slowest", "10")
@@ -270,8 +274,8 @@ async def get_requests(rc: ReadContext, request: Request):
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
     ask = {"slowest": n, **({"steps": True} if qp.get("steps") == "1" else {})}
-    return await rc.gate.run(("requests", n, "steps" in ask),
-                             lambda: rc.read(names.CMD_REQUESTS, ask, _requests_reply, n))
+    return await rc.gate.serve(("requests", n, "steps" in ask),
+                               lambda: rc.read(names.CMD_REQUESTS, ask, _requests_reply, n))
 
 
 def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
@@ -281,7 +285,10 @@ def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:
 
 
 async def get_request(rc: ReadContext, request: Request):
-    rid = request.path_params.get("rid", "")
+    return await _request(rc, request.path_params.get("rid", ""))
+
+
+async def _request(rc: ReadContext, rid: str):
     if not _RID_RE.match(rid):
         return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
     payloads = await rc.ask(names.CMD_REQUESTS, rid=short_rid(rid))

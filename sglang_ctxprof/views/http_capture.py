@@ -125,7 +125,7 @@ async def get_capture(rc: ReadContext, request: Request):
         return _error(413, f"capture file is {size} bytes; a timeline is merged here from at most "
                            f"{TIMELINE_MAX_BYTES}: fetch ?format=trace and open it as it is")
     steps = [(p.get("rank") or i, p.get("steps", [])) for i, p in enumerate(found)]
-    return await rc.gate.run(("timeline", cid), lambda: off_loop(_timeline_reply, path, info, steps))
+    return await rc.gate.serve(("timeline", cid), lambda: off_loop(_timeline_reply, path, info, steps))
 
 
 def _timeline_reply(path: str, info: dict[str, Any], steps: list[tuple[Any, Any]]) -> Any:

@@ -1,9 +1,9 @@
 """A bound on how much of SGLang's HTTP process the read routes take, and shared replies.
 
-A read (``/ctx_profile``, ``/diagnosis``, ``/requests``, ``/trace.json``) asks the schedulers and
-then builds its reply on the build thread (``http_build``).  That thread shares the GIL with
-SGLang's event loop, which also streams every response, so a loop of reads back to back would
-hold the GIL for much of the time and delay every streamed chunk.
+A read (``/ctx_profile``, ``/diagnosis``, ``/requests``, ``/trace.json``, a capture's timeline)
+asks the schedulers and then builds its reply on the build thread (``http_build``).  That thread
+shares the GIL with SGLang's event loop, which also streams every response, so a loop of reads
+back to back would hold the GIL for much of the time and delay every streamed chunk.
 
 :class:`ReadGate` runs each read (its control round trip and its build) so that the build thread's
 busy time stays at most ``share`` of the time: after a read whose build took ``c`` seconds of the
@@ -13,6 +13,15 @@ serving), then asks and builds anew, so a reply is never older than its request.
 same route and query that arrive while one such read is waiting to start share it (one build, the
 same reply).  Reads run one at a time, as the one build thread would run them anyway.
 
+At most ``limit`` distinct reads (:data:`MAX_WAITING` by default) wait to start at a time: a reader
+whose route and query differ from every waiting one while that many wait is refused at once
+(:class:`GateFull`; :meth:`ReadGate.serve` answers it as a 429 JSON error with ``retry_after_s`` and
+a ``Retry-After`` header), so one client sending many distinct queries (``/diagnosis?ctx=N``, one
+per N) delays any other read by at most ``limit`` builds and their cool-downs, never indefinitely.
+A reader of a key already waiting shares that read and takes no place, so the live page's few
+periodic reads (any number of open pages) never fill the queue by themselves.  The hint is an
+estimate: the cool-down left plus, per waiting read, the last read's time and cool-down.
+
 ``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.1); ``1``
 disables the cool-down.  On an idle server a read starts at once.  The clock, the sleep and the
 meter of the build thread's busy time are injected (tests use fakes).
@@ -21,21 +30,35 @@ meter of the build thread's busy time are injected (tests use fakes).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from typing import Awaitable, Callable, Hashable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Hashable, Optional, TypeVar
 
 from .http_build import busy_s
+from .http_guard import error
 
 T = TypeVar("T")
+MAX_WAITING = 16  # distinct reads that may wait to start at once
+MIN_RETRY_S = 1.0  # the least retry hint a refused reader is given
+
+
+class GateFull(Exception):
+    """A read refused because ``waiting`` distinct reads already wait; try again in ``retry_after_s``."""
+
+    def __init__(self, waiting: int, retry_after_s: float) -> None:
+        super().__init__(f"{waiting} distinct reads are waiting; try again in {retry_after_s:.1f} s")
+        self.waiting, self.retry_after_s = waiting, retry_after_s
 
 
 class ReadGate:
     def __init__(self, share: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 meter: Callable[[], float] = busy_s) -> None:
+                 meter: Callable[[], float] = busy_s, limit: int = MAX_WAITING) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"read share must be in (0, 1], got {share!r}")
-        self.share = share
+        if limit < 1:
+            raise ValueError(f"at least one read must be let wait, got a limit of {limit!r}")
+        self.share, self.limit = share, limit
         self._clock, self._sleep, self._meter = clock, sleep, meter
         self._ready_at = 0.0  # the earliest start of the next read's work
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -44,6 +67,8 @@ class ReadGate:
         self.runs = 0  # reads that asked and built
         self.shared = 0  # readers served by another reader's run
         self.waited_s = 0.0  # cool-down slept, in all
+        self.refused = 0  # readers refused because ``limit`` distinct reads were waiting
+        self._last_s = 0.0  # the last read's time and cool-down (for the retry hint)
 
     def cooldown(self, cost_s: float) -> float:
         """Seconds to rest after work that kept the build thread busy ``cost_s`` seconds."""
@@ -51,7 +76,8 @@ class ReadGate:
 
     async def run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
         """``await work()``, within the share; a reader of ``key`` arriving while a run of ``key``
-        waits to start gets that run's result (or its exception)."""
+        waits to start gets that run's result (or its exception).  Raises :class:`GateFull` when
+        ``limit`` reads of other keys wait to start."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop, self._lock, self._waiting = loop, asyncio.Lock(), {}
@@ -59,6 +85,9 @@ class ReadGate:
         if pending is not None:
             self.shared += 1
             return await asyncio.shield(pending)
+        if len(self._waiting) >= self.limit:
+            self.refused += 1
+            raise GateFull(len(self._waiting), self.retry_after_s())
         fut: asyncio.Future = loop.create_future()
         self._waiting[key] = fut
         try:
@@ -75,6 +104,21 @@ class ReadGate:
         fut.set_result(result)
         return result
 
+    async def serve(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> Any:
+        """:meth:`run`, with a full queue answered as a 429 JSON error (``retry_after_s``, and a
+        ``Retry-After`` header in whole seconds)."""
+        try:
+            return await self.run(key, work)
+        except GateFull as full:
+            reply = error(429, str(full), retry_after_s=round(full.retry_after_s, 3))
+            reply.headers["Retry-After"] = str(math.ceil(full.retry_after_s))
+            return reply
+
+    def retry_after_s(self) -> float:
+        """About when the reads waiting now will have run (at least :data:`MIN_RETRY_S`)."""
+        left = max(0.0, self._ready_at - self._clock()) + len(self._waiting) * self._last_s
+        return max(MIN_RETRY_S, left)
+
     async def _turn(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
         assert self._lock is not None
         async with self._lock:
@@ -86,12 +130,14 @@ class ReadGate:
                 await self._sleep(wait)
             if self._waiting.get(key) is not None:
                 del self._waiting[key]  # from now on a reader of key needs a newer run
-            busy0 = self._meter()
+            busy0, t0 = self._meter(), self._clock()
             try:
                 return await work()
             finally:
                 self.runs += 1
-                self._ready_at = self._clock() + self.cooldown(self._meter() - busy0)
+                rest = self.cooldown(self._meter() - busy0)
+                self._ready_at = self._clock() + rest
+                self._last_s = self._ready_at - t0
 
 
 _GATE: Optional[ReadGate] = None

@@ -56,7 +56,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
     if not 1 <= n <= names.MAX_TRACE_STEPS:
         return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
                            f"last {names.MAX_TRACE_STEPS} steps), got {n}")
-    return await rc.gate.run(("trace", n), lambda: rc.read(names.CMD_RECENT, {"last": n}, trace_reply, n))
+    return await rc.gate.serve(("trace", n), lambda: rc.read(names.CMD_RECENT, {"last": n}, trace_reply, n))
 
 
 def trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:

@@ -266,10 +266,14 @@
   }
 
   // ---- one request ----------------------------------------------------------------------------------
+  // A rid goes in the path unless a browser would not send it there as it is: a segment of "." or
+  // ".." (even written %2E) is a dot segment the URL parser drops, and a forwarder may refuse ".." in
+  // a path (a shortened long rid holds ".."); the route's ?rid= form carries any rid.
+  const requestPath = (rid) => (rid === "." || rid.includes("..") ? "/requests?rid=" : "/requests/") + encodeURIComponent(rid);
   async function openRequest(rid) {
     state.rid = rid;
     document.querySelectorAll("#slow tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.rid === rid));
-    const r = await getJSON("/requests/" + encodeURIComponent(rid));
+    const r = await getJSON(requestPath(rid));
     const box = $("detail");
     box.hidden = false;
     $("detail-rid").textContent = rid;

@@ -36,3 +36,14 @@ def test_the_digest_is_the_same_in_another_process():
 
 def test_non_string_rids():
     assert rids.short_rid(12) == "12"
+
+
+def test_a_shortened_rid_is_kept_as_it_is():
+    """The routes show ``prefix..digest``; a lookup of that shown id shortens it again and must find it."""
+    for r in ("p" * 1000 + "a", "z" * (rids.RID_KEEP + 1), "q" * 300 + "\ud800"):
+        s = rids.short_rid(r)
+        assert rids.short_rid(s) == s and rids.short_rid(rids.short_rid(s)) == s
+    # only that exact shape is: a 146-character rid of another shape is still capped
+    for other in ("p" * rids.RID_KEEP + ".." + "G" * 16, "p" * rids.RID_KEEP + "._" + "0" * 16,
+                  "p" * rids.RID_KEEP + ".." + "ABCDEF0123456789", "p" * (rids.RID_KEEP + 18)):
+        assert rids.short_rid(other) != other and rids.short_rid(other).startswith("p" * rids.RID_KEEP + "..")

@@ -74,3 +74,17 @@ def test_a_trace_file_too_large_to_merge_here_is_a_413(client, monkeypatch, trac
     r = client.get(URL)
     assert r.status_code == 413 and "?format=trace" in r.json()["error"], r.text
     assert client.get(f"{names.ROUTE_CAPTURE}/{CID}?format=trace").status_code == 200
+
+
+def test_a_full_read_gate_is_a_429_for_the_timeline(monkeypatch, trace_file):
+    from sglang_ctxprof.views import http_gate
+
+    class FullGate(http_gate.ReadGate):
+        async def run(self, key, work):
+            raise http_gate.GateFull(self.limit, 1.0)
+
+    monkeypatch.setattr(http_gate, "_GATE", FullGate(1.0))
+    app = fastapi.FastAPI()
+    http.install_routes(app, FakeChannel(str(trace_file)), admin=lambda f: f)
+    r = TestClient(app, raise_server_exceptions=False).get(URL)
+    assert r.status_code == 429 and r.json()["retry_after_s"] == 1.0, r.text

@@ -172,3 +172,44 @@ def test_unchanged_states_come_back_whole_and_a_version_not_held_is_asked_for_ag
     client.calls.clear()
     out = asyncio.run(racer.snapshot())
     assert [p["state"]["who"] for p in out] == [11, 12] and client.calls[0] and client.calls[-1] is None
+
+
+class _FullGate(http_gate.ReadGate):
+    """A gate whose queue of distinct reads is always full."""
+
+    async def run(self, key, work):
+        raise http_gate.GateFull(self.limit, 2.5)
+
+
+@pytest.mark.parametrize("path", [names.ROUTE, names.ROUTE + "?format=text", names.ROUTE_DIAGNOSIS + "?ctx=7",
+                                  names.ROUTE_REQUESTS + "?slowest=3", names.ROUTE_TRACE_JSON + "?last=2"])
+def test_a_full_read_gate_is_a_429_json_error_on_every_gated_route(monkeypatch, path):
+    monkeypatch.setattr(http_gate, "_GATE", _FullGate(1.0))
+    rec = Recorder("one")
+    r = TestClient(_app(rec), raise_server_exceptions=False).get(path)
+    assert r.status_code == 429, r.text
+    assert "reads are waiting" in r.json()["error"] and r.json()["retry_after_s"] == 2.5
+    assert r.headers["Retry-After"] == "3" and rec.calls == [] and http_guard.guard().ok("http")
+
+
+def test_the_id_a_route_shows_for_a_long_rid_is_found_when_looked_up():
+    """A rid over ``RID_KEEP`` characters is shown as ``prefix..digest``; each lookup asks the ranks for
+    that same id, not for a shortening of it."""
+    from sglang_ctxprof.model.rids import short_rid
+
+    shown = short_rid("L" * 300)
+    asked = []
+
+    class Ranks:
+        async def ask(self, cmd: str, **args):
+            asked.append((cmd, args.get("rid")))
+            if cmd == names.CMD_REQUESTS and args.get("rid") == shown:
+                return [{"requests": [{"rid": shown, "steps": 0, "step_rows": []}]}]
+            return [{"accepted": True, "capture": {"id": "c"}}]
+
+    c = TestClient(_app(Ranks()), raise_server_exceptions=False)
+    r = c.get(f"{names.ROUTE_REQUESTS}/{shown}")
+    assert r.status_code == 200 and r.json()["rid"] == shown, r.text
+    assert c.get(f"{names.ROUTE_TRACE_JSON}?rid={shown}").status_code == 200
+    assert c.post(f"{names.ROUTE_CAPTURE}?rid={shown}").status_code == 200
+    assert [rid for _, rid in asked] == [shown] * 3

@@ -6,11 +6,13 @@ real time is measured."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CtxProfConfig
+from sglang_ctxprof.views import http_gate
 from sglang_ctxprof.views.http_gate import ReadGate
 
 
@@ -121,3 +123,72 @@ def test_the_share_is_a_setting_with_clear_errors():
             CtxProfConfig.from_env({names.ENV_READ_SHARE: bad})
     with pytest.raises(ValueError):
         ReadGate(0.0)
+
+
+def _flood(r: Rig, keys: list, then: list) -> tuple[list, list]:
+    """One read of ``"p"`` holds the gate while a read of each of ``keys`` arrives, then each of ``then``;
+    returns what the ``keys`` reads and the ``then`` reads got (a result or the exception)."""
+    hold = asyncio.Event()
+
+    async def go():
+        first = asyncio.create_task(r.gate.run("p", r.work("a", cost=0.02, hold=hold)))
+        await asyncio.sleep(0)  # a is running (holds the gate)
+        flood = [asyncio.create_task(r.gate.run(k, r.work(str(k), cost=0.02))) for k in keys]
+        await asyncio.sleep(0)
+        late = [asyncio.create_task(r.gate.run(k, r.work(f"late {k}", cost=0.02))) for k in then]
+        await asyncio.sleep(0)
+        hold.set()
+        await first
+        return (await asyncio.gather(*flood, return_exceptions=True),
+                await asyncio.gather(*late, return_exceptions=True))
+
+    return asyncio.run(go())
+
+
+def test_distinct_reads_waiting_are_bounded_and_one_beyond_the_bound_is_refused_at_once():
+    """500 distinct ``?ctx=`` reads queued behind one: only the first MAX_WAITING wait, so a plain read
+    arriving after them is told to come back instead of waiting behind 500 builds."""
+    r = Rig(0.5)
+    keys = [("diagnosis", n, "json") for n in range(500)]
+    flood, late = _flood(r, keys, [("profile", "json"), ("diagnosis", 3, "json")])
+    ran = [x for x in flood if isinstance(x, str)]
+    refused = [x for x in flood if isinstance(x, http_gate.GateFull)]
+    assert len(ran) == http_gate.MAX_WAITING == 16 and len(refused) == 500 - 16
+    assert r.runs == ["a"] + [str(k) for k in keys[:16]]  # in arrival order, then nothing else
+    assert isinstance(late[0], http_gate.GateFull) and late[0].retry_after_s > 0  # refused, with a hint
+    assert late[1] == flood[3]  # the reader of a waiting key shares its run: it needs no slot
+    assert r.gate.refused == 500 - 16 + 1 and r.gate.shared == 1
+    assert asyncio.run(r.gate.run(("profile", "json"), r.work("z", cost=0.0))) == "z@18"  # the gate goes on
+
+
+def test_the_pages_periodic_reads_are_never_refused():
+    """The live page reads three keys every few seconds; any number of open pages share them."""
+    r = Rig(0.5)
+    page = [("profile", "json"), ("requests", 20, False), ("diagnosis", None, "json")]
+    flood, late = _flood(r, page * 40, page)
+    assert not [x for x in flood + late if isinstance(x, Exception)]
+    assert r.runs == ["a"] + [str(k) for k in page] and r.gate.refused == 0
+    assert late == flood[:3] and r.gate.shared == 3 * 40 - 3 + 3
+
+
+def test_a_full_gate_is_a_429_with_a_retry_hint():
+    r = Rig(0.5)
+    r.gate = http_gate.ReadGate(0.5, clock=lambda: r.now, sleep=r.sleep, meter=lambda: r.busy, limit=1)
+    hold = asyncio.Event()
+
+    async def go():
+        first = asyncio.create_task(r.gate.serve("p", r.work("a", cost=0.25, wall=0.5, hold=hold)))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(r.gate.serve("q", r.work("b", cost=0.0)))
+        await asyncio.sleep(0)
+        refused = await r.gate.serve("x", r.work("never", cost=0.0))
+        hold.set()
+        return refused, await first, await second
+
+    refused, first, second = asyncio.run(go())
+    assert (first, second) == ("a@1", "b@2") and "never" not in r.runs
+    body = json.loads(refused.body)
+    assert refused.status_code == 429 and "reads are waiting" in body["error"]
+    assert body["retry_after_s"] > 0 and int(refused.headers["Retry-After"]) >= 1
+    with pytest.raises(ValueError):
+        http_gate.ReadGate(0.5, limit=0)
