@@ -54,6 +54,8 @@ def _interp(points: Sequence[tuple[float, float]], x: float) -> tuple[Optional[f
     else:
         i = next(k for k in range(1, len(pts)) if pts[k][0] >= x)
         (x0, y0), (x1, y1), how = pts[i - 1], pts[i], "interpolated"
+    if x1 == x0:  # two points at one context (x is not it): no slope to follow
+        return (y0 + y1) / 2, how
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0), how
 
 

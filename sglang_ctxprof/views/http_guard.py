@@ -6,7 +6,8 @@
   failure of ours: the client gets a 500 JSON error with ``degraded``; one warning with the
   traceback is logged.  Only a repeated failure (:data:`STRIKES` in a row, with no success in
   between) disables the routes (503 from then on, until a restart or the test-only heal), so one
-  odd request cannot switch the whole API off.
+  odd request cannot switch the whole API off; one failure that several readers of a shared read
+  receive counts once, and a client that hangs up mid-request counts not at all.
 * A scheduler that does not answer a route's control command in time (``control.client.NoAnswer``)
   gets the client a 504 with what was waited for; it is no failure of ours (no strike).
 * A request body is read by :func:`json_body`: at most a route's byte limit (413 above it, before
@@ -21,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -29,7 +31,7 @@ import traceback
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..control.client import NoAnswer
@@ -39,6 +41,7 @@ from ..model.guard import Guard
 logger = logging.getLogger(__name__)
 
 STRIKES = 3  # consecutive internal failures of the routes before they are switched off
+_STRUCK = "_ctxprof_struck"  # set on an exception once it counted (readers sharing a read share it)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 _GUARD: Guard | None = None
@@ -91,20 +94,31 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} is past the largest float")
+    return v
+
+
 async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Response | None]:
     """The request's JSON body, or an error reply: 413 above ``limit`` bytes, 400 (``hint`` says
-    what the route takes) for a body that is not strict JSON."""
+    what the route takes) for a body that is not strict JSON (a number too large for a float is
+    not one either) or that the client stopped sending."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None, error(413, f"body is {declared} bytes; this route takes at most {limit}")
     chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            return None, error(413, f"body is over {limit} bytes, the most this route takes")
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_no_constant), None
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                return None, error(413, f"body is over {limit} bytes, the most this route takes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client hung up mid-body: its doing, not a failure of ours
+        return None, error(400, "the client disconnected before sending the whole body")
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_no_constant, parse_float=_finite), None
     except (ValueError, RecursionError) as exc:
         return None, error(400, f"{hint} ({type(exc).__name__}: {str(exc)[:80]})")
 
@@ -143,15 +157,22 @@ def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request],
                 out = json_response(out)
         except NoAnswer as exc:  # a scheduler's, not ours: no strike
             return error(504, str(exc))
+        except ClientDisconnect:  # the client hung up: nobody to answer, nothing of ours failed
+            return error(400, "the client disconnected")
         except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
-            _strikes += 1
             reason = f"{type(exc).__name__}: {exc}"
-            if _strikes >= STRIKES:
+            counted = getattr(exc, _STRUCK, False)  # one failure shared by several readers: counted once
+            _strikes += 0 if counted else 1
+            if counted:
+                pass
+            elif _strikes >= STRIKES:
                 g.fail("http", exc)
             else:
                 logger.warning("sglang-ctxprof: %s %s failed (%d of %d before the routes switch off):\n%s",
                                request.method, request.url.path, _strikes, STRIKES,
                                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            with contextlib.suppress(AttributeError, TypeError):
+                setattr(exc, _STRUCK, True)
             return error(500, f"ctx profile failed: {type(exc).__name__}",
                          degraded=[g.status() or {"components": {"http": f"{reason} ({_strikes} of {STRIKES})"}}])
         _strikes = 0

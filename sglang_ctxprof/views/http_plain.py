@@ -7,8 +7,15 @@ here?") needs the other arm measured on the same model, so the operator register
 
 * ``POST /ctx_profile/plain[?source=NAME]`` (admin) - body: a plain server's ``/ctx_profile`` JSON.
   Refused with 400 when it is not a profile, holds no decode step, or holds speculative steps (it
-  would not be plain decode) or cannot be read as one (a field of the wrong type); 413 above
-  :data:`MAX_BODY` bytes.  Replaces any earlier reference.
+  would not be plain decode), holds more than :data:`MAX_BUCKETS` buckets, or cannot be read as one
+  (a field of the wrong type, a time that is not a finite number >= 0); 413 above :data:`MAX_BODY`
+  bytes.  Replaces any earlier reference.
+
+What is kept is only what the ledger reads (``plain_evidence``): per bucket its label, context,
+tokens per step and phase times, each a finite float >= 0, checked once at registration against
+every path of the ledger (a probe of speculative points at and between the reference's contexts),
+so a reference that was accepted cannot make a later diagnosis fail.  Reading and checking it runs
+on the build thread (``http_build.off_loop``), not on SGLang's event loop.
 * ``GET /ctx_profile/plain`` - what is registered (source, when, buckets and steps), or ``registered:
   false``.
 * ``DELETE /ctx_profile/plain`` (admin) - forget it.
@@ -23,6 +30,7 @@ no number is invented.  Only timings and lengths are held, as in every profile.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -31,12 +39,16 @@ from starlette.requests import Request
 
 from ..model import names
 from ..model.names import Phase
-from .diagnosis import Evidence, diagnose, evidence_from_profile
+from ..aggregate.ledger import HOST_GAP, ledger
+from .diagnosis import Evidence, evidence_from_profile
+from .diagnosis_evidence import Point, ledger_points
+from .http_build import off_loop
 from .http_context import PlainStore, ReadContext, Route
 from .http_guard import error as _error, json_body
 from .profile import Profile
 
-MAX_BODY = 16 * 2**20  # bytes of a registered profile body
+MAX_BODY = 4 * 2**20  # bytes of a registered profile body (a server's is tens of kB)
+MAX_BUCKETS = 256  # decode buckets of a registered profile
 MAX_SOURCE = 200  # characters of ?source=
 _SPEC = (Phase.VERIFY.value, Phase.DRAFT.value)
 
@@ -88,25 +100,69 @@ async def post_plain(store: PlainStore, request: Request):
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
     src = qp.get("source", "registered plain profile")
-    if not src or len(src) > MAX_SOURCE:
-        return _error(400, f"source must be 1-{MAX_SOURCE} characters")
+    if not src or len(src) > MAX_SOURCE or not src.isprintable():
+        return _error(400, f"source must be 1-{MAX_SOURCE} printable characters")
     body, bad = await json_body(request, MAX_BODY, "body must be a /ctx_profile JSON body of a plain-decode server")
     if bad is not None:
         return bad
-    if not isinstance(body, dict) or "buckets" not in body:
+    if not isinstance(body, dict) or not isinstance(body.get("buckets"), list):
         return _error(400, "body must be a /ctx_profile JSON object (with \"buckets\") of a plain-decode server")
-    try:  # every failure to read the body as a profile is the body's: a 400, never a strike of the guard
+    if len(body["buckets"]) > MAX_BUCKETS:
+        return _error(400, f"the profile holds {len(body['buckets'])} buckets; a reference takes at most {MAX_BUCKETS}")
+    ref = await off_loop(_reference, body, src)
+    if isinstance(ref, str):
+        return _error(400, ref)
+    store.ref = ref
+    return {"ok": True, **_describe(ref)}
+
+
+def _reference(body: dict, src: str) -> PlainReference | str:
+    """``body`` as a plain reference, or why it cannot be one (every failure to read it is the
+    body's: a 400, never a strike of the guard)."""
+    try:
         profile = Profile.from_dict(body)
         why = check(profile)
         if why:
-            return _error(400, why)
-        ev = evidence_from_profile(profile, source=f"plain reference: {src}")
-        diagnose(ev, plain=ev)  # every path of a diagnosis that reads it, once here: it cannot fail there
+            return why
+        ev = plain_evidence(evidence_from_profile(profile, source=f"plain reference: {src}"))
+        for spec in _probe(ev):  # every path of the ledger that reads it, once here
+            ledger(spec, ledger_points(ev))
     except Exception as exc:  # noqa: BLE001 - a malformed field of any kind (wrong type, missing key)
-        return _error(400, f"not a usable /ctx_profile body: {type(exc).__name__}: {str(exc)[:200]}")
-    store.ref = PlainReference(ev, src, time.time(), tuple(b.label for b in profile.buckets if b.steps),
-                               sum(b.steps for b in profile.buckets))
-    return {"ok": True, **_describe(store.ref)}
+        return f"not a usable /ctx_profile body: {type(exc).__name__}: {str(exc)[:200]}"
+    return PlainReference(ev, src, time.time(), tuple(b.label for b in profile.buckets if b.steps),
+                          sum(b.steps for b in profile.buckets))
+
+
+def _time(name: str, v: object) -> float:
+    """A time, a length or a rate of the reference: a finite float >= 0, or ValueError naming it."""
+    f = float(v)  # type: ignore[arg-type]
+    if not (math.isfinite(f) and f >= 0):
+        raise ValueError(f"{name} is {v!r}: not a finite number >= 0")
+    return f
+
+
+def plain_evidence(ev: Evidence) -> Evidence:
+    """Only what the ledger reads of a plain reference (``diagnosis_evidence.ledger_points``), each
+    number checked: label, context, tokens per step, step and phase times."""
+    pts = tuple(Point(str(p.label), _time("ctx", p.ctx), _time("ctx", p.ctx_sum), int(p.steps), _time("al", p.al),
+                      _time("step_ms", p.step_ms), {str(k): _time(str(k), v) for k, v in p.phases.items()})
+                for p in ev.points)
+    return Evidence(ev.source, pts, {})
+
+
+def _probe(plain: Evidence) -> list[list[dict]]:
+    """Speculative points that take each path of ``aggregate.ledger`` against ``plain``: at each of
+    its contexts (by its label), between two of them and beyond both ends (interpolated and
+    extrapolated, no label)."""
+    ctxs = sorted({p.ctx for p in plain.points})
+    at = [p.ctx for p in plain.points] + [c / 2 for c in ctxs[:1]] + [c * 2 + 1 for c in ctxs[-1:]]
+    at += [(a + b) / 2 for a, b in zip(ctxs, ctxs[1:])]
+    labels = [p.label for p in plain.points] + [None] * (len(at) - len(plain.points))
+    phases = {"step": 3.0, "draft": 1.0, "draft_extend": 0.2, "verify": 1.5, "verify_attn": 0.5,
+              "verify_moe": 0.5, "overhead": 0.3, HOST_GAP: 0.1}
+    rows = [{"ctx": c, "al": 2.0, "phases": phases, **({"label": lb} if lb is not None else {})}
+            for c, lb in zip(at, labels)]
+    return [rows, rows[:1]]
 
 
 async def get_plain(store: PlainStore, request: Request):

@@ -8,8 +8,10 @@ generating.  Then hypothesis fuzzes methods, paths, query parameters and bodies:
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -218,18 +220,33 @@ def test_malformed_bodies_are_4xx_and_switch_nothing_off(server, warm):
     plainish = [{**b, "phases": {k: v for k, v in b["phases"].items() if k not in ("verify", "draft")}}
                 for b in profile["buckets"]]  # passes the plain check, then a field of the wrong type:
     robust_x = {**profile, "algorithms": [], "buckets": [{**b, "robust": "x"} for b in plainish]}
+    # a field only the ledger reads against this server's speculative steps (accepted, then every
+    # /diagnosis failed), and a time that is not a finite number
+    gap_x = {**profile, "algorithms": [], "buckets": plainish, "host": {"between_steps": {"count": 1, "p50_ms": "x"}}}
+    nan_ms = {**profile, "algorithms": [], "buckets": [
+        {**b, "robust": None, "phases": {k: {**v, "mean_ms": "nan", "p50_ms": "nan"} for k, v in b["phases"].items()}}
+        for b in plainish]}
     cases = [(f"{R}/trace_policy", b"[" * 3000, 400), (f"{R}/plain", b"[" * 100_000, 400),
              (f"{R}/trace_policy", b'{"slow_tok_s": NaN}', 400), (f"{R}/plain", json.dumps(robust_x).encode(), 400),
+             (f"{R}/plain", json.dumps(gap_x).encode(), 400), (f"{R}/plain", json.dumps(nan_ms).encode(), 400),
+             (f"{R}/trace_policy", b'{"slow_tok_s": 1e999}', 400),
              (f"{R}/trace_policy", b'{"mode": "' + b"a" * 10_000 + b'"}', 413)]
     for path, data, want in cases:
         for _ in range(4):
             status, body, ctype = raw("POST", server.url + path, data)
             assert status == want, (path, data[:20], status, body[:300])
             assert_json_4xx(status, body, ctype, path)
-    for path in (R, f"{R}/status", f"{R}/diagnosis", f"{R}/plain"):
+    for _ in range(4):  # a client that hangs up mid-upload
+        host, port = server.url.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(f"POST {R}/plain HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: 100000\r\n\r\n".encode() + b'{"buckets": [')
+        time.sleep(0.2)
+    for path in (R, f"{R}/status", f"{R}/diagnosis", f"{R}/diagnosis", f"{R}/diagnosis", f"{R}/plain"):
         status, body = http("GET", server.url + path)
         assert status == 200, (path, body)
     assert http("GET", server.url + R)[1]["degraded"] is None
+    assert http("GET", f"{server.url}{R}/plain")[1]["registered"] is False
 
 
 def test_cross_origin_writes_are_refused(server, warm):

@@ -155,3 +155,10 @@ def test_a_spec_step_growing_faster_than_al_times_plain_does_not_keep_paying():
     c = ledger(spec, plain)["crossover"]
     assert c["ctx"] == pytest.approx(4000) and c["how"] == "extrapolated"
     assert "at the earliest" in c["note"] and "~3500 tokens" in c["note"] and "1.02x" in c["note"]
+
+
+def test_two_plain_points_at_one_context_interpolate_without_a_division_by_zero():
+    from sglang_ctxprof.aggregate.ledger import _interp
+
+    assert _interp([(100.0, 2.0), (100.0, 4.0)], 50.0) == (3.0, "extrapolated")
+    assert _interp([(100.0, 2.0), (100.0, 4.0), (300.0, 6.0)], 400.0) == (7.0, "extrapolated")

@@ -87,6 +87,52 @@ def test_a_scheduler_that_does_not_answer_is_a_504_and_strikes_nothing(client):
     assert http_guard.guard().ok("http") and http_guard._strikes == 0
 
 
+def test_a_client_that_hangs_up_mid_body_is_a_400_and_strikes_nothing(monkeypatch):
+    """Starlette raises ``ClientDisconnect`` from the body stream when the client goes away: that is
+    the client's doing (an upload cut short), not a failure of ours."""
+    import asyncio
+
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+
+    async def body(request: Request):
+        got, bad = await http_guard.json_body(request, 8192, "a small JSON body")
+        return bad if bad is not None else {"got": got}
+
+    endpoint = http_guard.guarded(body)
+
+    async def post_cut_short():
+        sent = iter([{"type": "http.request", "body": b'{"x": [1,', "more_body": True}, {"type": "http.disconnect"}])
+
+        async def receive():
+            return next(sent)
+
+        scope = {"type": "http", "method": "POST", "path": "/body", "headers": [(b"content-length", b"100")],
+                 "query_string": b""}
+        return await endpoint(Request(scope, receive))
+
+    for _ in range(http_guard.STRIKES + 1):
+        r = asyncio.run(post_cut_short())
+        assert r.status_code == 400 and b"disconnected" in r.body, r.body
+    assert http_guard.guard().ok("http") and http_guard._strikes == 0
+
+
+def test_one_failure_shared_by_several_readers_is_one_strike(client):
+    """A read shared by its waiting readers hands each the one exception it raised: that failure
+    counts once toward switching the routes off, however many readers shared it."""
+    err = RuntimeError("one build failed")
+
+    async def shared(request: Request):
+        raise err
+
+    app = fastapi.FastAPI()
+    app.add_api_route("/shared", http_guard.guarded(shared), methods=["GET"])
+    c = TestClient(app, raise_server_exceptions=False)
+    for _ in range(http_guard.STRIKES + 1):
+        assert c.get("/shared").status_code == 500
+    assert http_guard.guard().ok("http") and http_guard._strikes == 1
+
+
 def test_a_body_over_the_limit_is_refused_by_its_declared_length_or_as_it_streams(client):
     r = client.post("/body", content=b"1" * 8193, headers={"content-length": "8193"})
     assert r.status_code == 413 and "8193 bytes" in r.json()["error"]

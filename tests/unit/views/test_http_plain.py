@@ -187,6 +187,19 @@ def _broken_bodies():
     b = _plain_body()
     b["acceptance_by_ctx"] = "x"
     yield "acceptance_by_ctx='x'", b
+    # fields the ledger reads only against a speculative server's points (a check that diagnosed
+    # the reference against itself never read them: accepted, then every /diagnosis failed)
+    for val in ("x", [1], None, -3.0):
+        b = _plain_body()
+        b["host"] = {"between_steps": {"count": 1, "p50_ms": val}}
+        yield f"host.between_steps.p50_ms={val!r}", b
+    for val in ("nan", "inf", -5.0):
+        b = _plain_body()
+        for bk in b["buckets"]:
+            for ph in bk["phases"].values():
+                ph["p50_ms"] = ph["mean_ms"] = val
+            bk.pop("robust", None)
+        yield f"phases[].mean_ms={val!r}", b
 
 
 @pytest.mark.parametrize("what, body", list(_broken_bodies()))
@@ -196,7 +209,8 @@ def test_a_malformed_plain_body_is_a_400_and_switches_nothing_off(client, what, 
         assert r.status_code == 400, (what, r.status_code, r.text[:300])
         assert "not a usable /ctx_profile body" in r.json()["error"], r.text
     assert client.get(names.ROUTE_PLAIN).json()["registered"] is False
-    assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+    for _ in range(http_guard.STRIKES + 1):
+        assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
     assert http_guard.guard().ok("http")
 
 
@@ -206,6 +220,30 @@ def test_a_plain_body_past_the_parser_or_with_nan_is_a_400(client):
             r = client.post(names.ROUTE_PLAIN, content=data)
             assert r.status_code == 400, (data[:20], r.status_code, r.text[:200])
     assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+
+
+def test_a_number_past_the_largest_float_or_a_control_character_in_the_source_is_a_400(client):
+    data = json.dumps(_plain_body()).replace('"mean_ms": ', '"mean_ms": 1e999, "x": ', 1)
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.post(names.ROUTE_PLAIN, content=data)
+        assert r.status_code == 400 and "largest float" in r.json()["error"], r.text[:300]
+        r = client.post(names.ROUTE_PLAIN + "?source=a%1b%5B2Jb", content=json.dumps(_plain_body()))
+        assert r.status_code == 400 and "printable" in r.json()["error"], r.text[:300]
+    assert client.get(names.ROUTE_PLAIN).json()["registered"] is False and http_guard.guard().ok("http")
+
+
+def test_a_plain_body_of_too_many_buckets_is_a_400(client, monkeypatch):
+    monkeypatch.setattr(http_plain, "MAX_BUCKETS", 2)
+    r = client.post(names.ROUTE_PLAIN, content=json.dumps(_plain_body()))
+    assert r.status_code == 400 and "at most 2" in r.json()["error"], r.text
+
+
+def test_two_reference_buckets_at_one_context_are_read_without_a_division_by_zero(client):
+    b = _plain_body()
+    b["buckets"] = b["buckets"][:1] * 2
+    b["buckets"][1] = {**b["buckets"][1], "label": "copy"}
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(b)).status_code == 200
+    assert client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]["available"] is True
 
 
 def test_a_plain_body_over_the_cap_is_a_413(client, monkeypatch):
