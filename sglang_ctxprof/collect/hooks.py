@@ -22,7 +22,9 @@ mark -> call -> mark pair: :func:`enter` and :func:`leave`.
 
 While a deep capture runs (``collect/capture``), :func:`label_phases` swaps :func:`_around` for a
 version that also opens each region as a ``torch.profiler.record_function`` range; otherwise the
-hooks run exactly the plain code.
+hooks run exactly the plain code.  ``run_batch`` ticks an armed capture on every step, also when
+the timing hooks are off after a failure of this rank: SGLang's profiler stops with a barrier across
+the TP group, so every rank must start and stop it at the same steps.
 
 On the steps the profiler times (``collect/cost``), each hook adds the time of its own code to the
 step's ``cost_ns``, and the ``process_batch_result`` hook books the step's total.
@@ -193,6 +195,8 @@ def run_batch(original, self, batch, *args, **kwargs):
             b = None
         if b is not None and b.cost_ns >= 0:
             b.cost_ns += _now() - t
+    if p is not None and p.capture.armed:  # every rank alike, healthy timing hooks or not (a barrier)
+        p.capture.tick(self, batch)  # never raises: a failure ends the capture
     try:
         return original(self, batch, *args, **kwargs)
     finally:

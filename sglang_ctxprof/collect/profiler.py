@@ -19,8 +19,8 @@ parked and retried at the next result (``clocks.Parked``).  Under CUDA graphs
 ``can_run_cuda_graph`` and whether the split was read).  ``meta["hw"]`` carries model/device facts
 for the roofline (``roofline``); the status reports which attention/MoE classes of the model are
 hooked (``coverage``).  ``cost`` measures what all this costs (``status()["cost"]``).  ``capture``
-(``collect.capture``) takes deep captures through SGLang's own profiler; ``begin_step`` drives it
-only while it is armed.
+(``collect.capture``) takes deep captures through SGLang's own profiler; the ``run_batch`` hook
+drives it only while it is armed.
 """
 
 from __future__ import annotations
@@ -198,8 +198,6 @@ class Profiler:
 
     def begin_step(self, scheduler: Any, batch: Any) -> Optional[StepBuilder]:
         self.bind(scheduler)
-        if self.capture.armed:
-            self.capture.tick(scheduler, batch)
         kind = adapter.batch_kind(batch)
         if kind is None:
             return None

@@ -15,6 +15,9 @@ one of which is answered ``unchanged`` without its state), ``reset`` (with ``clo
 with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
 ``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
+A rank whose ``control`` component failed answers every command with an error, except what every
+rank must do alike (``_lockstep``: the capture's requests and idle checks, ``enable``, ``disable``),
+which it still does.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
         if req.get("cmd") == CMD_FAULT:
             return {CONTROL_KEY: _fault(p, req)}
         if p is not None and not p.guard.ok("control"):
+            out = _lockstep(req, scheduler, session, p)  # still, or the ranks would part
+            if out is not None:
+                return {CONTROL_KEY: {**out, "degraded": p.guard.status()}}
             return {CONTROL_KEY: {"error": "ctx profiler control disabled after a failure",
                                   "degraded": p.guard.status()}}
         if p is None:
@@ -86,11 +92,33 @@ def _fault(p: Optional[Profiler], req: Json) -> Json:
     return {"status": p.status()}
 
 
-def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) -> Json:
-    cmd = req["cmd"]
-    cap = p.capture
+def _lockstep(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) -> Optional[Json]:
+    """What every rank does alike, also one whose ``control`` component failed: a running capture
+    notices an idle server, a capture is asked for, profiling is switched on or off.  SGLang's
+    profiler stops with a barrier across the TP group, and switching the hooks changes which CUDA
+    graphs a rank replays: one rank left out of these would hang the group or split it.  Every
+    rank sees the same control requests at the same point of its loop.  The command's answer, or
+    None for any other command."""
+    cmd, cap = req.get("cmd"), p.capture
     if cap.armed:
         cap.idle(scheduler)
+    if cmd == CMD_ENABLE:
+        session.enable()
+        return {"status": p.status()}
+    if cmd == CMD_DISABLE:
+        cap.halt(scheduler)
+        session.disable()
+        return {"status": p.status()}
+    if cmd == CMD_CAPTURE and "id" not in req:
+        return _capture(p, req)
+    return None
+
+
+def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) -> Json:
+    cmd = req["cmd"]
+    out = _lockstep(req, scheduler, session, p)
+    if out is not None:
+        return out
     if cmd == CMD_SNAPSHOT:
         p.identify(scheduler)  # facts for the status; starts nothing
         known = req.get("known", [])
@@ -106,13 +134,6 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         return {"status": p.status(), "reset": True}
-    if cmd == CMD_ENABLE:
-        session.enable()
-        return {"status": p.status()}
-    if cmd == CMD_DISABLE:
-        cap.halt(scheduler)
-        session.disable()
-        return {"status": p.status()}
     if cmd == CMD_REQUESTS:
         return _requests(p, req)
     if cmd == CMD_TRACE_POLICY:

@@ -5,7 +5,10 @@ relies on, and a scheduler that ticks a capture once per step.
 ``profile_in_progress``; ``_stop_profile()`` calls the profiler's ``stop()`` and then
 ``export_chrome_trace(path)`` with a ``<prefix>-<profile_id>-TP-0.trace.json.gz`` path, then, if
 ``torch_profiler`` is still set, drops it and runs ``gc.collect()`` (counted in ``collected``), and
-clears ``profile_in_progress``.  ``wait_state`` waits for a capture's worker to finish it.
+clears ``profile_in_progress``.  Between the export and the drop SGLang waits at
+``torch.distributed.barrier`` for every rank of the TP group: here counted in ``barriers``, which a
+test of several ranks compares step by step (a rank that reaches it alone hangs the group).
+``wait_state`` waits for a capture's worker to finish it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class FakeProfilerManager:
         self.out_dir = ""
         self.profile_id = ""
         self.collected = 0
+        self.barriers = 0  # torch.distributed.barrier(dp_tp_cpu_group) calls in _stop_profile
 
     def _profile(self, req):
         if self.profile_in_progress:
@@ -56,6 +60,7 @@ class FakeProfilerManager:
         self.torch_profiler.stop()
         self.torch_profiler.export_chrome_trace(
             os.path.join(self.out_dir, f"{self.prefix}-{self.profile_id}-TP-0.trace.json.gz"))
+        self.barriers += 1
         if self.torch_profiler is not None:  # SGLang: drop the profiler and gc.collect()
             self.torch_profiler = None
             self.collected += 1

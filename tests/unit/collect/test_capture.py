@@ -380,3 +380,40 @@ def test_a_tick_never_disarms_a_capture_a_trigger_just_asked_for(tmp_path):
     assert cap.current is not None and cap.armed
     s.step(cap)
     assert cap.current.state == names.CAPTURE_RUNNING
+
+
+def _rank(tmp_path, broken: str) -> tuple[dict, list[tuple[int, bool, int]]]:
+    """One rank of a TP group of two through the real hooks and control handler: a capture asked
+    for over the control channel, then steps; ``broken``: a component of ours failed on this rank
+    only.  What SGLang's profiler manager saw after each step: (forward_ct, running, barriers)."""
+    import fakes
+    from sglang_ctxprof.control.handler import handle
+    from sglang_ctxprof.control.protocol import encode
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.testing.fake_profiler import FakeProfilerManager
+    from sglang_ctxprof.testing.session import instrumented
+    from test_profiler import TARGETS, _steps
+
+    with instrumented(TARGETS, CtxProfConfig(capture=settings(tmp_path / (broken or "ok")))) as session:
+        sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
+        sched.profiler_manager, sched.server_args.tp_size, sched.server_args.pp_size = FakeProfilerManager(), 2, 1
+        _steps(sched, reqs, 2)
+        if broken:
+            session.profiler.guard.fail(broken, RuntimeError("this rank only"))
+        out = handle(encode(names.CMD_CAPTURE, steps=3, now=1000.0), sched, session)[names.CONTROL_KEY]
+        seen = []
+        for _ in range(6):
+            _steps(sched, reqs, 1)
+            pm = sched.profiler_manager
+            seen.append((sched.forward_ct, pm.profile_in_progress, pm.barriers))
+    return out, seen
+
+
+@pytest.mark.parametrize("broken", ["hooks", "control"])
+def test_a_rank_whose_hooks_or_control_failed_starts_and_stops_a_capture_with_the_others(tmp_path, broken):
+    """SGLang's profiler stops with a barrier across the TP group: a rank that did not start the
+    capture, or stopped it at another step, would leave the others waiting there for ever."""
+    ok, ok_seen = _rank(tmp_path, "")
+    out, seen = _rank(tmp_path, broken)
+    assert ok["accepted"] is True and out["accepted"] is True, out
+    assert ok_seen[-1][2] == 1 and seen == ok_seen
