@@ -2,35 +2,32 @@
 
 A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
 steps; ``rid``: that request's next N steps, passing over the prefills of other requests that SGLang
-runs between two of them) through the control channel, or the automatic triggers
-on the recorder's drain thread (:meth:`Capture.observe`, registered only when one is on): a decode
-step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
+runs between two of them) through the control channel, or the automatic triggers on the recorder's
+drain thread (:meth:`Capture.observe`, registered only when one is on): a decode step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
 it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
 steps in a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace
 policy judges slow, whose next steps are captured (``collect.tail_trigger``).
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
-* one capture at a time and at most one per ``interval_s``; a trigger inside that window is
-  suppressed and counted by trigger (``suppressed``);
-* at most ``max_steps`` steps;
+* one capture at a time, at most one per ``interval_s`` (a trigger inside it is suppressed and
+  counted by trigger: ``suppressed``), at most ``max_steps`` steps;
 * a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds the cap
-  is deleted and marked failed (the older ones stay), then the oldest are deleted until the rest fit;
+  is deleted and marked failed (the older ones stay), then the oldest are deleted until the rest fit
+  (files are looked at and removed outside the lock the scheduler thread takes);
 * the trace export runs on a thread of its own (``adapter_capture.stop``); the scheduler thread only
-  stops the profiler.  While it runs, the longest interval between two step starts is kept
-  (``export_gap_ms``).
+  stops the profiler.  While it runs, the longest step-to-step interval is kept (``export_gap_ms``).
 
-The scheduler thread drives the state machine in :meth:`tick` (from ``Profiler.begin_step``, only
-while ``armed``): pending -> running (SGLang's profiler started; our phases open as
+The scheduler thread drives the state machine in :meth:`tick` (from the ``run_batch`` hook on every
+rank alike, only while ``armed``): pending -> running (SGLang's profiler started; our phases open as
 ``record_function`` ranges through ``hooks.label_phases``) -> exporting -> done | failed | deleted.
 Decisions that ranks must share depend only on what every rank sees in the same loop iteration
 (the control request, the batch, the step count, and the HTTP process's clock sent with the
 request), so ranks never disagree; the automatic triggers run on one-rank groups only.
 
-Clocks: the trace's timestamps are ``baseTimeNanoseconds + ts`` in torch's clock; ours are
-``time.time_ns()``.  Right after the profiler starts a ``ctxprof.clock_sync`` range is opened between
-two wall-clock reads (``sync_ns``); ``views.timeline`` aligns the two clocks on that range, and the
-pair's spread bounds the error.
+Clocks: the trace's timestamps are ``baseTimeNanoseconds + ts`` in torch's clock, ours
+``time.time_ns()``.  Right after the profiler starts a ``ctxprof.clock_sync`` range opens between two
+wall-clock reads (``sync_ns``); ``views.timeline`` aligns the clocks on it (their spread: the error).
 """
 
 from __future__ import annotations
@@ -56,6 +53,7 @@ from .tail_trigger import TailTrigger
 logger = logging.getLogger(__name__)
 
 HISTORY = 32  # captures remembered (status, links)
+_KEPT = (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)  # states whose file counts against the byte cap
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
@@ -91,11 +89,8 @@ class CaptureInfo:
     _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for private in ("_waited", "_fed", "_passed"):
-            d.pop(private)
-        d["sync_ns"] = list(self.sync_ns)
-        return d
+        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed
+        return {**d, "sync_ns": list(self.sync_ns)}
 
 
 class Capture:
@@ -329,38 +324,44 @@ class Capture:
             self._end(info, names.CAPTURE_FAILED, f"export failed: {type(exc).__name__}: {exc}")
             return
         info.export_ms = (time.perf_counter() - t0) * 1e3
+        with self._lock:  # the scheduler thread takes it at every step meanwhile: no file work under it
+            files = [c for c in self.history if c.path and c.state in _KEPT]
+        on_disk = [c for c in files if os.path.exists(c.path or "")]
         with self._lock:
-            self._enforce_cap(info)
+            gone = self._enforce_cap(info, on_disk)
+        for path in gone:
+            with contextlib.suppress(OSError):
+                os.remove(path)
         if info.state == names.CAPTURE_EXPORTING:
             self._end(info, names.CAPTURE_DONE)
         logger.info("sglang-ctxprof: capture %s (%s) done: %d steps, %d bytes, export %.0f ms -> %s",
                     info.id, info.trigger, len(info.step_ids), info.bytes, info.export_ms, path)
 
-    def _enforce_cap(self, new: CaptureInfo) -> None:
-        """After ``new`` was written (under the lock): ``new`` itself first when it alone is over the cap
-        (deleted, marked failed; the older ones stay), then the oldest kept, until the kept bytes fit."""
-        cap = int(self.cfg.max_mb * 1024 * 1024)
+    def _enforce_cap(self, new: CaptureInfo, on_disk: list[CaptureInfo]) -> list[str]:
+        """After ``new`` was written (under the lock; ``on_disk``: kept captures found on disk, oldest
+        first): ``new`` first when it alone is over the cap (failed; the older ones stay), then the
+        oldest kept until the kept bytes fit.  The files to remove (outside the lock)."""
+        cap, gone = int(self.cfg.max_mb * 1024 * 1024), []
         if new.bytes > cap:
-            self._delete(new)
-        kept = [c for c in self.history if c.path and c.state in (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)
-                and os.path.exists(c.path)]
+            gone.append(self._delete(new))
+        kept = [c for c in on_disk if c.state in _KEPT]
         total = sum(c.bytes for c in kept)
         for c in kept:
             if total <= cap:
                 break
-            self._delete(c)
+            gone.append(self._delete(c))
             total -= c.bytes
         self.bytes_kept = total
+        return gone
 
-    def _delete(self, c: CaptureInfo) -> None:
-        """Delete a kept capture's file: a done one is ``deleted``, one still exporting ``failed``."""
-        with contextlib.suppress(OSError):
-            os.remove(c.path or "")  # kept captures have a path
+    def _delete(self, c: CaptureInfo) -> str:
+        """Mark a kept capture deleted (done: ``deleted``; still exporting: ``failed``); its file."""
         self.deleted += 1
         if c.state == names.CAPTURE_EXPORTING:
             self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
         else:
             c.state = names.CAPTURE_DELETED
+        return c.path or ""  # kept captures have a path
 
     # ---- reading ---------------------------------------------------------------------------------------
     def find(self, cid: str) -> Optional[CaptureInfo]:

@@ -417,3 +417,35 @@ def test_a_rank_whose_hooks_or_control_failed_starts_and_stops_a_capture_with_th
     out, seen = _rank(tmp_path, broken)
     assert ok["accepted"] is True and out["accepted"] is True, out
     assert ok_seen[-1][2] == 1 and seen == ok_seen
+
+
+def test_files_are_removed_outside_the_lock_the_scheduler_thread_takes(tmp_path, monkeypatch):
+    """While an export runs, the scheduler thread takes the capture's lock at every step: a removal of
+    a large trace on a slow disk must not hold it (nor must a look at which files are there)."""
+    from sglang_ctxprof.collect import capture as capture_mod
+
+    mb = 1024 * 1024
+    cap = Capture(settings(tmp_path, max_mb=1.0))
+    old = kept(cap, tmp_path / "old.json.gz", int(0.6 * mb), "old")
+    new = exporting(cap, tmp_path / "new.json.gz")
+    held = []
+
+    def step_finds_it_held() -> None:  # what a step on another thread finds: the lock free, or held
+        got = cap._lock.acquire(blocking=False)
+        held.append(not got)
+        if got:
+            cap._lock.release()
+
+    def slow_fs(real):
+        def call(path, *a, **kw):
+            t = threading.Thread(target=step_finds_it_held)
+            t.start()
+            t.join()
+            return real(path, *a, **kw)
+        return call
+
+    monkeypatch.setattr(capture_mod.os, "remove", slow_fs(os.remove))
+    monkeypatch.setattr(capture_mod.os.path, "exists", slow_fs(os.path.exists))
+    cap._export(new, SizedProfiler(int(0.6 * mb)), new.path)
+    assert old.state == names.CAPTURE_DELETED and not os.path.exists(old.path) and new.state == names.CAPTURE_DONE
+    assert held and not any(held), held
