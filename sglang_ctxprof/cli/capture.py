@@ -1,7 +1,8 @@
 """``sglang-ctxprof capture --url URL [--rid RID] [--steps N]``: take one deep capture and fetch it.
 
 Asks ``POST /ctx_profile/capture`` (admin level: ``--admin-key``), waits until the capture is done
-(``/ctx_profile/status``), then writes the trace SGLang's profiler exported (``<id>.trace.json.gz``)
+(``/ctx_profile/status``; a 504, a scheduler late with its answer, is asked again until
+``--timeout``), then writes the trace SGLang's profiler exported (``<id>.trace.json.gz``)
 and the merged timeline (``<id>.timeline.json``: the trace with ctxprof's step slices, for
 ui.perfetto.dev or chrome://tracing) into ``--out``.  A refusal (the budget's cooling-off, a
 capture already running) or a failure is one line and a non-zero exit, and so is a capture id
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..model import names
 from .client import RID_RE  # what the server's capture route accepts for an id: no "/", URL-safe
-from .main import printable
+from .main import printable, write_atomic
 
 
 def add_cli_args(ap) -> None:
@@ -48,13 +49,17 @@ def _call(ns, method: str, path: str, key: str | None) -> tuple[int, bytes]:
         raise CliError(f"cannot reach {ns.url}: {getattr(exc, 'reason', exc)}") from None
 
 
+def _body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": raw[:200].decode(errors="replace")}
+
+
 def _json(ns, status: int, raw: bytes, what: str) -> dict[str, Any]:
     from .main import CliError
 
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = {"error": raw[:200].decode(errors="replace")}
+    body = _body(raw)
     if status == 404 and what != "timeline":
         raise CliError(f"{what}: the server has no {names.ROUTE_CAPTURE} route: start SGLang with "
                        f"{names.CLI_FLAG} (HTTP 404)")
@@ -74,14 +79,23 @@ def run(ns) -> int:
         raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
     t0 = time.time()
+    info, late = None, None
     while True:
-        st = _json(ns, *_call(ns, "GET", names.ROUTE_STATUS, ns.api_key), "status")
-        caps = [c for r in st.get("ranks", []) for c in ((r.get("status") or {}).get("capture") or {}).get("captures", [])]
-        info = next((c for c in caps if c["id"] == cid), None)
-        if info is not None and info["state"] in (names.CAPTURE_DONE, names.CAPTURE_FAILED, names.CAPTURE_DELETED):
-            break
+        status, raw = _call(ns, "GET", names.ROUTE_STATUS, ns.api_key)
+        if status == 504:  # a scheduler late with its answer (or that command still out): ask again
+            body = _body(raw)
+            late = printable(str(body.get("error", body) if isinstance(body, dict) else body)[:200])
+        else:
+            st, late = _json(ns, status, raw, "status"), None
+            caps = [c for r in st.get("ranks", [])
+                    for c in ((r.get("status") or {}).get("capture") or {}).get("captures", [])]
+            info = next((c for c in caps if c["id"] == cid), None)
+            if info is not None and info["state"] in (names.CAPTURE_DONE, names.CAPTURE_FAILED,
+                                                      names.CAPTURE_DELETED):
+                break
         if time.time() - t0 > ns.timeout:
-            raise CliError(f"capture {cid} not done after {ns.timeout:g} s (state {info and info['state']})")
+            why = f"the last status answer: HTTP 504: {late}" if late else f"state {info and info['state']}"
+            raise CliError(f"capture {cid} not done after {ns.timeout:g} s ({why})")
         time.sleep(0.5)
     if info["state"] != names.CAPTURE_DONE:
         raise CliError(f"capture {cid} {info['state']}: {info.get('error')}")
@@ -89,14 +103,12 @@ def run(ns) -> int:
     status, raw = _call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=trace", ns.api_key)
     trace = os.path.join(ns.out, f"{cid}.trace.json.gz")
     if status == 200:
-        with open(trace, "wb") as f:
-            f.write(raw)
+        write_atomic(trace, raw)
     else:
         trace = f"{info['path']} (on the server's host)"
     tl = _json(ns, *_call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=timeline", ns.api_key), "timeline")
     tl_path = os.path.join(ns.out, f"{cid}.timeline.json")
-    with open(tl_path, "w") as f:
-        json.dump(tl, f)
+    write_atomic(tl_path, json.dumps(tl))
     clock = tl.get("otherData", {}).get("clock", {})
     print(f"{info['trigger']} capture {cid}: steps {info['step_ids']}, {info['bytes']} bytes, export "
           f"{info['export_ms']:.0f} ms off the scheduler thread (stop {info['stop_ms']:.1f} ms on it)")

@@ -29,7 +29,11 @@ RID_RE = re.compile(names.RID_PATTERN)
 
 
 class ClientError(CliError):
-    pass
+    """An expected failure talking to a server; ``status``: the HTTP status, when it answered one."""
+
+    def __init__(self, msg: str, status: int | None = None) -> None:
+        super().__init__(msg)
+        self.status = status
 
 
 class NoProfile(Exception):
@@ -71,7 +75,7 @@ class ServerClient:
                 msg = ""
             if exc.code == 404 and not msg and path.startswith(names.ROUTE):
                 raise NoProfile(path.split("?")[0]) from None
-            raise ClientError(f"{self.url}{path} answered HTTP {exc.code}: {msg or detail}") from None
+            raise ClientError(f"{self.url}{path} answered HTTP {exc.code}: {msg or detail}", exc.code) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             raise ClientError(f"cannot reach {self.url} ({method} {path}): {_reason(exc)}") from None
         try:
@@ -110,7 +114,8 @@ class ServerClient:
         return out["meta_info"], dt
 
     def generate_stream(self, ids: list[int], max_new_tokens: int) -> Iterator[tuple[float, dict]]:
-        """Streamed greedy generation: yields (perf_counter time, meta_info) per chunk."""
+        """Streamed greedy generation: yields (perf_counter time, meta_info) per chunk.  A stream
+        that ends without ``[DONE]`` (a dropped connection, a server that died) raises."""
         body = {"input_ids": ids, "stream": True, "sampling_params": {
             "max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
         try:
@@ -126,6 +131,7 @@ class ServerClient:
                     if "error" in chunk:
                         raise ClientError(f"{self.url}/generate stream error: {chunk['error']}")
                     yield time.perf_counter(), chunk.get("meta_info") or {}
+            raise ClientError(f"{self.url}/generate: the stream ended before [DONE] (cut off)")
         except urllib.error.HTTPError as exc:
             raise ClientError(f"{self.url}/generate answered HTTP {exc.code}: "
                              f"{exc.read().decode(errors='replace')[:300]}") from None
@@ -147,10 +153,18 @@ class ServerClient:
             return None
 
     def profile_request(self, rid: str) -> dict | None:
+        """One request's record; None only when the server has no profiler or its history no longer
+        holds ``rid`` (HTTP 404).  Any other failure (a 504, a timeout) raises :class:`ClientError`:
+        a caller must not take a failed read for a request without figures."""
         try:
-            return self.call("GET", f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}", timeout=60)
-        except (NoProfile, ClientError):
+            return self.call("GET", f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}",
+                             timeout=min(60.0, self.timeout))
+        except NoProfile:
             return None
+        except ClientError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # ------------------------------------------------------------------------------ show / trace
     def _require(self, path: str) -> Any:

@@ -7,9 +7,10 @@ per step, two-point decode tok/s), B is compared with what A predicts:
 * at a context only B measured: A's per-phase least-squares fit over context (ms per 1k ctx), so a
   longer-context run is judged against the baseline's own context scaling.
 
-The noise model and the verdict (regression / inherent context scaling / no significant change;
-exit code 1 on a regression, for CI) are :mod:`sglang_ctxprof.model.noise`'s, shared with
-``diagnose --baseline``.
+The noise model and the verdict (regression / inherent context scaling / no significant change /
+nothing comparable; exit code 1 on a regression, for CI, and 2 when nothing could be compared) are
+:mod:`sglang_ctxprof.model.noise`'s, shared with ``diagnose --baseline``.  A result file that this
+version cannot read is one ``error:`` line naming it (``sweep_results.load_run``), exit 2.
 """
 
 from __future__ import annotations

@@ -5,7 +5,12 @@ its URL) adds the speculation ledger with measured costs.
 The source is a live server (its ``/ctx_profile``), a saved profile (a JSON file of that body, e.g.
 from ``--save`` or ``show --json``) or a saved sweep directory; the baseline is a saved profile or
 sweep directory.  Prints the diagnosis of ``views.diagnosis`` (``--json`` for the dict).  Exit code
-1 when the baseline comparison finds a regression (for CI), else 0.
+1 when the baseline comparison finds a regression (for CI), 2 when it could compare nothing (the
+diagnosis says why), else 0.
+
+A profile is checked where it comes in (:func:`evidence_of`): one whose fields another version
+wrote or a hand edited, which the diagnosis cannot read as the source, a baseline or a plain arm,
+is one ``error:`` line naming the file (or server), never a traceback.
 """
 
 from __future__ import annotations
@@ -32,10 +37,30 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
 
 
+# what a profile another version wrote, or a hand edited, raises when read: at the file boundary only
+_UNREADABLE = (LookupError, TypeError, AttributeError, ValueError, ArithmeticError)
+
+
+def evidence_of(body: dict, source: str, name: str) -> "Evidence":
+    """Evidence of a ``/ctx_profile`` body, read once in every role it may play (source, baseline,
+    plain arm, printed): a body the diagnosis cannot read is a :class:`CliError` naming ``name``."""
+    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis_text import render_text
+    from ..views.profile import Profile
+    from .main import CliError
+
+    try:
+        ev = evidence_from_profile(Profile.from_dict(body), source=source)
+        render_text(diagnose(ev, ev, plain=ev))
+    except _UNREADABLE as exc:
+        raise CliError(f"{name} cannot be read as a /ctx_profile profile ({type(exc).__name__}: "
+                       f"{str(exc)[:120]}): another version's, or edited?") from None
+    return ev
+
+
 def load_evidence(path: str, role: str) -> "Evidence":
     """Evidence of a saved profile JSON or a sweep directory; a clear error for anything else."""
-    from ..views.diagnosis import evidence_from_profile, evidence_from_sweep
-    from ..views.profile import Profile
+    from ..views.diagnosis import evidence_from_sweep
     from . import sweep_results as res
     from .main import CliError, read_json_object
 
@@ -46,14 +71,13 @@ def load_evidence(path: str, role: str) -> "Evidence":
     if not p.is_file():
         raise CliError(f"{role} {path!r} is neither a saved profile (JSON file) nor a sweep directory")
     body = read_json_object(p, "buckets", "a /ctx_profile body", role)
-    return evidence_from_profile(Profile.from_dict(body), source=f"profile {path}")
+    return evidence_of(body, f"profile {path}", f"{role} {path}")
 
 
 def run(ns) -> int:
-    from ..views.diagnosis import diagnose, evidence_from_profile
+    from ..views.diagnosis import diagnose
     from ..views.diagnosis_text import render_text
-    from ..views.profile import Profile
-    from .main import CliError
+    from .main import CliError, write_atomic
 
     if (ns.url is None) == (ns.path is None):
         raise CliError("give either --url URL or a saved PATH, not both and not neither")
@@ -62,8 +86,8 @@ def run(ns) -> int:
 
         body = ServerClient(ns.url, ns.api_key, timeout=60).require_profile()
         if ns.save:
-            Path(ns.save).write_text(json.dumps(body, indent=1))
-        ev = evidence_from_profile(Profile.from_dict(body), source=f"server {ns.url}")
+            write_atomic(ns.save, json.dumps(body, indent=1))
+        ev = evidence_of(body, f"server {ns.url}", f"the profile of {ns.url}")
     else:
         ev = load_evidence(ns.path, "source")
     base = load_evidence(ns.baseline, "baseline") if ns.baseline else None
@@ -71,8 +95,8 @@ def run(ns) -> int:
     if ns.plain and ns.plain.startswith(("http://", "https://")):
         from .client import ServerClient
 
-        plain = evidence_from_profile(Profile.from_dict(ServerClient(ns.plain, ns.api_key, timeout=60)
-                                                        .require_profile()), source=f"plain server {ns.plain}")
+        body = ServerClient(ns.plain, ns.api_key, timeout=60).require_profile()
+        plain = evidence_of(body, f"plain server {ns.plain}", f"the profile of {ns.plain}")
     elif ns.plain:
         plain = load_evidence(ns.plain, "plain baseline")
     d = diagnose(ev, base, ctx=ns.ctx, plain=plain)
@@ -80,4 +104,6 @@ def run(ns) -> int:
         print(json.dumps(d, indent=1, default=str))
     else:
         print(render_text(d), end="")
+    if d["baseline"].get("given") and not d["baseline"].get("comparable"):
+        return 2
     return 1 if d["baseline"].get("regressions") else 0

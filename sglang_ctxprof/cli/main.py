@@ -3,7 +3,9 @@
 Each subcommand module exposes ``add_cli_args(parser)`` and ``run(namespace) -> int``.  Expected
 failures (bad arguments, unreachable server, ...) print one ``error:`` line with a usage hint and
 exit non-zero; they never print a traceback.  So does a missing package: the line names the extra
-(or the dependency) that brings it, from :data:`PROVIDED_BY`.
+(or the dependency) that brings it, from :data:`PROVIDED_BY`; and so does a file that cannot be
+read or written (``OSError``: a full disk, a missing folder), naming the path, exit 2.  Files the
+CLI writes go through :func:`write_atomic`: a failed write leaves what was there before.
 
 Every line the CLI prints passes :class:`Escaping` while :func:`main` runs: the server's answers
 (rids, errors, labels) are other people's strings, and a control character in one (an escape
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -85,6 +88,32 @@ def read_json_object(path: Any, key: str, what: str, role: str = "") -> dict:
     if not isinstance(obj, dict) or key not in obj:
         raise CliError(f"{name} is not {what} (no {key!r})")
     return obj
+
+
+def write_atomic(path: Any, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it and a rename: a reader (or a
+    ``--resume``) never sees half a file, and a failed write leaves the old file as it was.  An
+    ``OSError`` names ``path``."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    try:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data)
+        os.replace(tmp, p)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise OSError(exc.errno, exc.strerror or str(exc), str(p)) from None
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for a failed file operation: the path and the system's reason."""
+    why = exc.strerror or str(exc)
+    return f"{exc.filename}: {why}" if exc.filename else why
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,6 +191,10 @@ def _run(argv: list[str] | None) -> int:
         print(f"sglang-ctxprof {ns.command}: error: {exc}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
         return getattr(exc, "code", 2)
+    except OSError as exc:
+        print(f"sglang-ctxprof {ns.command}: error: {os_error_line(exc)}", file=sys.stderr)
+        print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -8,9 +8,11 @@
 For each context length and repeat, one two-point measurement (``sweep_point.two_point``) with
 exact-length, distinct prompts (``prompts``); optionally ``--sustained N`` streams one long
 generation per context.  Each result is written to ``--out`` as soon as it finishes (``--resume``
-skips those already there), then ``summary.csv``/``summary.json``, a rich table and PNG plots.
-Expected failures (unreachable URL, not SGLang, ``--ctx`` beyond the context length, a server that
-dies or times out) end with one ``error:`` line and a non-zero exit; finished results are kept.
+skips those already there, and refuses a directory measured on another model or with other
+settings), then ``summary.csv``/``summary.json``, a rich table and PNG plots.  Expected failures
+(unreachable URL, not SGLang, ``--ctx`` beyond the context length, a server that dies or times out,
+a cut-off stream, a full disk) end with one ``error:`` line and a non-zero exit; finished results
+are kept.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import sweep_results as res
-from .main import CliError
+from .main import CliError, os_error_line
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
 
-RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window")
+RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
 
 
 @dataclass
@@ -190,7 +192,14 @@ def _prepare_out(args: SweepArgs, meta: dict) -> Path | None:
             prev = json.loads(old.read_text())
         except (OSError, ValueError):
             raise CliError(f"cannot --resume {out}: its meta.json is unreadable") from None
+        if not isinstance(prev, dict):
+            raise CliError(f"cannot --resume {out}: its meta.json is not a sweep's")
+        if prev.get("model_path") is not None and prev["model_path"] != meta.get("model_path"):
+            raise CliError(f"cannot --resume {out}: it was measured on model {prev['model_path']!r}, and "
+                           f"{meta.get('url')} serves {meta.get('model_path')!r}; choose another --out")
         diff = [k for k in RESUME_KEYS if prev.get(k) != meta.get(k)]
+        if prev.get("server_args") and meta.get("server_args") and prev["server_args"] != meta["server_args"]:
+            diff.append("server_args")
         if diff:
             raise CliError(f"cannot --resume {out}: settings differ from the saved run ({', '.join(diff)})")
     res.write_json(old, meta)
@@ -252,10 +261,13 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
                     r = sustained(client, ctx, args.sustained, args.window, plan, has_profile)
             except ClientError as exc:
                 raise ClientError(_failure(exc, kind, ctx, rep, ran, out, server)) from None
+            if path is not None:
+                try:
+                    res.write_json(path, r)
+                except OSError as exc:  # a full disk: the points written so far stay
+                    raise CliError(_failure(os_error_line(exc), kind, ctx, rep, ran, out, None)) from None
             ran += 1
             (done_points if kind == "point" else done_sus).append(r)
-            if path is not None:
-                res.write_json(path, r)
             prog.advance(task)
     if skipped:
         err.print(f"--resume: {skipped} result(s) already in {out} were not re-run")
@@ -276,7 +288,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     return 0
 
 
-def _failure(exc: Exception, kind: str, ctx: int, rep: int, ran: int, out: Path | None, server) -> str:
+def _failure(exc: Exception | str, kind: str, ctx: int, rep: int, ran: int, out: Path | None, server) -> str:
     where = f"ctx {ctx}" + (f" repeat {rep + 1}" if kind == "point" else " sustained")
     msg = str(exc)
     if server is not None and not server.alive():

@@ -5,13 +5,16 @@ prompts of exactly ``ctx`` tokens (two *different* prompts, see ``prompts``) run
 other, ``short`` and ``long`` new tokens; decode tok/s = (n_long - n_short) / (t_long - t_short)
 (prefill is paid by both and cancels).  Then the profile is read back and folded into the point's
 per-phase ms per step and accepted tokens per step; ``server_wall_tok_s`` is the long request's
-committed tokens over its decode steps' wall time on the server clock (no prefill in it).
+committed tokens over its decode steps' wall time on the server clock (no prefill in it; None when
+the server did not keep a row for every step).  A failed read of the server's per-request record
+(other than "not in its history") fails the point, so ``--resume`` measures it again.
 
 Sustained: one streamed generation of N tokens from a ``ctx``-token prompt; decode tok/s over
 windows of W tokens as the context grows, plus the server's breakdown over the same run.  With the
-profiler, tok/s and windows come from the server's clock of that request's decode steps (a loaded
-client or a stream that stalls then bursts would distort them); the client's own figures are kept
-as ``client_decode_tok_s`` / ``client_windows``.
+profiler, the server's clock of that request's decode steps gives ``server_decode_tok_s`` and
+``server_windows`` beside the client's figures (a loaded client or a stream that stalls then bursts
+distorts those), but only when the server kept a row for every step (else ``server_tok_s_note``
+says why not).  A stream that is cut off, aborted or shorter than asked is an error, not a result.
 
 Results are plain dicts (written as JSON by the sweep); ``SCHEMA`` names their format.
 """
@@ -93,11 +96,22 @@ def _server_request(client, rid: str | None) -> dict[str, Any] | None:
                                   "prompt_tokens", "decode_tok_s")}
 
 
+def _all_rows(req: Mapping[str, Any] | None) -> list[dict] | None:
+    """The request's step rows when the server kept one for each of its decode steps, else None (it
+    keeps a bounded number of rows per request: a clock figure from part of the steps is none)."""
+    rows = list((req or {}).get("step_rows") or [])
+    steps = (req or {}).get("steps")
+    if isinstance(steps, int) and len(rows) < steps:
+        return None
+    return rows
+
+
 def _wall_tok_s(client, rid: str | None) -> float | None:
     """One request's decode speed on the server's wall clock: committed tokens over the time from its
-    first decode step's start to its last one's end (host time between steps included)."""
+    first decode step's start to its last one's end (host time between steps included); None when
+    the server did not keep a row for every step."""
     req = client.profile_request(rid) if rid else None
-    rows = sorted((req or {}).get("step_rows") or [], key=lambda r: r["t_start_ns"])
+    rows = sorted(_all_rows(req) or [], key=lambda r: r["t_start_ns"])
     if len(rows) < 2:
         return None
     span = (step_end_ns(rows[-1]["t_start_ns"], rows[-1]["step_ms"]) - rows[0]["t_start_ns"]) / 1e9
@@ -149,6 +163,7 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         if not marks or n > marks[-1][1]:
             marks.append((t, n))
         last = meta
+    _check_complete(last, n_tokens)
     client_windows = _windows([(t, n) for t, n in marks], ctx, window)
     client_tok_s = None
     if len(marks) > 1 and marks[-1][0] > marks[0][0]:
@@ -167,8 +182,11 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         return out
     out["breakdown"] = breakdown(client.profile())
     req = client.profile_request(last["id"]) if last.get("id") else None
-    rows = (req or {}).get("step_rows") or []
-    if len(rows) > 1:
+    rows = _all_rows(req)
+    if rows is None:
+        out["server_tok_s_note"] = (f"no server-clock figure: the server kept {len(req.get('step_rows') or [])} "
+                                    f"of the request's {req['steps']} step rows")
+    elif len(rows) > 1:
         # the server's wall clock between decode steps: immune to a client or stream that stalls and bursts
         marks_srv, n = [(rows[0]["t_start_ns"] / 1e9, 0)], 0
         for r in rows:
@@ -181,6 +199,21 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         out["server_tok_s_source"] = ("server step clock (committed tokens / wall time from first to "
                                       "last decode step)")
     return out
+
+
+def _check_complete(meta: Mapping[str, Any], n_tokens: int) -> None:
+    """A streamed generation that did not give every token asked for (``ignore_eos``: it must) is
+    no measurement: an abort, or a stream cut short, raises :class:`ClientError`."""
+    from .client import ClientError
+
+    got = meta.get("completion_tokens")
+    reason = meta.get("finish_reason")
+    if isinstance(reason, Mapping) and reason.get("type") == "abort":
+        raise ClientError(f"the server aborted the streamed generation after {got} of {n_tokens} tokens "
+                          f"({str(reason.get('message'))[:120]})")
+    if got != n_tokens:
+        raise ClientError(f"the streamed generation ended after {got} of {n_tokens} tokens (ignore_eos: "
+                          f"all were asked for)")
 
 
 def _windows(marks: list[tuple[float, int]], ctx0: int, window: int) -> list[dict[str, Any]]:

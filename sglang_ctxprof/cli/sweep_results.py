@@ -4,8 +4,10 @@ A run directory holds ``meta.json`` (how the sweep ran), one ``point-c<ctx>-r<re
 two-point measurement and one ``sustained-c<ctx>.json`` per sustained run.  ``summarize`` groups them
 by context length: median and spread (half the min-max range) over the repeats for decode tok/s,
 t_a, t_b, acceptance and each phase's ms per step.  Used by ``sweep``, ``report`` and ``compare``;
-everything here works offline from the files alone.  The printed table keeps the columns a reader
-needs first and fits 120 columns; ``table.txt`` (written with the summary) has every column.
+everything here works offline from the files alone, and a file whose fields do not have the types
+these readers use is refused where it is read, naming the file and the field.  The printed table
+keeps the columns a reader needs first and fits 120 columns; ``table.txt`` (written with the
+summary) has every column.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..model.names import CACHED_TOKENS, LEAF_PHASES
-from .main import CliError, read_json_object
+from .main import CliError, read_json_object, write_atomic
 
 SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
          "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step",
@@ -36,28 +38,104 @@ def sustained_name(ctx: int) -> str:
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomic write: a sweep killed mid-write never leaves a half file that --resume would trust."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 def load_run(d: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
-    """(meta, two-point results, sustained results) of a run directory."""
+    """(meta, two-point results, sustained results) of a run directory.  Every file is checked on
+    the way in (``_check_point``, ``_check_sustained``, ``_check_meta``): one that another version
+    wrote or a hand edited is a :class:`CliError` naming the file and the field, never a crash
+    further on."""
     p = Path(d)
     if not p.is_dir():
         raise CliError(f"{d} is not a directory of sweep results")
     meta = {}
     if (p / "meta.json").exists():
-        meta = _read(p / "meta.json")
-    points = [_read(f) for f in sorted(p.glob("point-c*-r*.json"))]
-    sust = [_read(f) for f in sorted(p.glob("sustained-c*.json"))]
+        meta = _read(p / "meta.json", _check_meta)
+    points = [_read(f, _check_point) for f in sorted(p.glob("point-c*-r*.json"))]
+    sust = [_read(f, _check_sustained) for f in sorted(p.glob("sustained-c*.json"))]
     if not points and not sust:
         raise CliError(f"{d} holds no sweep results (point-*.json)")
     return meta, points, sust
 
 
-def _read(f: Path) -> dict:
-    return read_json_object(f, "ctx", "a sweep result file")
+def _read(f: Path, check) -> dict:
+    obj = read_json_object(f, "ctx", "a sweep result file")
+    try:
+        check(obj)
+    except _Bad as exc:
+        raise CliError(f"{f} is not a sweep result file this version reads: {exc}") from None
+    return obj
+
+
+# ---- what the readers (summarize, plots, compare, diagnose, the arms report) take from a file: a
+# field may be missing or null unless said otherwise; present, it must have the type they use ----
+class _Bad(Exception):
+    pass
+
+
+def _num(obj: dict, key: str, where: str = "", integer: bool = False, required: bool = False) -> None:
+    v = obj.get(key)
+    if v is None and not required:
+        return
+    if not isinstance(v, int if integer else (int, float)) or isinstance(v, bool):
+        what = "missing" if v is None else f"{json.dumps(v)[:40]}, not {'an integer' if integer else 'a number'}"
+        raise _Bad(f"{where}{key} is {what}")
+
+
+def _obj(obj: dict, key: str, where: str = "", kind: type = dict, required: bool = False) -> Any:
+    v = obj.get(key)
+    if v is None and not required:
+        return kind()
+    if not isinstance(v, kind):
+        what = "missing" if v is None else f"{json.dumps(v)[:40]}, not {'an object' if kind is dict else 'a list'}"
+        raise _Bad(f"{where}{key} is {what}")
+    return v
+
+
+def _check_breakdown(obj: dict, phases_required: bool) -> None:
+    b = _obj(obj, "breakdown")
+    if not b:
+        return
+    phases = _obj(b, "phases_ms", "breakdown.", required=phases_required)
+    for ph in phases:
+        _num(phases, ph, "breakdown.phases_ms.")
+    for key in ("accepted_per_step", "server_tok_s", "host_gap_ms"):
+        _num(b, key, "breakdown.")
+
+
+def _check_point(obj: dict) -> None:
+    _num(obj, "ctx", integer=True, required=True)
+    _num(obj, "repeat", integer=True, required=True)
+    for key in ("prompt_tokens", CACHED_TOKENS):
+        _num(obj, key, integer=True)
+    for key in ("decode_tok_s", "t_a", "t_b", "accept_per_step", "server_wall_tok_s"):
+        _num(obj, key)
+    _check_breakdown(obj, phases_required=True)
+    reqs = _obj(obj, "server_requests")
+    for arm in ("short", "long"):
+        r = _obj(reqs, arm, "server_requests.")
+        for key in ("steps", "accepted", "committed", "decode_ms"):
+            _num(r, key, f"server_requests.{arm}.")
+
+
+def _check_sustained(obj: dict) -> None:
+    _num(obj, "ctx", integer=True, required=True)
+    _num(obj, "tokens", integer=True)
+    for key in ("decode_tok_s", "server_decode_tok_s", "accept_per_step"):
+        _num(obj, key)
+    _check_breakdown(obj, phases_required=False)
+    for i, w in enumerate(_obj(obj, "windows", kind=list)):
+        if not isinstance(w, dict):
+            raise _Bad(f"windows[{i}] is {json.dumps(w)[:40]}, not an object")
+        for key in ("ctx_start", "ctx_end", "tok_s"):
+            _num(w, key, f"windows[{i}].", required=True)
+
+
+def _check_meta(obj: dict) -> None:
+    _obj(obj, "hw")
+    if not isinstance(obj.get("timing"), (str, type(None))):
+        raise _Bad(f"timing is {json.dumps(obj['timing'])[:40]}, not a string")
 
 
 def _stat(values: Iterable[float | None]) -> dict[str, float] | None:

@@ -8,7 +8,8 @@ the raw answer.  No tracing backend needed.
 
 ``--perfetto out.json`` instead writes Chrome trace events (``GET /ctx_profile/trace.json``): the last
 ``--last N`` steps of every rank (default 256, at most 2048: what each rank keeps), or with a RID that
-request's prefill and steps, for ui.perfetto.dev or chrome://tracing.
+request's prefill and steps, for ui.perfetto.dev or chrome://tracing.  The file is written whole or
+not at all (a failed write leaves what was there).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Mapping
 
 from ..model import names
 from ..model.names import Phase
-from .main import printable
+from .main import printable, write_atomic
 
 COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
         ("step_ms", 9), ("draft", 8), ("verify", 8), ("v.attn", 8), ("v.moe", 8), ("v.rest", 8),
@@ -65,8 +66,7 @@ def perfetto(ns) -> int:
             raise CliError(f"--last must be between 1 and {names.MAX_TRACE_STEPS}, got {n}")
         query = f"last={n}"
     body = client._require(f"{names.ROUTE_TRACE_JSON}?{query}")
-    with open(ns.perfetto, "w") as f:
-        json.dump(body, f)
+    write_atomic(ns.perfetto, json.dumps(body))
     ev = body.get("traceEvents", [])
     steps = sum(1 for e in ev if e.get("ph") == "X" and e.get("cat") in ("decode", "prefill"))
     print(f"wrote {len(ev)} trace events ({steps} steps and prefill batches) to {ns.perfetto}; "

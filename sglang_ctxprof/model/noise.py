@@ -15,7 +15,10 @@ figure carries the prefill noise that the server's per-step times do not).
 
 Verdict: **regression** when any quantity got worse beyond noise (exit code 1, for CI); otherwise
 **inherent context scaling** when B's tok/s falls with context and the per-phase fit explains it
-(the phases that grow per 1k ctx are listed); otherwise **no significant change**.
+(the phases that grow per 1k ctx are listed); otherwise **no significant change**.  When nothing
+could be compared at all (no quantity both runs measured, or B's contexts are not A's and A has too
+few contexts to fit) the verdict is **nothing comparable**, with why, and exit code 2: zero checks is
+no evidence of "no change".
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float =
                            "source": source, "status": status if judged else f"({status})"})
     regressions = [c for c in checks if c["status"] == "worse"]
     scaling = _scaling(rows_b)
+    if not checks:
+        return {"verdict": "nothing comparable", "why": _nothing_why(rows_a, rows_b), "checks": [],
+                "scaling": scaling, "exit_code": 2}
     if regressions:
         top = sorted(regressions, key=lambda c: -abs(c["delta_pct"] or 0))[:3]
         verdict = "regression"
@@ -105,6 +111,22 @@ def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float =
         why = "every phase and the acceptance within noise of the baseline"
     return {"verdict": verdict, "why": why, "checks": checks, "scaling": scaling,
             "exit_code": 1 if regressions else 0}
+
+
+def _nothing_why(rows_a: list[dict], rows_b: list[dict]) -> str:
+    """Why a comparison made no check: an empty run, no shared quantity, or no shared context."""
+    qs = PHASES + ("accept_per_step", "decode_tok_s")
+    has = {run: [q for q in qs if _series(rows, q)] for run, rows in (("A", rows_a), ("B", rows_b))}
+    for run, rows in (("A", rows_a), ("B", rows_b)):
+        if not has[run]:
+            return f"run {run} measured nothing ({len(rows)} context(s), none with a value)"
+    if not set(has["A"]) & set(has["B"]):
+        return (f"the runs share no measured quantity (A: {', '.join(has['A'])}; B: {', '.join(has['B'])}); "
+                f"was one of them run without the profiler?")
+    ctx_a = sorted({r["ctx"] for r in rows_a})
+    ctx_b = sorted({r["ctx"] for r in rows_b})
+    return (f"B's contexts ({', '.join(map(str, ctx_b))}) are not among A's ({', '.join(map(str, ctx_a))}), "
+            f"and A has too few contexts to fit its scaling over context (2 needed)")
 
 
 def _scaling(rows: list[dict]) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ apart) goes into :func:`diagnose`, which gives:
 * ``physics``: verify attention's slope against the HBM roofline slope (GPU only; on the CPU it is
   unavailable and says so);
 * ``baseline``: every phase, acceptance and tok/s against a baseline through the noise model of
-  ``compare`` (``model.noise``); any phase worse beyond noise is "regression in <phase>";
+  ``compare`` (``model.noise``); any phase worse beyond noise is "regression in <phase>"; when no
+  check could be made, ``comparable`` is False and the verdict says "nothing comparable" and why;
 * ``flags`` (``diagnosis_flags``): downgrades, acceptance falling with context, host bubbles,
   outlier steps, lost records;
 * ``ledger`` (``aggregate.ledger``): is speculation paying, against a plain-decode arm where one is
@@ -104,11 +105,14 @@ def _baseline(ev: Evidence, base: Optional[Evidence], k: float, rel: float, abs_
     if base is None:
         return {"given": False, "verdict": "no baseline given"}
     out = compare(_rows(base), _rows(ev), k, rel, abs_ms)
+    slopes = {p: {"baseline": base.fits[p][0], "now": ev.fits[p][0]} for p in ev.fits if p in base.fits}
+    if not out["checks"]:
+        return {"given": True, "source": base.source, "comparable": False, "regressions": [], "slopes": slopes,
+                "checks": [], "verdict": f"nothing comparable with the baseline: {out['why']}"}
     worse: dict[str, list] = {}
     for c in out["checks"]:
         if c["status"] == "worse":
             worse.setdefault(c["quantity"], []).append(c)
-    slopes = {p: {"baseline": base.fits[p][0], "now": ev.fits[p][0]} for p in ev.fits if p in base.fits}
     regressions = []
     for q, cs in sorted(worse.items(), key=lambda kv: -max(abs(c["delta"]) for c in kv[1])):
         if q == _STEP and len(worse) > 1:
@@ -122,8 +126,8 @@ def _baseline(ev: Evidence, base: Optional[Evidence], k: float, rel: float, abs_
         verdict = "; ".join(_regression_line(r) for r in regressions[:3])
     else:
         verdict = "no phase changed beyond noise against the baseline"
-    return {"given": True, "source": base.source, "verdict": verdict, "regressions": regressions,
-            "slopes": slopes, "checks": out["checks"]}
+    return {"given": True, "source": base.source, "comparable": True, "verdict": verdict,
+            "regressions": regressions, "slopes": slopes, "checks": out["checks"]}
 
 
 def _regression_line(r: Mapping[str, Any]) -> str:

@@ -69,3 +69,27 @@ def test_missing_dir_is_one_line_error(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+
+
+def _only(tmp_path: Path, run: str, ctx: int) -> Path:
+    """A copy of a recorded run with only the points at ``ctx``."""
+    import shutil
+
+    d = tmp_path / f"{run}-{ctx}"
+    d.mkdir()
+    shutil.copy(FIX / run / "meta.json", d)
+    for p in (FIX / run).glob(f"point-c{ctx:06d}-r*.json"):
+        shutil.copy(p, d)
+    return d
+
+
+def test_runs_with_nothing_comparable_exit_2_and_say_why(tmp_path, capsys):
+    a, b = _only(tmp_path, "baseline", 64), _only(tmp_path, "longer", 5120)
+    assert main(["compare", str(a), str(b), "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "nothing comparable" and out["checks"] == [] and out["exit_code"] == 2
+    assert main(["compare", str(a), str(b)]) == 2
+    text = capsys.readouterr().out
+    assert "verdict: nothing comparable" in text and "5120" in text and "no significant change" not in text
+    assert main(["diagnose", str(b), "--baseline", str(a)]) == 2
+    assert "nothing comparable" in capsys.readouterr().out

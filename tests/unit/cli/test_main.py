@@ -150,3 +150,31 @@ def test_rich_tables_on_a_terminal_keep_their_colours_and_a_hostile_cell_is_esca
     assert "\x1b[1m" in out  # the header's bold: passed as it is
     assert "\x1b]" not in out and "\x1b[2J" not in out and "\x07" not in out and "\r" not in out, repr(out)
     assert "\\x1b]0;owned" in out and "\\x1b[2J" in out  # (rich drops the bell and the carriage return)
+
+
+# ------------------------------------------------------------------ files that cannot be written
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "sweep"
+
+
+def test_an_unwritable_path_is_one_line_naming_it(capsys):
+    assert main(["report", str(FIX / "baseline"), "--plots-dir", "/dev/null/x"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "Traceback" not in err and "/dev/null/x" in lines[0], err
+
+
+def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    import errno
+
+    from sglang_ctxprof.cli.main import write_atomic
+
+    f = tmp_path / "t.json"
+    f.write_text("old")
+
+    def full(self, data, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as exc:
+        write_atomic(f, "new")
+    assert exc.value.filename == str(f) and f.read_text() == "old" and sorted(tmp_path.iterdir()) == [f]

@@ -9,6 +9,7 @@ listening, a web server that is not SGLang.  The real-server path is tests/serve
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 
@@ -148,3 +149,80 @@ def test_server_times_out_mid_sweep(fake, tmp_path, capsys):
     line = _err_line(capsys)
     assert "timed out" in line and "ctx 32 repeat 2" in line and "--resume" in line
     assert [p.name for p in out.glob("point-*.json")] == ["point-c000032-r00.json"]
+
+
+def test_a_full_disk_mid_sweep_is_one_line_and_keeps_the_finished_points(fake, tmp_path, capsys, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    write = Path.write_text
+
+    def full_disk(self, data, *a, **kw):  # the second point's file: half written, then the disk is full
+        if "r01" in self.name:
+            write(self, data[:10], *a, **kw)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write(self, data, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    out = tmp_path / "run"
+    assert main(["sweep", "--url", fake(), "--ctx", "32", "--out", str(out)] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "No space left on device" in line and str(out / "point-c000032-r01.json") in line, line
+    assert "--resume" in line and "kept" in line, line
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("point")) == ["point-c000032-r00.json"]
+    assert json.loads((out / "point-c000032-r00.json").read_text())["ctx"] == 32
+
+
+class _OtherModel(FakeSGLang):
+    def do_GET(self):
+        if self.path == "/model_info":
+            return self._json(200, {"model_path": "other/model", "is_generation": True})
+        return super().do_GET()
+
+
+def test_resume_against_another_model_is_refused_naming_both(fake, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["sweep", "--url", fake(), "--ctx", "32", "--out", str(out)] + SMALL) == 0
+    meta = (out / "meta.json").read_text()
+    capsys.readouterr()
+    assert main(["sweep", "--url", fake(_OtherModel), "--ctx", "32", "64", "--out", str(out), "--resume"] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "fake/model" in line and "other/model" in line, line
+    assert (out / "meta.json").read_text() == meta and not list(out.glob("point-c000064-*"))
+
+
+class _CutStream(FakeSGLang):
+    """A server whose streamed generation stops early: without ``[DONE]`` (a dropped connection), or
+    with it after an abort (``finish_reason`` abort, fewer tokens than asked)."""
+
+    done = False
+
+    def do_POST(self):
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = json.loads(raw or b"{}")
+        if self.path != "/generate" or not body.get("stream"):
+            self.rfile = io.BytesIO(raw)  # the plain fake reads it again
+            return super().do_POST()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        n = body["sampling_params"]["max_new_tokens"]
+        for k in range(1, n // 2):
+            meta = {"id": "s1", "prompt_tokens": len(body["input_ids"]), "completion_tokens": k,
+                    "spec_accept_length": 3.0}
+            if self.done and k == n // 2 - 1:
+                meta["finish_reason"] = {"type": "abort", "message": "scheduler aborted the request"}
+            self.wfile.write(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\n\n")
+        if self.done:
+            self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("done, msg", [(False, "[DONE]"), (True, "abort")])
+def test_a_cut_off_sustained_stream_is_an_error_not_a_result(fake, tmp_path, capsys, done, msg):
+    out = tmp_path / "run"
+    url = fake(_CutStream, done=done)
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", str(out), "--sustained", "12",
+                 "--window", "3"] + SMALL) == 2
+    line = _err_line(capsys)
+    assert msg in line and "sustained" in line and "--resume" in line, line
+    assert not list(out.glob("sustained-*")) and len(list(out.glob("point-*"))) == 2

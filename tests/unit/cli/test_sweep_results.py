@@ -205,3 +205,61 @@ def test_a_prompt_of_the_wrong_length_is_still_flagged_on_screen(tmp_path):
     res.render_table(rows, meta, con)
     screen = con.export_text()
     assert "64 (!)" in screen and "prompt" in screen
+
+
+# ---- result files that are not this version's: one line naming the file, exit 2 ----
+def _bad_run(tmp_path: Path, name: str, edit) -> Path:
+    """A copy of the recorded baseline with one file edited by ``edit(obj)`` (or written anew)."""
+    import json
+    import shutil
+
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "baseline", d)
+    f = d / name
+    obj = json.loads(f.read_text()) if f.exists() else {"ctx": 64, "kind": "sustained", "tokens": 32}
+    edit(obj)
+    f.write_text(json.dumps(obj))
+    return d
+
+
+def _set(key, value):
+    return lambda obj: obj.__setitem__(key, value)
+
+
+POINT = "point-c000064-r00.json"
+BAD_FILES = [
+    (POINT, _set("ctx", None), "ctx"),
+    (POINT, lambda o: o["breakdown"].pop("phases_ms"), "phases_ms"),
+    (POINT, _set("breakdown", [1, 2]), "breakdown"),
+    (POINT, _set("decode_tok_s", "12.3"), "decode_tok_s"),
+    (POINT, _set("prompt_tokens", [64]), "prompt_tokens"),
+    (POINT, _set("cached_tokens", "5"), "cached_tokens"),
+    (POINT, lambda o: o["breakdown"]["phases_ms"].__setitem__("draft", "4.7"), "draft"),
+    (POINT, _set("repeat", "0"), "repeat"),
+    ("sustained-c000064.json", _set("windows", [1]), "windows"),
+    ("sustained-c000064.json", _set("breakdown", {"phases_ms": {"step": []}}), "step"),
+    ("meta.json", lambda o: o.update(timing="cuda_events", hw=[1]), "hw"),
+]
+COMMANDS = [["report", "{d}", "--no-plots"], ["compare", str(FIX / "baseline"), "{d}"],
+            ["compare", "{d}", str(FIX / "baseline")], ["diagnose", "{d}"],
+            ["diagnose", str(FIX / "baseline"), "--baseline", "{d}"]]
+
+
+@pytest.mark.parametrize("name, edit, what", BAD_FILES, ids=[f"{n}:{w}" for n, _, w in BAD_FILES])
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a[:1] + a[2:3]) for a in COMMANDS])
+def test_a_malformed_result_file_is_one_line_naming_it(tmp_path, capsys, name, edit, what, argv):
+    d = _bad_run(tmp_path, name, edit)
+    before = (d / name).read_text()
+    assert main([a.format(d=d) for a in argv]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(d / name) in lines[0] and what in lines[0], lines[0]
+    assert (d / name).read_text() == before  # nothing rewritten
+
+
+def test_a_result_file_with_fields_of_another_version_still_loads(tmp_path):
+    """Fields the reader does not use, and nulls where a number may be missing, are fine."""
+    d = _bad_run(tmp_path, POINT, lambda o: o.update(future_field={"x": [1]}, decode_tok_s=None, t_a=None))
+    _, points, _ = res.load_run(d)
+    assert res.summarize(points)[0]["repeats"] == 3

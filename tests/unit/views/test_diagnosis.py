@@ -122,3 +122,14 @@ def test_cli_diagnose_offline_on_saved_profiles(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["whatif"]["at"]["ctx"] == 2048
     assert main(["diagnose", str(tmp_path / "nope.json")]) == 2
     assert "neither a saved profile" in capsys.readouterr().err
+
+
+def test_a_baseline_with_nothing_comparable_says_so():
+    one = evidence_from_profile(run(), source="now")
+    empty = evidence_from_profile(Profile.from_dict({"buckets": []}), source="empty")
+    d = diagnose(one, empty)
+    assert d["baseline"]["comparable"] is False and d["baseline"]["checks"] == []
+    assert d["baseline"]["verdict"].startswith("nothing comparable with the baseline")
+    assert "no phase changed" not in d["headline"] and "nothing comparable" in d["headline"]
+    same = diagnose(one, one)["baseline"]
+    assert same["comparable"] is True and same["checks"]

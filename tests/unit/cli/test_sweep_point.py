@@ -1,0 +1,66 @@
+"""One sustained measurement against a stub client (no HTTP): a generation that did not give every
+token asked for is an error, and the server-clock figure is only given when the server kept a row
+for every one of the request's decode steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_ctxprof.cli.client import ClientError
+from sglang_ctxprof.cli.prompts import PromptPlan
+from sglang_ctxprof.cli.sweep_point import sustained
+
+MS = 1_000_000
+
+
+class Stub:
+    """A server that streams ``got`` of the tokens asked for (3 per chunk) and whose history holds
+    ``kept`` step rows of the request's ``steps`` decode steps (2 tokens and 10 ms each)."""
+
+    def __init__(self, got=None, steps=6, kept=6, finish=None):
+        self.got, self.steps, self.kept, self.finish = got, steps, kept, finish
+
+    def profile_reset(self):
+        return True
+
+    def profile(self):
+        return None
+
+    def generate_stream(self, ids, n):
+        got = n if self.got is None else self.got
+        for k in range(3, got + 3, 3):
+            meta = {"id": "s1", "prompt_tokens": len(ids), "completion_tokens": min(k, got)}
+            if k >= got and self.finish:
+                meta["finish_reason"] = self.finish
+            yield float(k), meta
+
+    def profile_request(self, rid):
+        rows = [{"t_start_ns": i * 11 * MS, "step_ms": 10.0, "committed": 2} for i in range(self.kept)]
+        return {"rid": rid, "steps": self.steps, "step_rows": rows}
+
+
+def _plan():
+    plan = PromptPlan(list(range(10, 500)), "random-ids", seed=0)
+    plan.plan([16], 1, ("sustained",))
+    return plan
+
+
+def test_every_step_kept_gives_the_server_clock_figure():
+    out = sustained(Stub(), 16, 12, 3, _plan(), has_profile=True)
+    assert out["completion_tokens"] == 12 and out["server_decode_tok_s"] > 0 and out["server_windows"]
+
+
+def test_rows_for_part_of_the_steps_give_no_server_clock_figure():
+    out = sustained(Stub(steps=5000, kept=4096), 16, 12, 3, _plan(), has_profile=True)
+    assert "server_decode_tok_s" not in out and "server_windows" not in out
+    assert "4096 of the request's 5000" in out["server_tok_s_note"]
+    assert out["decode_tok_s"] > 0  # the client's figure stays
+
+
+@pytest.mark.parametrize("stub, msg", [
+    (Stub(got=6), "after 6 of 12 tokens"),
+    (Stub(got=6, finish={"type": "abort", "message": "out of memory"}), "aborted"),
+])
+def test_a_generation_that_stopped_early_is_an_error(stub, msg):
+    with pytest.raises(ClientError, match=msg):
+        sustained(stub, 16, 12, 3, _plan(), has_profile=True)

@@ -1,0 +1,64 @@
+"""``sglang-ctxprof trace --perfetto``: the trace events are written whole (a failed write leaves
+what was there), and a path that cannot be written is one ``error:`` line naming it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+
+import pytest
+
+from http_fakes import JsonHandler, QuietServer
+from sglang_ctxprof.cli.main import main
+
+EVENTS = {"traceEvents": [{"ph": "X", "cat": "decode", "name": "step", "ts": 0, "dur": 5}]}
+
+
+class _Trace(JsonHandler):
+    def do_GET(self):
+        self._json(200, EVENTS)
+
+
+@pytest.fixture()
+def url():
+    srv = QuietServer(("127.0.0.1", 0), _Trace)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_perfetto_writes_the_events(url, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert main(["trace", "--url", url, "--perfetto", str(out)]) == 0
+    assert json.loads(out.read_text()) == EVENTS and "wrote 1 trace events" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+def test_perfetto_into_a_missing_folder_is_one_line(url, tmp_path, capsys):
+    out = tmp_path / "missing" / "t.json"
+    assert main(["trace", "--url", url, "--perfetto", str(out)]) == 2
+    assert str(out) in _one_error(capsys)
+
+
+def test_a_failed_perfetto_write_leaves_the_old_file(url, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "t.json"
+    out.write_text("old")
+
+    def full(*a, **kw):  # the new file cannot be put in place (a full disk, a quota)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    assert main(["trace", "--url", url, "--perfetto", str(out)]) == 2
+    line = _one_error(capsys)
+    assert "No space left on device" in line and str(out) in line and out.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
