@@ -126,3 +126,22 @@ class NotSGLang(FakeSGLang):
 class QuietServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address):  # a client that gave up (timeout test): not news
         pass
+
+
+class Servers:
+    """The local servers one test starts, each serving on a thread of its own, shut at its end."""
+
+    def __init__(self) -> None:
+        self.made: list[QuietServer] = []
+
+    def start(self, handler: type, **attrs) -> str:
+        """A server of a subclass of ``handler`` with class attributes ``attrs``: its URL."""
+        srv = QuietServer(("127.0.0.1", 0), type("H", (handler,), attrs))
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.made.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    def close(self) -> None:
+        for s in self.made:
+            s.shutdown()
+            s.server_close()

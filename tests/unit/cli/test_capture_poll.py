@@ -4,11 +4,10 @@ late with its answer (HTTP 504) within its deadline, and writes the trace and ti
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
-from http_fakes import JsonHandler, QuietServer
+from http_fakes import JsonHandler, Servers
 from sglang_ctxprof.cli.main import main
 from sglang_ctxprof.model import names
 
@@ -41,18 +40,9 @@ class _Capture(JsonHandler):
 
 @pytest.fixture()
 def serve():
-    made = []
-
-    def start(**attrs):
-        srv = QuietServer(("127.0.0.1", 0), type("H", (_Capture,), {"polls": 0, **attrs}))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        made.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield start
-    for s in made:
-        s.shutdown()
-        s.server_close()
+    servers = Servers()
+    yield lambda **attrs: servers.start(_Capture, **{"polls": 0, **attrs})
+    servers.close()
 
 
 def test_a_late_scheduler_504_is_polled_again(serve, tmp_path, capsys):

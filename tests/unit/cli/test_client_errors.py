@@ -4,11 +4,10 @@ stream that is cut off."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
-from http_fakes import JsonHandler, QuietServer
+from http_fakes import JsonHandler, Servers
 from sglang_ctxprof.cli.client import ClientError, ServerClient
 
 
@@ -36,18 +35,9 @@ class _Requests(JsonHandler):
 
 @pytest.fixture()
 def url():
-    made = []
-
-    def start(**attrs):
-        srv = QuietServer(("127.0.0.1", 0), type("H", (_Requests,), attrs))
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        made.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield start
-    for s in made:
-        s.shutdown()
-        s.server_close()
+    servers = Servers()
+    yield lambda **attrs: servers.start(_Requests, **attrs)
+    servers.close()
 
 
 def test_only_a_request_the_server_does_not_hold_is_none(url):

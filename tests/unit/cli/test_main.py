@@ -13,12 +13,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from http_fakes import JsonHandler, QuietServer
+from http_fakes import JsonHandler, Servers
 from sglang_ctxprof.cli.main import SUBCOMMANDS, main
 
 SCRIPT = Path(sys.executable).with_name("sglang-ctxprof")
@@ -111,11 +110,9 @@ class _Hostile(JsonHandler):
 
 @pytest.fixture()
 def hostile_url():
-    srv = QuietServer(("127.0.0.1", 0), _Hostile)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    servers = Servers()
+    yield servers.start(_Hostile)
+    servers.close()
 
 
 def test_a_server_supplied_error_reaches_the_terminal_escaped(hostile_url, capsys):

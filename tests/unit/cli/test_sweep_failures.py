@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 
 import pytest
 
-from http_fakes import FakeClock, FakeSGLang, NotSGLang, QuietServer, clock_module
+from http_fakes import FakeClock, FakeSGLang, NotSGLang, Servers, clock_module
 from sglang_ctxprof.cli import client as client_mod
 from sglang_ctxprof.cli import sweep_point
 from sglang_ctxprof.cli.main import main
@@ -24,22 +23,13 @@ from sglang_ctxprof.cli.server import free_port
 
 @pytest.fixture
 def fake(monkeypatch):
-    made = []
     clock = FakeClock()
     for mod in (client_mod, sweep_point):  # the sweep's clocks read the time the fake spends
         monkeypatch.setattr(mod, "time", clock_module(clock))
 
-    def start(handler=FakeSGLang, **attrs):
-        cls = type("H", (handler,), {"calls": 0, "clock": clock, **attrs})
-        srv = QuietServer(("127.0.0.1", 0), cls)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        made.append(srv)
-        return f"http://127.0.0.1:{srv.server_address[1]}"
-
-    yield start
-    for s in made:
-        s.shutdown()
-        s.server_close()
+    servers = Servers()
+    yield lambda handler=FakeSGLang, **attrs: servers.start(handler, **{"calls": 0, "clock": clock, **attrs})
+    servers.close()
 
 
 INVALID = "invalid point: the long request was not slower than the short one"

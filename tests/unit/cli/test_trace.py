@@ -6,11 +6,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import threading
 
 import pytest
 
-from http_fakes import JsonHandler, QuietServer
+from http_fakes import JsonHandler, Servers
 from sglang_ctxprof.cli.main import main
 
 EVENTS = {"traceEvents": [{"ph": "X", "cat": "decode", "name": "step", "ts": 0, "dur": 5}]}
@@ -23,11 +22,9 @@ class _Trace(JsonHandler):
 
 @pytest.fixture()
 def url():
-    srv = QuietServer(("127.0.0.1", 0), _Trace)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
+    servers = Servers()
+    yield servers.start(_Trace)
+    servers.close()
 
 
 def _one_error(capsys) -> str:
