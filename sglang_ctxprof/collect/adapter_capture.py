@@ -7,7 +7,9 @@ SGLang 0.5.23 keeps its torch profiler on ``Scheduler.profiler_manager``
 :func:`stop` calls SGLang's own ``_stop_profile`` (its file naming, rank barrier, state reset), with
 the profiler object wrapped so that its ``export_chrome_trace`` (the call that froze the scheduler
 for seconds, sglang PR 35115) is handed to our export thread instead of running here.  The profiler
-itself is stopped on the scheduler thread (torch requires the thread that started it).
+itself is stopped on the scheduler thread (torch requires the thread that started it).  A rank
+whose stop does not reach SGLang's barrier (its start failed, or its stop failed before the
+barrier) waits there all the same (:func:`stop_barrier`): the TP group's other ranks stop theirs there.
 """
 
 from __future__ import annotations
@@ -102,7 +104,20 @@ def stop(scheduler: Any, export: Export) -> tuple[Optional[str], float]:
             pm.profile_in_progress = False
             if not proxy.stopped:  # never leave torch's profiler recording
                 real.stop()
+            stop_barrier(scheduler)  # ... so before its barrier, where the other ranks wait
     return proxy.path, proxy.stop_ms
+
+
+def stop_barrier(scheduler: Any) -> None:
+    """Wait where SGLang's ``_stop_profile`` waits for every rank of the TP group (its CPU group's
+    barrier), for a rank whose own stop did not get there (its capture never started, or its stop
+    failed first): the other ranks stop theirs there.  Nothing to wait for on one rank."""
+    if world_size(scheduler) <= 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(manager(scheduler).dp_tp_cpu_group)
 
 
 def forward_ct(scheduler: Any) -> int:

@@ -23,7 +23,9 @@ rank alike, only while ``armed``): pending -> running (SGLang's profiler started
 ``record_function`` ranges through ``hooks.label_phases``) -> exporting -> done | failed | deleted.
 Decisions that ranks must share depend only on what every rank sees in the same loop iteration
 (the control request, the batch, the step count, and the HTTP process's clock sent with the
-request), so ranks never disagree; the automatic triggers run on one-rank groups only.
+request), so ranks never disagree; the automatic triggers run on one-rank groups only.  A capture
+that fails to start on one rank of several (a cause of its own: its disk, its GPU's profiler)
+follows the others' steps all the same and waits at SGLang's stop barrier with them, then fails.
 
 Clocks: the trace's timestamps are ``baseTimeNanoseconds + ts`` in torch's clock, ours
 ``time.time_ns()``.  Right after the profiler starts a ``ctxprof.clock_sync`` range opens between two
@@ -38,7 +40,6 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ..aggregate.aggregator import Aggregator
@@ -48,49 +49,17 @@ from ..model.guard import Guard
 from ..model.records import StepRecord
 from ..model.sinks import BindFacts
 from . import adapter_capture, hooks
+from .capture_books import CaptureInfo, KeptFiles
 from .tail_trigger import TailTrigger
 
 logger = logging.getLogger(__name__)
 
 HISTORY = 32  # captures remembered (status, links)
-_KEPT = (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)  # states whose file counts against the byte cap
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
 RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
 MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
-
-
-@dataclass
-class CaptureInfo:
-    id: str
-    trigger: str
-    steps: int
-    rid: Optional[str] = None
-    reason: str = ""
-    state: str = names.CAPTURE_PENDING
-    requested_ns: int = 0
-    trigger_step: Optional[int] = None  # the step that fired an automatic trigger
-    step_ids: list[int] = field(default_factory=list)
-    rids: list[str] = field(default_factory=list)
-    start_ns: int = 0
-    end_ns: int = 0
-    sync_ns: tuple[int, int] = (0, 0)  # wall clock just before / after the clock_sync range
-    path: Optional[str] = None
-    bytes: int = 0
-    stop_ms: float = 0.0  # scheduler-thread time to stop SGLang's profiler (all of _stop_profile)
-    profiler_stop_ms: float = 0.0  # ... of which torch's own profiler stop()
-    export_ms: float = 0.0  # export thread: writing the trace
-    export_gap_ms: float = 0.0  # longest interval between step starts while exporting
-    export_steps: int = 0  # steps that ran while exporting
-    error: str = ""
-    _waited: int = 0  # steps a rid capture has waited for its request
-    _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
-    _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed
-        return {**d, "sync_ns": list(self.sync_ns)}
 
 
 class Capture:
@@ -109,8 +78,7 @@ class Capture:
         self.suppressed: Counter = Counter()
         self.last_s: Optional[float] = None  # when the last accepted capture was requested
         self.label = ""  # "step=<id> ctx=<tokens>" of the step being captured
-        self.deleted = 0
-        self.bytes_kept = 0
+        self.files = KeptFiles(cfg.max_mb)  # the byte cap's books
         self.gpu = False
         self._seq = 0
         self._slow = 0  # slow decode steps in a row
@@ -230,7 +198,7 @@ class Capture:
                 return
             if info._passed:
                 info._passed = 0
-                hooks.label_phases(self)
+                hooks.label_phases(None if info._unstarted else self)
         elif info.rid and info.rid not in rids:
             info._waited += 1
             wait = RID_WAIT_STEPS if info.trigger == names.TRIGGER_RID else AUTO_RID_WAIT_STEPS
@@ -265,10 +233,13 @@ class Capture:
             why = adapter_capture.start(scheduler, self.cfg.dir, info.id, self.gpu)
         except Exception as exc:  # noqa: BLE001 - a capture failure never fails a step
             why = f"{type(exc).__name__}: {exc}"
+        info.state, info.start_ns = names.CAPTURE_RUNNING, time.time_ns()
+        if why and adapter_capture.world_size(scheduler) > 1:  # the other ranks' stop waits for this
+            info.error, info._unstarted = why, True  # one: follow their steps to it, then fail
+            return True
         if why:
             self._end(info, names.CAPTURE_FAILED, why)
             return False
-        info.state, info.start_ns = names.CAPTURE_RUNNING, time.time_ns()
         import torch
 
         a = time.time_ns()
@@ -285,8 +256,11 @@ class Capture:
         self.exporting, self.current = info, None
         info.state = names.CAPTURE_EXPORTING
         try:
-            path, info.profiler_stop_ms = adapter_capture.stop(
-                scheduler, lambda prof, p: self._export_async(info, prof, p))
+            if info._unstarted:  # wait where the other ranks stop theirs
+                path = adapter_capture.stop_barrier(scheduler)
+            else:
+                path, info.profiler_stop_ms = adapter_capture.stop(
+                    scheduler, lambda prof, p: self._export_async(info, prof, p))
         except Exception as exc:  # noqa: BLE001
             path, info.error = None, f"{type(exc).__name__}: {exc}"
         info.stop_ms = (time.time_ns() - t0) / 1e6
@@ -325,10 +299,12 @@ class Capture:
             return
         info.export_ms = (time.perf_counter() - t0) * 1e3
         with self._lock:  # the scheduler thread takes it at every step meanwhile: no file work under it
-            files = [c for c in self.history if c.path and c.state in _KEPT]
+            files = KeptFiles.kept(self.history)
         on_disk = [c for c in files if os.path.exists(c.path or "")]
         with self._lock:
-            gone = self._enforce_cap(info, on_disk)
+            gone, failed = self.files.enforce(info, on_disk)
+            for c in failed:
+                self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
         for path in gone:
             with contextlib.suppress(OSError):
                 os.remove(path)
@@ -336,32 +312,6 @@ class Capture:
             self._end(info, names.CAPTURE_DONE)
         logger.info("sglang-ctxprof: capture %s (%s) done: %d steps, %d bytes, export %.0f ms -> %s",
                     info.id, info.trigger, len(info.step_ids), info.bytes, info.export_ms, path)
-
-    def _enforce_cap(self, new: CaptureInfo, on_disk: list[CaptureInfo]) -> list[str]:
-        """After ``new`` was written (under the lock; ``on_disk``: kept captures found on disk, oldest
-        first): ``new`` first when it alone is over the cap (failed; the older ones stay), then the
-        oldest kept until the kept bytes fit.  The files to remove (outside the lock)."""
-        cap, gone = int(self.cfg.max_mb * 1024 * 1024), []
-        if new.bytes > cap:
-            gone.append(self._delete(new))
-        kept = [c for c in on_disk if c.state in _KEPT]
-        total = sum(c.bytes for c in kept)
-        for c in kept:
-            if total <= cap:
-                break
-            gone.append(self._delete(c))
-            total -= c.bytes
-        self.bytes_kept = total
-        return gone
-
-    def _delete(self, c: CaptureInfo) -> str:
-        """Mark a kept capture deleted (done: ``deleted``; still exporting: ``failed``); its file."""
-        self.deleted += 1
-        if c.state == names.CAPTURE_EXPORTING:
-            self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
-        else:
-            c.state = names.CAPTURE_DELETED
-        return c.path or ""  # kept captures have a path
 
     # ---- reading ---------------------------------------------------------------------------------------
     def find(self, cid: str) -> Optional[CaptureInfo]:
@@ -380,7 +330,7 @@ class Capture:
                          names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0},
                          names.TRIGGER_SLOW_REQUEST: {"on": self.auto and self.tail is not None}},
             "fired": dict(self.fired), "suppressed": dict(self.suppressed),
-            "deleted": self.deleted, "bytes_kept": self.bytes_kept,
+            "deleted": self.files.deleted, "bytes_kept": self.files.bytes_kept,
             "captures": [x.to_dict() for x in list(self.history)],
         }
 

@@ -45,6 +45,7 @@ class FakeProfilerManager:
         self.profile_id = ""
         self.collected = 0
         self.barriers = 0  # torch.distributed.barrier(dp_tp_cpu_group) calls in _stop_profile
+        self.dp_tp_cpu_group = "dp_tp_cpu_group"  # SGLang's: get_dp_tp_group().cpu_group
 
     def _profile(self, req):
         if self.profile_in_progress:
@@ -61,6 +62,10 @@ class FakeProfilerManager:
         self.torch_profiler.export_chrome_trace(
             os.path.join(self.out_dir, f"{self.prefix}-{self.profile_id}-TP-0.trace.json.gz"))
         self.barriers += 1
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # a test that models the TP group's ranks
+            dist.barrier(self.dp_tp_cpu_group)
         if self.torch_profiler is not None:  # SGLang: drop the profiler and gc.collect()
             self.torch_profiler = None
             self.collected += 1

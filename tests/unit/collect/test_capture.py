@@ -83,7 +83,7 @@ def test_the_byte_cap_deletes_the_oldest_first(tmp_path):
     states = [cap.find(i).state for i in ids]
     assert states == [names.CAPTURE_DELETED, names.CAPTURE_DELETED, names.CAPTURE_DONE], states
     assert not os.path.exists(cap.find(ids[0]).path) and os.path.exists(cap.find(ids[2]).path)
-    assert cap.status()["deleted"] == 2 and cap.bytes_kept == cap.find(ids[2]).bytes
+    assert cap.status()["deleted"] == 2 and cap.files.bytes_kept == cap.find(ids[2]).bytes
     tiny = Capture(settings(tmp_path / "t", interval_s=0.0, max_mb=1e-6, steps=1))
     cid = tiny.request(names.TRIGGER_MANUAL)["capture"]["id"]
     s.step(tiny)
@@ -336,12 +336,12 @@ def test_a_capture_alone_over_the_cap_is_deleted_and_the_older_ones_are_kept(tmp
     cap._export(new, SizedProfiler(2 * mb), new.path)  # the export thread's work
     assert new.state == names.CAPTURE_FAILED and "byte cap" in new.error and not os.path.exists(new.path)
     assert [c.state for c in old] == [names.CAPTURE_DONE] * 2 and all(os.path.exists(c.path) for c in old)
-    assert cap.bytes_kept == 2 * int(0.3 * mb) and cap.deleted == 1 and not cap.armed
+    assert cap.files.bytes_kept == 2 * int(0.3 * mb) and cap.files.deleted == 1 and not cap.armed
     # one that fits with the newest is kept, and the oldest go first to make room
     newer = exporting(cap, tmp_path / "newer.json.gz", "newer")
     cap._export(newer, SizedProfiler(int(0.6 * mb)), newer.path)
     assert [c.state for c in (*old, newer)] == [names.CAPTURE_DELETED, names.CAPTURE_DONE, names.CAPTURE_DONE]
-    assert cap.bytes_kept == int(0.3 * mb) + int(0.6 * mb) and cap.deleted == 2
+    assert cap.files.bytes_kept == int(0.3 * mb) + int(0.6 * mb) and cap.files.deleted == 2
 
 
 class Interleaved(Capture):
@@ -382,10 +382,12 @@ def test_a_tick_never_disarms_a_capture_a_trigger_just_asked_for(tmp_path):
     assert cap.current.state == names.CAPTURE_RUNNING
 
 
-def _rank(tmp_path, broken: str) -> tuple[dict, list[tuple[int, bool, int]]]:
+def _rank(tmp_path, broken: str, manager=None, waited=None) -> tuple[dict, list[tuple[int, bool, int]]]:
     """One rank of a TP group of two through the real hooks and control handler: a capture asked
     for over the control channel, then steps; ``broken``: a component of ours failed on this rank
-    only.  What SGLang's profiler manager saw after each step: (forward_ct, running, barriers)."""
+    only; ``manager``: SGLang's profiler manager (a fake's class); ``waited(manager)``: this rank's
+    waits at the TP group's barrier so far (default: the fake's count of its own).  After each step:
+    (forward_ct, SGLang's profiler running, waits at the barrier)."""
     import fakes
     from sglang_ctxprof.control.handler import handle
     from sglang_ctxprof.control.protocol import encode
@@ -396,7 +398,8 @@ def _rank(tmp_path, broken: str) -> tuple[dict, list[tuple[int, bool, int]]]:
 
     with instrumented(TARGETS, CtxProfConfig(capture=settings(tmp_path / (broken or "ok")))) as session:
         sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
-        sched.profiler_manager, sched.server_args.tp_size, sched.server_args.pp_size = FakeProfilerManager(), 2, 1
+        sched.profiler_manager = (manager or FakeProfilerManager)()
+        sched.server_args.tp_size, sched.server_args.pp_size = 2, 1
         _steps(sched, reqs, 2)
         if broken:
             session.profiler.guard.fail(broken, RuntimeError("this rank only"))
@@ -405,7 +408,7 @@ def _rank(tmp_path, broken: str) -> tuple[dict, list[tuple[int, bool, int]]]:
         for _ in range(6):
             _steps(sched, reqs, 1)
             pm = sched.profiler_manager
-            seen.append((sched.forward_ct, pm.profile_in_progress, pm.barriers))
+            seen.append((sched.forward_ct, pm.profile_in_progress, (waited or (lambda m: m.barriers))(pm)))
     return out, seen
 
 
@@ -449,3 +452,28 @@ def test_files_are_removed_outside_the_lock_the_scheduler_thread_takes(tmp_path,
     cap._export(new, SizedProfiler(int(0.6 * mb)), new.path)
     assert old.state == names.CAPTURE_DELETED and not os.path.exists(old.path) and new.state == names.CAPTURE_DONE
     assert held and not any(held), held
+
+
+def test_a_rank_whose_capture_fails_to_start_still_waits_at_the_stop_barrier_with_the_others(tmp_path, monkeypatch):
+    """A start that fails for a cause of this rank's own (its disk, its GPU's profiler busy): the
+    other ranks ran theirs and wait at SGLang's stop barrier, so this one follows the same steps and
+    waits there with them (torch.distributed's barrier, recorded here), then reports the failure."""
+    import torch.distributed as dist
+
+    from sglang_ctxprof.testing.fake_profiler import FakeProfilerManager
+
+    waits: list = []
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: waits.append(group))
+
+    class Busy(FakeProfilerManager):
+        def _profile(self, req):
+            return SimpleNamespace(success=False, message="CUPTI is busy on this GPU")
+
+    ok, ok_seen = _rank(tmp_path, "", waited=lambda pm: len(waits))
+    ok_waits, waits[:] = list(waits), []
+    out, seen = _rank(tmp_path, "", manager=Busy, waited=lambda pm: len(waits))
+    assert ok["accepted"] is out["accepted"] is True and ok_waits == waits == ["dp_tp_cpu_group"]
+    assert [(ct, n) for ct, _, n in seen] == [(ct, n) for ct, _, n in ok_seen]  # at the same step
+    assert not any(running for _, running, _ in seen) and any(running for _, running, _ in ok_seen)

@@ -1,0 +1,91 @@
+"""A deep capture's record, and the books of the byte cap on the kept trace files.
+
+:class:`CaptureInfo` is one capture as ``/ctx_profile/status`` and the capture routes show it (its
+underscored fields are the state machine's own, never shown).  :class:`KeptFiles` keeps the cap's
+books (``deleted``, ``bytes_kept``) and decides, after an export, which files go: the new capture
+first when it alone is over the cap (the older ones stay), then the oldest kept until the rest fit.
+It only decides: the caller (``collect.capture``, under its lock) ends the captures it fails and
+removes the files after releasing the lock.  Pure: no SGLang, no torch, no file system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Optional
+
+from ..model import names
+
+KEPT = (names.CAPTURE_DONE, names.CAPTURE_EXPORTING)  # states whose file counts against the byte cap
+
+
+@dataclass
+class CaptureInfo:
+    id: str
+    trigger: str
+    steps: int
+    rid: Optional[str] = None
+    reason: str = ""
+    state: str = names.CAPTURE_PENDING
+    requested_ns: int = 0
+    trigger_step: Optional[int] = None  # the step that fired an automatic trigger
+    step_ids: list[int] = field(default_factory=list)
+    rids: list[str] = field(default_factory=list)
+    start_ns: int = 0
+    end_ns: int = 0
+    sync_ns: tuple[int, int] = (0, 0)  # wall clock just before / after the clock_sync range
+    path: Optional[str] = None
+    bytes: int = 0
+    stop_ms: float = 0.0  # scheduler-thread time to stop SGLang's profiler (all of _stop_profile)
+    profiler_stop_ms: float = 0.0  # ... of which torch's own profiler stop()
+    export_ms: float = 0.0  # export thread: writing the trace
+    export_gap_ms: float = 0.0  # longest interval between step starts while exporting
+    export_steps: int = 0  # steps that ran while exporting
+    error: str = ""
+    _waited: int = 0  # steps a rid capture has waited for its request
+    _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
+    _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
+    _unstarted: bool = False  # "running" on a rank where it failed to start: it follows the others' steps
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed
+        return {**d, "sync_ns": list(self.sync_ns)}
+
+
+class KeptFiles:
+    """The byte cap (``max_mb``) on the kept trace files, and its books."""
+
+    def __init__(self, max_mb: float) -> None:
+        self.max_mb = max_mb
+        self.deleted = 0  # captures whose file the cap removed
+        self.bytes_kept = 0  # the kept files' bytes after the last export
+
+    @staticmethod
+    def kept(history: Iterable[CaptureInfo]) -> list[CaptureInfo]:
+        """The captures whose file counts against the cap, oldest first."""
+        return [c for c in history if c.path and c.state in KEPT]
+
+    def enforce(self, new: CaptureInfo, on_disk: list[CaptureInfo]) -> tuple[list[str], list[CaptureInfo]]:
+        """After ``new`` was written (``on_disk``: kept captures found on disk, oldest first): the files
+        to remove, and the captures still exporting that go with them (the caller fails those); a
+        done capture that goes is marked ``deleted`` here."""
+        cap, gone, failed = int(self.max_mb * 1024 * 1024), [], []
+
+        def drop(c: CaptureInfo) -> None:
+            self.deleted += 1
+            if c.state == names.CAPTURE_EXPORTING:
+                failed.append(c)
+            else:
+                c.state = names.CAPTURE_DELETED
+            gone.append(c.path or "")  # kept captures have a path
+
+        if new.bytes > cap:
+            drop(new)
+        kept = [c for c in on_disk if c.state in KEPT and all(c is not f for f in failed)]
+        total = sum(c.bytes for c in kept)
+        for c in kept:
+            if total <= cap:
+                break
+            drop(c)
+            total -= c.bytes
+        self.bytes_kept = total
+        return gone, failed

@@ -1,0 +1,32 @@
+"""collect/capture_books: what the byte cap decides after an export (it removes no file itself)."""
+
+from __future__ import annotations
+
+from sglang_ctxprof.collect.capture_books import CaptureInfo, KeptFiles
+from sglang_ctxprof.model import names
+
+MB = 1024 * 1024
+
+
+def info(cid: str, mb: float, state: str = names.CAPTURE_DONE) -> CaptureInfo:
+    return CaptureInfo(id=cid, trigger=names.TRIGGER_MANUAL, steps=1, state=state, path=f"/x/{cid}", bytes=int(mb * MB))
+
+
+def test_a_new_capture_alone_over_the_cap_goes_first_and_the_older_stay():
+    books, old = KeptFiles(1.0), [info("a", 0.3), info("b", 0.3)]
+    new = info("new", 2.0, names.CAPTURE_EXPORTING)
+    gone, failed = books.enforce(new, old + [new])
+    assert gone == ["/x/new"] and failed == [new] and new.state == names.CAPTURE_EXPORTING  # the caller fails it
+    assert [c.state for c in old] == [names.CAPTURE_DONE] * 2 and books.bytes_kept == 2 * int(0.3 * MB)
+    assert books.deleted == 1
+
+
+def test_the_oldest_go_until_the_rest_fit_and_a_file_not_on_disk_counts_nothing():
+    books = KeptFiles(1.0)
+    a, b, c = info("a", 0.5), info("b", 0.4), info("c", 0.4)
+    new = info("new", 0.3, names.CAPTURE_EXPORTING)
+    gone, failed = books.enforce(new, [a, b, c, new])
+    assert gone == ["/x/a", "/x/b"] and failed == [] and (a.state, b.state) == (names.CAPTURE_DELETED,) * 2
+    assert books.bytes_kept == c.bytes + new.bytes and books.deleted == 2
+    assert KeptFiles.kept([a, b, c, new]) == [c, new]
+    assert KeptFiles(1.0).enforce(info("n", 0.1), []) == ([], [])
