@@ -80,6 +80,7 @@ class Capture:
         self.label = ""  # "step=<id> ctx=<tokens>" of the step being captured
         self.files = KeptFiles(cfg.max_mb)  # the byte cap's books
         self.gpu = False
+        self.ranks = 1  # the ranks that must agree on a capture (SGLang's stop barrier), from bind on
         self._seq = 0
         self._slow = 0  # slow decode steps in a row
         self._prev_end_ns = 0
@@ -91,7 +92,8 @@ class Capture:
         process's ``facts`` (the trace policy the slow-request trigger judges with)."""
         self.facts = facts
         self.gpu = "cuda" in str(getattr(getattr(scheduler, "server_args", None), "device", "") or "")
-        if self.auto and adapter_capture.world_size(scheduler) > 1:
+        self.ranks = adapter_capture.world_size(scheduler)
+        if self.auto and self.ranks > 1:
             self.auto = False
             logger.warning("sglang-ctxprof: automatic capture triggers are off with more than one "
                            "rank per group (ranks could disagree); POST /ctx_profile/capture works")
@@ -100,14 +102,16 @@ class Capture:
     def request(self, trigger: str, steps: Optional[int] = None, rid: Optional[str] = None,
                 now_s: Optional[float] = None, reason: str = "", trigger_step: Optional[int] = None) -> dict[str, Any]:
         """Ask for a capture.  Refused (and counted as suppressed) while one is pending, running or
-        exporting, or inside the cooling-off interval.  Bad ``steps`` raises ValueError."""
+        (on one rank alone) exporting, or inside the cooling-off interval.  Bad ``steps`` raises
+        ValueError.  With several ranks an export still running does not refuse: when it ends is
+        each rank's own (its export thread), and ranks must accept or refuse alike."""
         n = self.cfg.steps if steps is None else int(steps)
         if not 1 <= n <= self.cfg.max_steps:
             raise ValueError(f"steps must be between 1 and {self.cfg.max_steps}, got {n}")
         now = time.time() if now_s is None else float(now_s)
         with self._lock:
             why = ""
-            if self.current is not None or self.exporting is not None:
+            if self.current is not None or (self.exporting is not None and self.ranks == 1):
                 why = "a capture is already pending, running or exporting"
             elif self.last_s is not None and now - self.last_s < self.cfg.interval_s:
                 why = f"cooling off: one capture per {self.cfg.interval_s:g} s"

@@ -477,3 +477,39 @@ def test_a_rank_whose_capture_fails_to_start_still_waits_at_the_stop_barrier_wit
     assert ok["accepted"] is out["accepted"] is True and ok_waits == waits == ["dp_tp_cpu_group"]
     assert [(ct, n) for ct, _, n in seen] == [(ct, n) for ct, _, n in ok_seen]  # at the same step
     assert not any(running for _, running, _ in seen) and any(running for _, running, _ in ok_seen)
+
+
+def test_ranks_accept_the_next_capture_alike_while_one_of_them_still_exports(tmp_path, monkeypatch):
+    """When an export ends is each rank's own (its export thread; a rank whose capture did not start
+    has none): with several ranks a running export refuses nothing, so every rank accepts or refuses
+    the next request alike (one that ran a capture alone would wait alone at the stop barrier)."""
+    import torch.distributed as dist
+
+    from sglang_ctxprof.testing import fake_profiler as fp
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: None)
+    held, export = threading.Event(), fp.FakeTorchProfiler.export_chrome_trace
+    monkeypatch.setattr(fp.FakeTorchProfiler, "export_chrome_trace", lambda self, p: held.wait(10) and export(self, p))
+
+    class Busy(fp.FakeProfilerManager):
+        def _profile(self, req):
+            return SimpleNamespace(success=False, message="CUPTI is busy on this GPU")
+
+    ranks = []
+    for k, pm in enumerate((fp.FakeProfilerManager(), Busy())):
+        cap, sched = Capture(settings(tmp_path / f"r{k}", interval_s=0.0, steps=2)), CaptureScheduler()
+        sched.profiler_manager, sched.server_args.tp_size = pm, 2
+        cap.bind(sched)
+        ranks.append((cap, sched))
+    try:
+        assert [cap.request(names.TRIGGER_MANUAL, now_s=100.0)["accepted"] for cap, _ in ranks] == [True, True]
+        for _ in range(4):
+            for cap, sched in ranks:
+                sched.step(cap)
+                sched.forward_ct += 1
+        assert [c.exporting is not None for c, _ in ranks] == [True, False]  # the first still exports
+        assert [cap.request(names.TRIGGER_MANUAL, now_s=101.0)["accepted"] for cap, _ in ranks] == [True, True]
+    finally:
+        held.set()
