@@ -5,11 +5,11 @@ their requests end (request history, recent steps, exported-rid memory), and eve
 them, so a long rid is kept as its first :data:`RID_KEEP` characters, ``..`` and the first 16 hex
 digits of the SHA-256 of the whole rid (UTF-8): short, stable across processes (the HTTP process
 shortens a looked-up rid the same way), and distinct for rids that share a prefix.  A rid of at
-most :data:`RID_KEEP` characters is kept as it is, and so is a rid already of the shortened shape
-(:data:`RID_KEEP` characters, ``..``, 16 lowercase hex digits): shortening is idempotent, so the id
-a route shows finds its request when it is looked up (the lookup shortens it again).  A client
-may itself send a rid of that shape: it is then kept under the same id as the long rid that
-shortens to it, as two clients that send one rid share it (rids are the clients' own).
+most :data:`RID_KEEP` characters is kept as it is.  A rid a client sends in the shortened shape
+(:data:`RID_KEEP` characters, ``..``, 16 lowercase hex digits) is shortened like any other long rid,
+so it never shares an entry with the long rid it names (SGLang runs both at once: their rids
+differ).  A route looks a rid up with :func:`lookup_rid`: an id of the shortened shape, as the
+routes show it, is asked for as it is; any other rid is shortened as the ranks keep it.
 
 Hashing a long rid costs time linear in its length; :func:`short_rid` remembers the answer per
 ``(length, hash())`` of the string (Python caches a string's hash on the object), so a running
@@ -31,7 +31,7 @@ def short_rid(rid: object) -> str:
     """``rid`` as the profiler keeps it (see the module docstring)."""
     s = rid if type(rid) is str else str(rid)
     n = len(s)
-    if n <= RID_KEEP or _is_short(s, n):
+    if n <= RID_KEEP:
         return s
     key = (n, hash(s))
     hit = _cache.get(key)
@@ -45,7 +45,13 @@ def short_rid(rid: object) -> str:
     return out
 
 
-def _is_short(s: str, n: int) -> bool:
-    """Whether ``s`` (of length ``n``) has the shape :func:`short_rid` gives a long rid."""
-    return (n == RID_KEEP + 2 + DIGEST_HEX and s[RID_KEEP:RID_KEEP + 2] == ".."
+def lookup_rid(rid: str) -> str:
+    """The key a route asks the ranks for: an id the routes showed (the shortened shape) as it is,
+    any other rid as the ranks keep it (:func:`short_rid`)."""
+    return rid if _is_short(rid) else short_rid(rid)
+
+
+def _is_short(s: str) -> bool:
+    """Whether ``s`` has the shape :func:`short_rid` gives a long rid."""
+    return (len(s) == RID_KEEP + 2 + DIGEST_HEX and s[RID_KEEP:RID_KEEP + 2] == ".."
             and _HEX.issuperset(s[RID_KEEP + 2:]))

@@ -51,7 +51,7 @@ from starlette.responses import Response
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
-from ..model.rids import short_rid
+from ..model.rids import lookup_rid
 from ..model.config import CtxProfConfig
 from ..model.stats import FitMemo
 from .http_body import BodyTexts, served_json
@@ -291,7 +291,7 @@ async def get_request(rc: ReadContext, request: Request):
 async def _request(rc: ReadContext, rid: str):
     if not _RID_RE.match(rid):
         return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-    payloads = await rc.ask(names.CMD_REQUESTS, rid=short_rid(rid))
+    payloads = await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(rid))
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:
         errors = [p["error"] for p in payloads if "error" in p]

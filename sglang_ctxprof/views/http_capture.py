@@ -22,7 +22,7 @@ from typing import Any
 from starlette.requests import Request
 
 from ..model import names
-from ..model.rids import short_rid
+from ..model.rids import lookup_rid
 from .http_build import off_loop
 from .http_context import ReadContext, Route
 
@@ -65,7 +65,7 @@ async def post_capture(rc: ReadContext, request: Request):
     if "rid" in qp:
         if not _RID_RE.match(qp["rid"]):
             return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-        args["rid"] = short_rid(qp["rid"])  # as the ranks keep it (model.rids)
+        args["rid"] = lookup_rid(qp["rid"])  # as the ranks keep it (model.rids)
     payloads = await rc.ask(names.CMD_CAPTURE, **args)
     bad = _bad_request(payloads)
     if bad is not None:

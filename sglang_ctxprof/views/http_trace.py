@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..model import names
-from ..model.rids import short_rid
+from ..model.rids import lookup_rid
 from .http_context import ReadContext, Route
 from .http_guard import error as _error
 from .trace_json import TraceWriter
@@ -44,7 +44,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
             return _error(400, "give either last=N or rid=RID, not both")
         if not _RID_RE.match(qp["rid"]):
             return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
-        rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=short_rid(qp["rid"])) for r in p.get("requests", [])]
+        rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(qp["rid"])) for r in p.get("requests", [])]
         if not rows:
             return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
         return request_trace(rows[0])

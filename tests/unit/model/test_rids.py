@@ -38,12 +38,14 @@ def test_non_string_rids():
     assert rids.short_rid(12) == "12"
 
 
-def test_a_shortened_rid_is_kept_as_it_is():
-    """The routes show ``prefix..digest``; a lookup of that shown id shortens it again and must find it."""
+def test_a_shown_id_is_looked_up_as_it_is_and_never_shares_an_entry_with_the_rid_it_names():
+    """The routes show ``prefix..digest``: a lookup of that shown id asks for it as it is.  A client
+    that sends the shown id as its own rid, while the long rid's request runs, is kept apart."""
     for r in ("p" * 1000 + "a", "z" * (rids.RID_KEEP + 1), "q" * 300 + "\ud800"):
         s = rids.short_rid(r)
-        assert rids.short_rid(s) == s and rids.short_rid(rids.short_rid(s)) == s
-    # only that exact shape is: a 146-character rid of another shape is still capped
+        assert rids.lookup_rid(s) == s and rids.short_rid(s) != s
+    assert rids.lookup_rid("r0") == "r0" and rids.lookup_rid("p" * 300) == rids.short_rid("p" * 300)
+    # only that exact shape is asked for as it is: a 146-character rid of another shape is shortened
     for other in ("p" * rids.RID_KEEP + ".." + "G" * 16, "p" * rids.RID_KEEP + "._" + "0" * 16,
                   "p" * rids.RID_KEEP + ".." + "ABCDEF0123456789", "p" * (rids.RID_KEEP + 18)):
-        assert rids.short_rid(other) != other and rids.short_rid(other).startswith("p" * rids.RID_KEEP + "..")
+        assert rids.lookup_rid(other) == rids.short_rid(other) != other
