@@ -8,17 +8,18 @@ here?") needs the other arm measured on the same model, so the operator register
 * ``POST /ctx_profile/plain[?source=NAME]`` (admin) - body: a plain server's ``/ctx_profile`` JSON.
   Refused with 400 when it is not a profile, holds no decode step, or holds speculative steps (it
   would not be plain decode), holds more than :data:`MAX_BUCKETS` buckets, or cannot be read as one
-  (a field of the wrong type, a time that is not a finite number >= 0); 413 above :data:`MAX_BODY`
+  (a field of the wrong type, a time, length or rate out of range); 413 above :data:`MAX_BODY`
   bytes.  Replaces any earlier reference.
-
-What is kept is only what the ledger reads (``plain_evidence``): per bucket its label, context,
-tokens per step and phase times, each a finite float >= 0, checked once at registration against
-every path of the ledger (a probe of speculative points at and between the reference's contexts),
-so a reference that was accepted cannot make a later diagnosis fail.  Reading and checking it runs
-on the build thread (``http_build.off_loop``), not on SGLang's event loop.
 * ``GET /ctx_profile/plain`` - what is registered (source, when, buckets and steps), or ``registered:
   false``.
 * ``DELETE /ctx_profile/plain`` (admin) - forget it.
+
+What is kept is only what the ledger reads (``plain_evidence``): per bucket its label, context,
+tokens per step and phase times, each a float within what a server measures, checked once at
+registration against every path of the ledger (a probe of speculative points at, between and far
+beyond the reference's contexts), so a reference that was accepted cannot make a later diagnosis
+fail.  The body is read and parsed on SGLang's event loop (at most :data:`MAX_BODY` bytes); reading
+it as a profile and checking it run on the build thread (``http_build.off_loop``).
 
 The reference lives in the HTTP process's memory (the read context's ``PlainStore``, one per
 installed app, ``views.http_context``): a restart forgets it, ``/ctx_profile/reset`` does
@@ -49,6 +50,8 @@ from .profile import Profile
 
 MAX_BODY = 4 * 2**20  # bytes of a registered profile body (a server's is tens of kB)
 MAX_BUCKETS = 256  # decode buckets of a registered profile
+MAX_MS = 1e5  # the longest step or phase time a reference may hold (100 s)
+MAX_AL = 1e3  # the most tokens per step
 MAX_SOURCE = 200  # characters of ?source=
 _SPEC = (Phase.VERIFY.value, Phase.DRAFT.value)
 
@@ -133,29 +136,34 @@ def _reference(body: dict, src: str) -> PlainReference | str:
                           sum(b.steps for b in profile.buckets))
 
 
-def _time(name: str, v: object) -> float:
-    """A time, a length or a rate of the reference: a finite float >= 0, or ValueError naming it."""
+def _num(name: str, v: object, most: float) -> float:
+    """A time, a length or a rate of the reference: a float in [0, ``most``], or ValueError naming it."""
     f = float(v)  # type: ignore[arg-type]
-    if not (math.isfinite(f) and f >= 0):
-        raise ValueError(f"{name} is {v!r}: not a finite number >= 0")
+    if not (math.isfinite(f) and 0 <= f <= most):
+        raise ValueError(f"{name} is {v!r}: not a number between 0 and {most:g}")
     return f
 
 
 def plain_evidence(ev: Evidence) -> Evidence:
     """Only what the ledger reads of a plain reference (``diagnosis_evidence.ledger_points``), each
-    number checked: label, context, tokens per step, step and phase times."""
-    pts = tuple(Point(str(p.label), _time("ctx", p.ctx), _time("ctx", p.ctx_sum), int(p.steps), _time("al", p.al),
-                      _time("step_ms", p.step_ms), {str(k): _time(str(k), v) for k, v in p.phases.items()})
+    number checked against what a server can measure: label, context (at most
+    ``names.MAX_WHATIF_CTX`` tokens), tokens per step, step and phase times (at most
+    :data:`MAX_MS`)."""
+    ctx = names.MAX_WHATIF_CTX
+    pts = tuple(Point(str(p.label), _num("ctx", p.ctx, ctx), _num("ctx", p.ctx_sum, ctx), int(p.steps),
+                      _num("al", p.al, MAX_AL), _num("step_ms", p.step_ms, MAX_MS),
+                      {str(k): _num(str(k), v, MAX_MS) for k, v in p.phases.items()})
                 for p in ev.points)
     return Evidence(ev.source, pts, {})
 
 
 def _probe(plain: Evidence) -> list[list[dict]]:
     """Speculative points that take each path of ``aggregate.ledger`` against ``plain``: at each of
-    its contexts (by its label), between two of them and beyond both ends (interpolated and
-    extrapolated, no label)."""
+    its contexts (by its label), between two of them, beyond both ends and as far as a context can
+    be (interpolated and extrapolated, no label)."""
     ctxs = sorted({p.ctx for p in plain.points})
     at = [p.ctx for p in plain.points] + [c / 2 for c in ctxs[:1]] + [c * 2 + 1 for c in ctxs[-1:]]
+    at += [0.0, float(names.MAX_WHATIF_CTX)]  # as far as a server's context can be from them
     at += [(a + b) / 2 for a, b in zip(ctxs, ctxs[1:])]
     labels = [p.label for p in plain.points] + [None] * (len(at) - len(plain.points))
     phases = {"step": 3.0, "draft": 1.0, "draft_extend": 0.2, "verify": 1.5, "verify_attn": 0.5,

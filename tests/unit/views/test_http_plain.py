@@ -238,6 +238,28 @@ def test_a_plain_body_of_too_many_buckets_is_a_400(client, monkeypatch):
     assert r.status_code == 400 and "at most 2" in r.json()["error"], r.text
 
 
+def test_a_reference_whose_extrapolation_would_overflow_is_refused_or_read_without_a_failure(client):
+    """Three buckets a twentieth of a token apart, one attention time of 1e151 ms: extrapolated to this
+    server's contexts (hundreds to thousands of tokens), the ledger's fits overflowed (OverflowError:
+    500s, then every route off).  A time past what a server measures is the body's 400; one within it
+    extrapolates however far without a failure."""
+    def body(attn_ms):
+        b = _plain_body()
+        for i, bk in enumerate(b["buckets"]):
+            bk["label"], bk["ctx_sum"] = f"{i}+", 100.0 + 0.5 * (i % 2) + 0.25 * (i // 2)
+            for k in ("mean_ms", "p50_ms", "p90_ms", "p99_ms"):
+                bk["phases"]["decode_attn"][k] = attn_ms if i == 1 else 0.0
+            bk.pop("robust", None)
+        return b
+
+    r = client.post(names.ROUTE_PLAIN, content=json.dumps(body(1e151)))
+    assert r.status_code == 400 and "decode_attn" in r.json()["error"], r.text[:300]
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(body(http_plain.MAX_MS))).status_code == 200
+    for _ in range(http_guard.STRIKES + 1):
+        assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+    assert http_guard.guard().ok("http")
+
+
 def test_two_reference_buckets_at_one_context_are_read_without_a_division_by_zero(client):
     b = _plain_body()
     b["buckets"] = b["buckets"][:1] * 2
