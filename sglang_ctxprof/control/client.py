@@ -8,10 +8,11 @@ A scheduler answers between two of its steps.  One that has not answered within 
 hung rank, a step that does not end) gets the caller :class:`NoAnswer` (the routes' 504), and the
 call is left to finish rather than cancelled: SGLang's communicator hands each answer to the call
 in flight, so a call cancelled mid-way would leave its late answer to the next command, which
-would then serve another command's payload.  While such a late call is out, every new command is
-refused at once with :class:`NoAnswer` instead of queueing behind it: a hung rank holds one call,
-not one per reader, and a read never waits on it for longer than ``timeout_s``.  A caller that goes
-away (its client hung up) leaves its call to finish the same way.
+would then serve another command's payload.  A caller that goes away (its client hung up) leaves
+its call to finish the same way.  While a call nobody awaits is out and at least ``timeout_s`` old,
+every new command is refused at once with :class:`NoAnswer` instead of queueing behind it: a hung
+rank holds one call, not one per reader, and a read never waits on it for longer than ``timeout_s``
+(a younger one, its caller just gone, is an ordinary call in flight: commands queue behind it).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class ControlClient:
         self._make_request = make_request
         self.timeout_s = timeout_s
         self._clock = clock
-        self._late: Optional[asyncio.Future[Any]] = None  # a call past its time, not answered yet
+        self._late: Optional[asyncio.Future[Any]] = None  # a call nobody awaits, not answered yet
         self._late_cmd = ""
         self._late_since = 0.0
         self.late_calls = 0  # calls that ran past ``timeout_s``
@@ -53,12 +54,12 @@ class ControlClient:
         Raises :class:`NoAnswer` when they have not all answered within ``timeout_s``, or at once
         while an earlier call is still waiting for its answer past that time."""
         late = self._late
-        if late is not None:
-            if not late.done():
-                self.refused += 1
-                raise NoAnswer(f"a scheduler has not answered the {self._late_cmd!r} command sent "
-                               f"{self._clock() - self._late_since:.0f} s ago; try again later")
-            self._late = None
+        if late is not None and late.done():
+            late = self._late = None
+        if late is not None and self._clock() - self._late_since >= self.timeout_s:
+            self.refused += 1
+            raise NoAnswer(f"a scheduler has not answered the {self._late_cmd!r} command sent "
+                           f"{self._clock() - self._late_since:.0f} s ago; try again later")
         tm = self._tokenizer_manager()
         tm.auto_create_handle_loop()
         sent = self._clock()
@@ -66,13 +67,18 @@ class ControlClient:
         try:
             done, _ = await asyncio.wait((call,), timeout=self.timeout_s)
         except asyncio.CancelledError:  # our caller went away: the call finishes on its own
-            call.add_done_callback(_retrieve)
+            self._leave(call, cmd, sent)
             raise
         if not done:
-            call.add_done_callback(_retrieve)
+            self._leave(call, cmd, sent)
             self.late_calls += 1
-            if self._late is None:
-                self._late, self._late_cmd, self._late_since = call, cmd, sent
             raise NoAnswer(f"no answer from every scheduler to {cmd!r} within {self.timeout_s:g} s "
                            f"({ENV_CONTROL_TIMEOUT_S}); a scheduler may be hung or in a long step")
         return [payload_of(getattr(o, "internal_state", None)) for o in call.result()]
+
+    def _leave(self, call: "asyncio.Future[Any]", cmd: str, sent: float) -> None:
+        """Leave ``call`` to finish with nobody awaiting it; the oldest such call not answered yet is
+        the one later commands are refused behind, once it is ``timeout_s`` old."""
+        call.add_done_callback(_retrieve)
+        if self._late is None or self._late.done():
+            self._late, self._late_cmd, self._late_since = call, cmd, sent

@@ -87,3 +87,31 @@ def test_a_caller_that_goes_away_leaves_its_call_to_its_own_answer():
         return await second  # ... and the second gets its own
 
     assert asyncio.run(go()) == [{"cmd": "requests", "rank": 0, "k": 1}]
+
+
+def test_a_call_its_caller_left_is_refused_behind_once_it_is_late():
+    """A caller that goes away leaves its call to finish: while it is young, commands queue behind it
+    as behind any call in flight; once it is ``timeout_s`` old and unanswered, they are refused at
+    once (before, each waited its own full timeout behind the hung call)."""
+    async def go():
+        now = [0.0]
+        s = Schedulers()
+        c = ControlClient(s.tokenizer_manager, lambda rid: SimpleNamespace(rid=rid), timeout_s=0.05,
+                          clock=lambda: now[0])
+        first = asyncio.ensure_future(c.ask("status"))
+        await asyncio.sleep(0.01)
+        first.cancel()  # its HTTP client hung up; the scheduler is hung too
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        with pytest.raises(NoAnswer, match="within"):  # young: not refused; queued behind it, it times out
+            await c.ask("requests", slowest=5)
+        now[0] = 1.0  # the left call is now past timeout_s
+        with pytest.raises(NoAnswer, match="has not answered the 'status' command"):
+            await c.ask("requests", slowest=5)
+        assert c.refused == 1 and len(s.sent) == 1  # the queued one never got to send
+        s.answer(0)  # the hung scheduler answers: the queued call (left by its timeout) goes out
+        await _answer_soon(s, 1)
+        asyncio.ensure_future(_answer_soon(s, 2))
+        return await c.ask("requests", slowest=5)
+
+    assert asyncio.run(go()) == [{"cmd": "requests", "rank": 0, "k": 2}]  # its own answer
