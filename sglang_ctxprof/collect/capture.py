@@ -158,15 +158,28 @@ class Capture:
 
     # ---- the state machine (scheduler thread) -------------------------------------------------------
     def tick(self, scheduler: Any, batch: Any) -> None:
-        """At the start of every ``run_batch`` while armed.  A failure ends the capture (failed),
-        never the step, and leaves the rest of the profiler running."""
+        """At the start of every ``run_batch`` while armed.  A failure never fails the step, and
+        leaves the rest of the profiler running: a pending capture ends failed; a running one is
+        stopped now on one rank (SGLang's profiler is never left recording), and with several
+        ranks goes on to stop at its step count with the others (at SGLang's barrier)."""
         try:
             self._tick(scheduler, batch)
         except Exception as exc:  # noqa: BLE001
             hooks.label_phases(None)
-            info = self.current
-            if info is not None:
-                self._end(info, names.CAPTURE_FAILED, f"{type(exc).__name__}: {exc}")
+            info, why = self.current, f"{type(exc).__name__}: {exc}"
+            if info is None:
+                return
+            if info.state != names.CAPTURE_RUNNING:
+                self._end(info, names.CAPTURE_FAILED, why)
+                return
+            info.error = info.error or why
+            try:
+                if self.ranks == 1:
+                    self._stop(scheduler, info)
+                elif not info.step_ids or info.step_ids[-1] != adapter_capture.forward_ct(scheduler) + 1:
+                    info.step_ids.append(adapter_capture.forward_ct(scheduler) + 1)  # counted as the others count it
+            except Exception as again:  # noqa: BLE001 - never into SGLang's step
+                self._end(info, names.CAPTURE_FAILED, f"{why}; then {type(again).__name__}: {again}")
 
     def halt(self, scheduler: Any) -> None:
         """Profiling is being turned off (scheduler thread): stop a running capture now, drop a

@@ -513,3 +513,38 @@ def test_ranks_accept_the_next_capture_alike_while_one_of_them_still_exports(tmp
         assert [cap.request(names.TRIGGER_MANUAL, now_s=101.0)["accepted"] for cap, _ in ranks] == [True, True]
     finally:
         held.set()
+
+
+@pytest.mark.parametrize("where", ["batch_rids", "batch_ctx"])  # before the step is counted, after
+def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(tmp_path, monkeypatch, where):
+    """One rank: the capture is stopped at once (its trace holds the steps before).  Several ranks:
+    it goes on, the failed step counted as the others count it, and stops at the same step, at
+    SGLang's barrier (before, it ended failed there with the profiler on, and never came)."""
+    from sglang_ctxprof.collect import adapter_capture
+
+    real, fail_at = getattr(adapter_capture, where), {"ct": None}
+
+    def failing(batch):
+        if fail_at["ct"] == sched.forward_ct:
+            raise RuntimeError("a batch SGLang changed under us")
+        return real(batch)
+
+    monkeypatch.setattr(adapter_capture, where, failing)
+    seen = {}
+    for ranks in (1, 2, "2-ok"):
+        cap, sched = Capture(settings(tmp_path / str(ranks), steps=4)), CaptureScheduler()
+        sched.server_args.tp_size = 1 if ranks == 1 else 2
+        cap.bind(sched)
+        cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+        fail_at["ct"] = None if ranks == "2-ok" else 2  # the capture's second step
+        trace = []
+        for _ in range(7):
+            sched.step(cap)
+            sched.forward_ct += 1
+            trace.append((sched.forward_ct, sched.profiler_manager.profile_in_progress, sched.profiler_manager.barriers))
+        seen[ranks] = trace
+        c = wait_state(cap, cid)
+        assert not sched.profiler_manager.profile_in_progress and sched.profiler_manager.barriers == 1
+        assert ("RuntimeError" in c.error) is (ranks != "2-ok")
+    assert seen[1][1][1:] == (False, 1)  # one rank: stopped at the failed step
+    assert seen[2] == seen["2-ok"]  # several: stopped where a rank that never failed stops
