@@ -59,6 +59,12 @@ MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
 RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
+
+
+def most_ticks(info: CaptureInfo) -> int:
+    """The most steps a capture runs: each of its steps after at most ``RID_PASS_STEPS`` passed over,
+    and the one that stops it."""
+    return info.steps * (RID_PASS_STEPS + 1) + 1
 MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
@@ -160,9 +166,18 @@ class Capture:
     def tick(self, scheduler: Any, batch: Any) -> None:
         """At the start of every ``run_batch`` while armed.  A failure never fails the step, and
         leaves the rest of the profiler running: a pending capture ends failed; a running one is
-        stopped now on one rank (SGLang's profiler is never left recording), and with several
-        ranks goes on to stop at its step count with the others (at SGLang's barrier)."""
+        stopped now on one rank.  With several ranks it goes on, the failed step counted, and stops
+        with the others where its count still agrees with theirs (a failure on the step they stop
+        at, or on a prefill a rid capture passes over, still parts them).  A running capture
+        stops after :func:`most_ticks` steps whatever happens, on every rank alike: SGLang's
+        profiler is never left recording."""
         try:
+            info = self.current
+            if info is not None and info.state == names.CAPTURE_RUNNING:
+                info._ticks += 1
+                if info._ticks >= most_ticks(info):
+                    info.error = info.error or f"stopped after {info._ticks - 1} steps: its steps were not counted"
+                    return self._stop(scheduler, info)
             self._tick(scheduler, batch)
         except Exception as exc:  # noqa: BLE001
             hooks.label_phases(None)

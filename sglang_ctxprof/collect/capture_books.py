@@ -45,6 +45,7 @@ class CaptureInfo:
     _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
     _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
     _unstarted: bool = False  # "running" on a rank where it failed to start: it follows the others' steps
+    _ticks: int = 0  # steps run while it ran (counted or not): bounded (``capture.most_ticks``)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed

@@ -519,7 +519,8 @@ def test_ranks_accept_the_next_capture_alike_while_one_of_them_still_exports(tmp
 def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(tmp_path, monkeypatch, where):
     """One rank: the capture is stopped at once (its trace holds the steps before).  Several ranks:
     it goes on, the failed step counted as the others count it, and stops at the same step, at
-    SGLang's barrier (before, it ended failed there with the profiler on, and never came)."""
+    SGLang's barrier (before, it ended failed there with the profiler on, and never came).  (A
+    failure on the very step the others stop at still parts them: not covered.)"""
     from sglang_ctxprof.collect import adapter_capture
 
     real, fail_at = getattr(adapter_capture, where), {"ct": None}
@@ -548,3 +549,35 @@ def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(t
         assert ("RuntimeError" in c.error) is (ranks != "2-ok")
     assert seen[1][1][1:] == (False, 1)  # one rank: stopped at the failed step
     assert seen[2] == seen["2-ok"]  # several: stopped where a rank that never failed stops
+
+
+def test_a_capture_whose_ticks_always_fail_stops_after_its_most_steps_on_every_rank(tmp_path, monkeypatch):
+    """A failure at every tick counts no step: the capture still stops, after ``most_ticks`` steps,
+    the same on every rank (each ticks at every step), so no rank records for ever."""
+    from sglang_ctxprof.collect import adapter_capture
+    from sglang_ctxprof.collect.capture import most_ticks
+
+    real, broken = adapter_capture.batch_rids, {"on": False}
+
+    def batch_rids(batch):
+        if broken["on"]:
+            raise RuntimeError("every step")
+        return real(batch)
+
+    monkeypatch.setattr(adapter_capture, "batch_rids", batch_rids)
+    for ranks in (1, 2):
+        cap, sched = Capture(settings(tmp_path / str(ranks), steps=2)), CaptureScheduler()
+        sched.server_args.tp_size = ranks
+        cap.bind(sched)
+        cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+        sched.step(cap)  # started, its first step counted
+        broken["on"] = True  # from here on (one rank stops at its first failure)
+        ran = 0
+        while sched.profiler_manager.profile_in_progress and ran < 1000:
+            sched.step(cap)
+            sched.forward_ct += 1
+            ran += 1
+        broken["on"] = False
+        assert not sched.profiler_manager.profile_in_progress and sched.profiler_manager.barriers == 1
+        assert ran == (most_ticks(cap.find(cid)) if ranks == 2 else 1), ran
+        assert wait_state(cap, cid).error
