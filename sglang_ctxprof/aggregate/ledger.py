@@ -5,7 +5,8 @@ phase times (``step``, ``draft``, ``verify`` with ``verify_attn`` / ``verify_moe
 ``draft_extend``, ``overhead``), and a plain decode step's times at the same context (``step``,
 ``decode`` with ``decode_attn`` / ``decode_moe``, ``overhead``), measured on a plain server of the
 same model.  Where the plain arm has no point at a context, its times are interpolated linearly in
-context between its points (extrapolated beyond them, and labelled so).  Per context:
+context between its points (extrapolated beyond them, and labelled so; flat beyond two points less
+than a token apart, whose slope says nothing far from them).  Per context:
 
 * ``speedup`` = AL x T_plain / T_step (one request's tok/s with speculation over without);
 * ``saved_ms`` = (AL - 1) x T_plain: the plain steps the accepted drafts spared, per spec step;
@@ -56,6 +57,8 @@ def _interp(points: Sequence[tuple[float, float]], x: float) -> tuple[Optional[f
         (x0, y0), (x1, y1), how = pts[i - 1], pts[i], "interpolated"
     if x1 == x0:  # two points at one context (x is not it): no slope to follow
         return (y0 + y1) / 2, how
+    if how == "extrapolated" and x1 - x0 < 1.0:  # closer than a token: their slope says nothing far off
+        return (y0 if x < x0 else y1), how
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0), how
 
 

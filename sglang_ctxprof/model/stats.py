@@ -373,7 +373,7 @@ def _theil_sen(points: list[tuple[float, float]], max_points: int) -> dict[str, 
         return None
     intercept = _median([y - slope * x for x, y in points])
     my = sum(y for _, y in points) / len(points)
-    ss_tot = sum((y - my) ** 2 for _, y in points)
-    ss_res = sum((y - intercept - slope * x) ** 2 for x, y in points)
+    ss_tot = sum((y - my) * (y - my) for _, y in points)  # a product overflows to inf, ** raises
+    ss_res = sum((y - intercept - slope * x) * (y - intercept - slope * x) for x, y in points)
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-18 else 1.0
     return {"slope": slope, "intercept": intercept, "r2": max(0.0, min(1.0, r2)), "n": len(points)}

@@ -162,3 +162,12 @@ def test_two_plain_points_at_one_context_interpolate_without_a_division_by_zero(
 
     assert _interp([(100.0, 2.0), (100.0, 4.0)], 50.0) == (3.0, "extrapolated")
     assert _interp([(100.0, 2.0), (100.0, 4.0), (300.0, 6.0)], 400.0) == (7.0, "extrapolated")
+
+
+def test_two_plain_points_less_than_a_token_apart_extrapolate_flat():
+    """Contexts of 1e-300 and 2e-300 tokens (a hand-made reference): their slope, followed to a real
+    context, overflowed the ledger's fits.  Beyond two points that close the times stay flat."""
+    from sglang_ctxprof.aggregate.ledger import _interp
+
+    assert _interp([(1e-300, 0.0), (2e-300, 1.0)], 3000.0) == (1.0, "extrapolated")
+    assert _interp([(100.0, 2.0), (300.0, 6.0)], 400.0) == (8.0, "extrapolated")

@@ -260,6 +260,24 @@ def test_a_reference_whose_extrapolation_would_overflow_is_refused_or_read_witho
     assert http_guard.guard().ok("http")
 
 
+def test_reference_contexts_a_hair_apart_neither_overflow_nor_switch_anything_off(client):
+    """Buckets of 10**300 request-steps put the contexts at 1e-300 tokens apart: their slope, followed
+    to this server's contexts, overflowed the ledger's fits (500s, then every route off)."""
+    b = _plain_body()
+    for i, bk in enumerate(b["buckets"]):
+        bk["label"], bk["ctx_sum"] = f"x{i}", i + 1
+        bk.pop("mean_ctx", None)
+        bk["req_steps"] = bk["accepted"] = bk["committed"] = 10**300
+        for k in ("mean_ms", "p50_ms", "p90_ms", "p99_ms"):
+            bk["phases"]["decode_attn"][k] = (0.0, 1.0, 0.0)[i % 3]
+        bk.pop("robust", None)
+    r = client.post(names.ROUTE_PLAIN, content=json.dumps(b))
+    assert r.status_code in (200, 400), r.text[:300]
+    for _ in range(http_guard.STRIKES + 1):
+        assert client.get(names.ROUTE_DIAGNOSIS).status_code == 200
+    assert http_guard.guard().ok("http")
+
+
 def test_two_reference_buckets_at_one_context_are_read_without_a_division_by_zero(client):
     b = _plain_body()
     b["buckets"] = b["buckets"][:1] * 2
