@@ -43,9 +43,7 @@ class ControlClient:
         self._make_request = make_request
         self.timeout_s = timeout_s
         self._clock = clock
-        self._late: Optional[asyncio.Future[Any]] = None  # a call nobody awaits, not answered yet
-        self._late_cmd = ""
-        self._late_since = 0.0
+        self._left: list[tuple[asyncio.Future[Any], str, float]] = []  # calls nobody awaits: (call, cmd, sent)
         self.late_calls = 0  # calls that ran past ``timeout_s``
         self.refused = 0  # commands refused while a late call was out
 
@@ -53,13 +51,12 @@ class ControlClient:
         """Send ``cmd`` to every DP group's scheduler; their ``ctx_profile`` payloads, in rank order.
         Raises :class:`NoAnswer` when they have not all answered within ``timeout_s``, or at once
         while an earlier call is still waiting for its answer past that time."""
-        late = self._late
-        if late is not None and late.done():
-            late = self._late = None
-        if late is not None and self._clock() - self._late_since >= self.timeout_s:
+        self._left = [c for c in self._left if not c[0].done()]
+        if self._left and self._clock() - self._left[0][2] >= self.timeout_s:
             self.refused += 1
-            raise NoAnswer(f"a scheduler has not answered the {self._late_cmd!r} command sent "
-                           f"{self._clock() - self._late_since:.0f} s ago; try again later")
+            _, late_cmd, since = self._left[0]
+            raise NoAnswer(f"a scheduler has not answered the {late_cmd!r} command sent "
+                           f"{self._clock() - since:.0f} s ago; try again later")
         tm = self._tokenizer_manager()
         tm.auto_create_handle_loop()
         sent = self._clock()
@@ -78,7 +75,7 @@ class ControlClient:
 
     def _leave(self, call: "asyncio.Future[Any]", cmd: str, sent: float) -> None:
         """Leave ``call`` to finish with nobody awaiting it; the oldest such call not answered yet is
-        the one later commands are refused behind, once it is ``timeout_s`` old."""
+        the one later commands are refused behind, once it is ``timeout_s`` old (calls are sent in
+        order, so the oldest is the first of the list)."""
         call.add_done_callback(_retrieve)
-        if self._late is None or self._late.done():
-            self._late, self._late_cmd, self._late_since = call, cmd, sent
+        self._left.append((call, cmd, sent))

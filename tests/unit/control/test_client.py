@@ -111,7 +111,31 @@ def test_a_call_its_caller_left_is_refused_behind_once_it_is_late():
         assert c.refused == 1 and len(s.sent) == 1  # the queued one never got to send
         s.answer(0)  # the hung scheduler answers: the queued call (left by its timeout) goes out
         await _answer_soon(s, 1)
+        await asyncio.sleep(0.01)  # ... and gets its answer
         asyncio.ensure_future(_answer_soon(s, 2))
         return await c.ask("requests", slowest=5)
 
     assert asyncio.run(go()) == [{"cmd": "requests", "rank": 0, "k": 2}]  # its own answer
+
+
+def test_every_call_left_unanswered_is_tracked_not_only_the_first():
+    """Two callers go away while their calls are young; the first call is answered and the scheduler
+    then hangs on the second: once that one is late, commands are refused behind it at once."""
+    async def go():
+        now = [0.0]
+        s = Schedulers()
+        c = ControlClient(s.tokenizer_manager, lambda rid: SimpleNamespace(rid=rid), timeout_s=5.0,
+                          clock=lambda: now[0])
+        calls = [asyncio.ensure_future(c.ask("status")), asyncio.ensure_future(c.ask("requests", slowest=1))]
+        await asyncio.sleep(0.01)
+        for call in calls:
+            call.cancel()  # both HTTP clients hung up
+        await asyncio.gather(*calls, return_exceptions=True)
+        s.answer(0)  # the first is answered; the scheduler hangs on the second (sent now)
+        await asyncio.sleep(0.01)
+        now[0] = 6.0
+        with pytest.raises(NoAnswer, match="has not answered the 'requests' command"):
+            await c.ask("status")
+        assert len(s.sent) == 2
+
+    asyncio.run(go())
