@@ -239,7 +239,7 @@ class RequestLog:
         """SGLang rejects only concurrent duplicate rids: a finished request's rid may come again.
         The earlier use stays in the ring under an internal key (its ``rid`` field unchanged, found
         by ``slowest``); the rid itself now names the new use (``use`` counts from 0)."""
-        key = f"{rid}\x00{old['use']}"
+        key = _use_key(rid, old["use"])
         self._reqs[key] = self._reqs.pop(rid)
         if self._with_rows.pop(rid, False) is None:
             self._with_rows[key] = None
@@ -296,7 +296,7 @@ class RequestLog:
                 return summarize(r, with_steps=with_steps, lazy=lazy)
             if not r["use"]:
                 return None
-            r = self._reqs.get(f"{rid}\x00{r['use'] - 1}")
+            r = self._reqs.get(_use_key(rid, r["use"] - 1))
         return None
 
     def tally(self, rid: str) -> Optional[tuple[int, int, int, int]]:
@@ -350,6 +350,11 @@ class RequestLog:
         self.evicted = 0
         self.aborted = 0
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
+
+
+def _use_key(rid: str, use: int) -> str:
+    """The ring key of an earlier use of ``rid`` (``RequestLog._reuse``): no client rid holds a NUL."""
+    return f"{rid}\x00{use}"
 
 
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C

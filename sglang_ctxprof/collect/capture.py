@@ -3,9 +3,9 @@
 A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
 steps; ``rid``: that request's next N steps, passing over the prefills of other requests that SGLang
 runs between two of them) through the control channel, or the automatic triggers on the recorder's
-drain thread (:meth:`Capture.observe`, registered only when one is on): a decode step slower than ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once
-it holds ``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run``
-steps in a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace
+drain thread (:meth:`Capture.observe`, registered only when one is on): a decode step slower than
+``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once it holds
+``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run`` steps in a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace
 policy judges slow, whose next steps are captured (``collect.tail_trigger``).
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
@@ -59,13 +59,13 @@ MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
 RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
+MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
 def most_ticks(info: CaptureInfo) -> int:
     """The most steps a capture runs: each of its steps after at most ``RID_PASS_STEPS`` passed over,
     and the one that stops it."""
     return info.steps * (RID_PASS_STEPS + 1) + 1
-MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
 class Capture:
@@ -189,10 +189,11 @@ class Capture:
                 return
             info.error = info.error or why
             try:
+                step = adapter_capture.forward_ct(scheduler) + 1
                 if self.ranks == 1:
                     self._stop(scheduler, info)
-                elif not info.step_ids or info.step_ids[-1] != adapter_capture.forward_ct(scheduler) + 1:
-                    info.step_ids.append(adapter_capture.forward_ct(scheduler) + 1)  # counted as the others count it
+                elif not info.step_ids or info.step_ids[-1] != step:
+                    info.step_ids.append(step)  # counted as the others count it
             except Exception as again:  # noqa: BLE001 - never into SGLang's step
                 self._end(info, names.CAPTURE_FAILED, f"{why}; then {type(again).__name__}: {again}")
 
@@ -266,7 +267,7 @@ class Capture:
         except Exception as exc:  # noqa: BLE001 - a capture failure never fails a step
             why = f"{type(exc).__name__}: {exc}"
         info.state, info.start_ns = names.CAPTURE_RUNNING, time.time_ns()
-        if why and adapter_capture.world_size(scheduler) > 1:  # the other ranks' stop waits for this
+        if why and self.ranks > 1:  # the other ranks' stop waits for this
             info.error, info._unstarted = why, True  # one: follow their steps to it, then fail
             return True
         if why:

@@ -196,7 +196,7 @@ def run_batch(original, self, batch, *args, **kwargs):
         if b is not None and b.cost_ns >= 0:
             b.cost_ns += _now() - t
     if p is not None and p.capture.armed:  # every rank alike, healthy timing hooks or not (a barrier)
-        p.capture.tick(self, batch)  # never raises: a failure ends the capture
+        p.capture.tick(self, batch)  # never raises (Capture.tick handles its own failures)
     try:
         return original(self, batch, *args, **kwargs)
     finally:

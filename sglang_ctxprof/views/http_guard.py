@@ -161,16 +161,14 @@ def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request],
             return error(400, "the client disconnected")
         except Exception as exc:  # noqa: BLE001 - our failure must not look like SGLang's
             reason = f"{type(exc).__name__}: {exc}"
-            counted = getattr(exc, _STRUCK, False)  # one failure shared by several readers: counted once
-            _strikes += 0 if counted else 1
-            if counted:
-                pass
-            elif _strikes >= STRIKES:
-                g.fail("http", exc)
-            else:
-                logger.warning("sglang-ctxprof: %s %s failed (%d of %d before the routes switch off):\n%s",
-                               request.method, request.url.path, _strikes, STRIKES,
-                               "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            if not getattr(exc, _STRUCK, False):  # one failure shared by several readers counts once
+                _strikes += 1
+                if _strikes >= STRIKES:
+                    g.fail("http", exc)
+                else:
+                    logger.warning("sglang-ctxprof: %s %s failed (%d of %d before the routes switch off):\n%s",
+                                   request.method, request.url.path, _strikes, STRIKES,
+                                   "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
             with contextlib.suppress(AttributeError, TypeError):
                 setattr(exc, _STRUCK, True)
             return error(500, f"ctx profile failed: {type(exc).__name__}",
