@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--rebuild-model", action="store_true", help="rebuild model.tar.xz even if it is there")
     args = ap.parse_args(argv)
+    if not args.skip_model and not Path(args.model_python).exists():  # before ~400 MB of downloads
+        print(f"build.py: no {args.model_python}: make the rehearsal venv (README, Rehearsal) or pass "
+              "--model-python PY (a Python with torch and transformers)", file=sys.stderr)
+        return 2
 
     OUT.mkdir(parents=True, exist_ok=True)
     manifest: dict = {"sglang": SGLANG, "sglang_kernel": KERNEL, "deps": DEPS + EXTRA_DEPS}

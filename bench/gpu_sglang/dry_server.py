@@ -5,13 +5,15 @@ trace.json, diagnosis, reset/enable/disable) over real HTTP on 127.0.0.1, with n
 simple rule (an EAGLE step accepts 3 tokens; attention grows with context), so the runner's stage logic,
 its checks and its JSON run end to end.  ``BREAK`` (a set of names) makes the canned answers wrong on
 purpose, so a test can see a check fail: ``leaves`` (leaves do not tile the step), ``reconcile``
-(steps != spec_verify_ct), ``labels`` (no ``cuda_graph_events`` step).
+(steps != spec_verify_ct), ``labels`` (no ``cuda_graph_events`` step).  ``CTXPROF_DRY_START_S`` makes
+its start-up take that long (a test stops the runner mid-stage).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,6 +101,7 @@ class DryServer:
         from runner import Client  # noqa: PLC0415 - runner.py's folder is on sys.path
 
         t0 = time.time()
+        time.sleep(float(os.environ.get("CTXPROF_DRY_START_S", "0")))
         state = self.state
 
         class H(BaseHTTPRequestHandler):

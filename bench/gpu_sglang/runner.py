@@ -8,7 +8,7 @@ own time limit and try/except; ``OUT/results.json`` is rewritten after every sta
 leaves what ran:
 
 1. ``imports``    the server's modules with the bundle (each failure in one line);
-2. ``server_graph`` SGLang with CUDA graphs (``--cuda-graph-max-bs 16``), overlap on, EAGLE (3 steps,
+2. ``server_graph`` SGLang with CUDA graphs (``--cuda-graph-max-bs-decode 16``), overlap on, EAGLE (3 steps,
    topk 1, 4 draft tokens), ``--enable-ctx-profile``, triton attention, pytorch sampling: start-up
    seconds and ``/ctx_profile/status`` (hooks, timing mode, the timed copies: shapes, capture s, bytes);
 3. ``decode``     greedy requests at 64, 1024 and 4096 tokens of context (alone, then 4 together):
@@ -39,6 +39,7 @@ import concurrent.futures as cf
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -336,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true", default=os.environ.get("CPU") == "1",
                     help="rehearsal on a CPU host: the real server from the bundle with the CPU shim (cpu_args)")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     a.model = a.model or str(Path(a.work) / "model" / "dsv3-eagle")
     out = Path(a.out)
     run = Run(out, a.budget_s, a.dry)
@@ -457,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def drain() -> dict:
         out: dict = {"cpus": os.cpu_count()}
+        end = time.time() + min(190.0, run.left() - 10)  # inside the stage's own limit (200 s): no run outlives it
         small = ["--batches", "1", "--window", "10", "--rounds", "2"]
         for key, args, share in (
                 ("rows", small + ["--ops", "20"] if a.dry else ["--batches", "1", "32", "256", "--window", "60",
@@ -465,8 +468,11 @@ def main(argv: list[str] | None = None) -> int:
                  ["--batches", "1", "32", "256", "--window", "40", "--rounds", "2", "--device", "cuda",
                   "--ops", "20", "--op-us", "1000"], 1.0)):
             js = work / f"drain_gil_{key}.json"
-            done = subprocess.run([sys.executable, str(ROOT / "bench/drain_gil.py"), *args, "--json", str(js)],
-                                  capture_output=True, text=True, timeout=max(10, share * (run.left() - 10)))
+            try:  # a run past its share is killed (what it wrote stays); the next still runs
+                done = subprocess.run([sys.executable, str(ROOT / "bench/drain_gil.py"), *args, "--json", str(js)],
+                                      capture_output=True, text=True, timeout=max(5, share * (end - time.time())))
+            except subprocess.TimeoutExpired as exc:
+                done = subprocess.CompletedProcess(exc.cmd, "timeout", _text(exc.stdout), _text(exc.stderr))
             rows = json.loads(js.read_text())["rows"] if js.exists() else []
             for r in rows:
                 log(f"  {key} batch {r['batch']} {r['mode']}: delay p50 {r['p50_delay_pct']:.2f}% "
@@ -501,9 +507,10 @@ def main(argv: list[str] | None = None) -> int:
                         run.stage(name, fn, need_s=need, limit_s=lim)
         if "eager" not in skip:
             run.stage("eager", eager, need_s=100, limit_s=300)
-    finally:
+    finally:  # also on SIGTERM (``timeout``, the device tool): the servers go, their logs come back
         stop("graph")
         stop("eager")
+        collect_logs(work, out)
     if "drain" not in skip:
         run.stage("drain", drain, need_s=60, limit_s=200)
     if "probe" not in skip:
@@ -536,6 +543,10 @@ def env_info(dry: bool) -> dict:
     return info
 
 
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
 def collect_logs(work: Path, out: Path) -> None:
     """One file of server log tails (the device tool brings back 8 files at most)."""
     parts = []
@@ -547,10 +558,20 @@ def collect_logs(work: Path, out: Path) -> None:
     (out / "server_logs.txt").write_text("\n\n".join(parts) if parts else "no server logs\n")
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM raises in the main thread, so the ``finally`` that stops the servers (own process
+    groups, which a kill of this process would leave holding the GPU) and saves their logs runs."""
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(ROOT))
-    rc = main()
+    try:
+        rc = main()
+    except SystemExit as exc:
+        log(f"stopped: exit {exc.code}")
+        rc = exc.code if isinstance(exc.code, int) else 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)  # a stage thread left behind past its limit must not hold the exit

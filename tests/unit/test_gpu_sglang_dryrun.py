@@ -102,3 +102,25 @@ def test_build_strip_lists_match_the_readme():
 
     for d in build.KERNEL_DROP + build.SGLANG_DROP:
         assert d.rstrip("/").split("/")[-1] in text, d
+
+
+def test_sigterm_stops_the_servers_and_keeps_their_logs(tmp_path):
+    """``timeout`` or the device tool's limit sends SIGTERM: the servers' ``finally`` still runs."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, str(GS / "runner.py"), str(out), "--dry", "--skip", "imports,probe,drain",
+                             "--work", str(tmp_path / "w")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "CTXPROF_DRY_START_S": "60"})
+    seen = []
+    for line in proc.stdout:  # the server's start-up is under way: stop the run there
+        seen.append(line)
+        if "stage server_graph: start" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    text = "".join(seen) + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, text[-2000:]
+    assert (out / "server_logs.txt").exists() and "stopped: exit 143" in text
