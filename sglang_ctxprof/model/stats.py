@@ -193,9 +193,12 @@ class LinearFit:
 
 
 def _spread(points: list[tuple[float, float]], n: int) -> list[tuple[float, float]]:
-    """``n`` of ``points`` evenly spread (all of them when there are no more than ``n``)."""
+    """``n`` of ``points`` evenly spread (all of them when there are no more than ``n``, none for
+    ``n <= 0``: a side whose steps round to no point)."""
     if len(points) <= n:
         return points
+    if n <= 0:
+        return []
     step = len(points) / n
     return [points[int(i * step)] for i in range(n)]
 

@@ -39,3 +39,14 @@ def test_an_empty_side_changes_nothing_but_the_count():
     assert len(a.points) == 10 and a.seen == 10
     empty.merge(a)
     assert len(empty.points) == 10 and empty.seen == 10
+
+
+def test_a_rank_too_small_for_one_point_keeps_none_and_the_merge_stands():
+    """3,000 steps at ~6 steps a point against 1 step: the idle rank rounds to no point (its steps
+    still count); a merge must not divide by zero, since every profile read of the ranks merges."""
+    busy, idle = _sample(3_000, 1.0), _sample(1, 100.0)
+    busy.merge(idle)
+    assert busy.seen == 3_001 and len(busy.points) == 512 and {y for _, y in busy.points} == {1.0}
+    idle = _sample(1, 100.0)
+    idle.merge(_sample(3_000, 1.0))  # either side first
+    assert idle.seen == 3_001 and len(idle.points) == 512

@@ -213,3 +213,17 @@ def test_a_rebuild_reuses_the_fits_its_build_cache_remembers(monkeypatch):
     monkeypatch.setattr(http, "CACHE", http_build.BuildCache())
     http.served_profile([payload])
     assert len(fitted) == 2 * n
+
+
+def test_ranks_far_apart_in_steps_merge_into_one_profile():
+    """One data-parallel rank ran 3,000 steps, the other one: the read still answers."""
+    busy, idle = Aggregator(), Aggregator()
+    for i in range(3000):
+        busy.observe(_rec(i))
+    idle.observe(StepRecord(step_id=0, kind="decode", algorithm="EAGLE", rank=RankId(dp=1), rids=("t",),
+                            ctx_lens=(50,), accepted=(3,), committed=(3,), finished=(False,), draft_tokens=4,
+                            step_ms=10.0, t_start_ns=10**18, timing="cpu"))
+    st = {"enabled": True, "submitted": 1}
+    prof = http.served_profile([{"state": busy.state(), "status": dict(st, pid=1)},
+                                {"state": idle.state(), "status": dict(st, pid=2)}])
+    assert sum(b["steps"] for b in prof.to_dict()["buckets"]) == 3001
