@@ -69,6 +69,11 @@ def _quantities(rows_a: list[dict], rows_b: list[dict]) -> list[tuple[str, bool,
     return qs
 
 
+def pct_text(delta_pct: float | None) -> str:
+    """A change in percent of the baseline, or "from 0" where the baseline was 0 (no percentage)."""
+    return "from 0" if delta_pct is None else f"{delta_pct:+.0f}%"
+
+
 def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float = 0.05,
             abs_ms: float = 0.05) -> dict[str, Any]:
     checks = []
@@ -100,7 +105,7 @@ def compare(rows_a: list[dict], rows_b: list[dict], k: float = 2.0, rel: float =
         top = sorted(regressions, key=lambda c: -abs(c["delta_pct"] or 0))[:3]
         verdict = "regression"
         why = "; ".join(f"{c['quantity']} at ctx {c['ctx']}: {c['a']:.3g} -> {c['b']:.3g} "
-                        f"({c['delta_pct']:+.0f}%, noise ±{c['noise']:.2g})" for c in top)
+                        f"({pct_text(c['delta_pct'])}, noise ±{c['noise']:.2g})" for c in top)
     elif scaling and scaling["drop_pct"] > 100 * rel:
         verdict = "inherent context scaling"
         grow = ", ".join(f"{p} {s:+.3f} ms/1k ctx" for p, s in scaling["slopes"].items() if s > 0) or "-"

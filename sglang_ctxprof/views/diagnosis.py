@@ -28,7 +28,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from ..model.names import TIMING_CPU, TIMING_CPU_MODES, Phase
-from ..model.noise import compare
+from ..model.noise import compare, pct_text
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
 from .diagnosis_evidence import (HOST_GAP, Evidence, Point, evidence_from_profile,  # noqa: F401 - re-exported
@@ -133,7 +133,7 @@ def _baseline(ev: Evidence, base: Optional[Evidence], k: float, rel: float, abs_
 def _regression_line(r: Mapping[str, Any]) -> str:
     what = "acceptance" if r["phase"] == "accept_per_step" else r["phase"]
     line = (f"regression in {what}: {r['baseline']:.3g} -> {r['now']:.3g} at ctx {r['ctx']} "
-            f"({r['delta_pct']:+.0f}%, noise ±{r['noise']:.2g})")
+            f"({pct_text(r['delta_pct'])}, noise ±{r['noise']:.2g})")
     if r.get("slope_baseline") is not None:
         line += f", slope {r['slope_baseline']:+.3f} -> {r['slope_now']:+.3f} ms/1k"
     return line

@@ -43,3 +43,14 @@ def test_an_empty_run_is_nothing_comparable():
 def test_anything_compared_keeps_its_verdict(b, verdict, code):
     out = compare([row(64), row(1024)], b)
     assert out["checks"] and out["verdict"] == verdict and out["exit_code"] == code
+
+
+def test_a_quantity_that_was_zero_is_a_regression_said_in_words():
+    a, b = [row(64), row(1024)], [row(64), row(1024)]
+    for r in a:
+        r["phases_ms"]["overhead"] = {"min": 0.0, "second": 0.0}
+    for r in b:
+        r["phases_ms"]["overhead"] = {"min": 0.5, "second": 0.5}
+    out = compare(a, b)
+    assert out["verdict"] == "regression" and out["exit_code"] == 1
+    assert "overhead at ctx 64: 0 -> 0.5 (from 0, noise" in out["why"]

@@ -19,7 +19,7 @@ CTXS = (100, 600, 1500, 3000, 6000)
 
 
 def run(attn_slope=0.5, accept=lambda ctx: 4, hw=None, timing="cpu", gap_ms=0.1, n=6, mode="eager",
-        reason="CUDA graphs disabled"):
+        reason="CUDA graphs disabled", moe=2.0):
     """A profile of batch-1 steps at several contexts: attention = 1 + slope * ctx/1k ms."""
     agg = Aggregator()
     t, sid = BASE, 0
@@ -27,9 +27,9 @@ def run(attn_slope=0.5, accept=lambda ctx: 4, hw=None, timing="cpu", gap_ms=0.1,
         for k in range(n):
             sid += 1
             attn = 1.0 + attn_slope * ctx / 1e3
-            ph = {"draft": 3.0, "verify": attn + 3.0, "verify_attn": attn, "verify_moe": 2.0, "verify_rest": 1.0,
+            ph = {"draft": 3.0, "verify": attn + moe + 1.0, "verify_attn": attn, "verify_moe": moe, "verify_rest": 1.0,
                   "draft_extend": 1.0, "overhead": 0.5}
-            step = 3.0 + attn + 3.0 + 1.0 + 0.5
+            step = 3.0 + attn + moe + 1.0 + 1.0 + 0.5
             agg.observe(StepRecord(sid, "decode", "EAGLE", RankId(), ("r%d" % ctx,), (ctx + k,), (accept(ctx),),
                                    (accept(ctx),), (False,), 4, step, ph, t_start_ns=t, timing=timing,
                                    t_end_ns=t + int(step * MS), exec_mode=mode, attn_backend="intel_amx",
@@ -72,6 +72,14 @@ def test_attention_regression_against_a_baseline():
     assert "regression in verify_attn" in d["headline"]
     same = diagnose(evidence_from_profile(run(attn_slope=0.5)), base)
     assert same["baseline"]["regressions"] == [] and "no phase changed beyond noise" in same["headline"]
+
+
+def test_a_phase_that_was_zero_in_the_baseline_regresses_in_words():
+    """A leaf can be 0 (no MoE block fired, a clamped remainder): no percentage of 0, no crash."""
+    d = diagnose(evidence_from_profile(run(moe=2.0)), evidence_from_profile(run(moe=0.0), source="baseline"))
+    regs = d["baseline"]["regressions"]
+    assert [r["phase"] for r in regs] == ["verify_moe"] and regs[0]["delta_pct"] is None
+    assert "regression in verify_moe: 0 -> 2 at ctx" in d["headline"] and "(from 0, noise" in d["headline"]
 
 
 def test_physics_on_a_gpu_names_inherent_or_kernel_problem():
