@@ -19,7 +19,7 @@ CTXS = (100, 600, 1500, 3000, 6000)
 
 
 def run(attn_slope=0.5, accept=lambda ctx: 4, hw=None, timing="cpu", gap_ms=0.1, n=6, mode="eager",
-        reason="CUDA graphs disabled", moe=2.0):
+        reason="CUDA graphs disabled", moe=2.0, idle_ms=0.0):
     """A profile of batch-1 steps at several contexts: attention = 1 + slope * ctx/1k ms."""
     agg = Aggregator()
     t, sid = BASE, 0
@@ -35,6 +35,7 @@ def run(attn_slope=0.5, accept=lambda ctx: 4, hw=None, timing="cpu", gap_ms=0.1,
                                    t_end_ns=t + int(step * MS), exec_mode=mode, attn_backend="intel_amx",
                                    draft_depth=3, exec_reason=reason))
             t += int((step + gap_ms) * MS)
+        t += int(idle_ms * MS)  # the server idle between two contexts' requests
     snap = agg.snapshot().with_hw(hw)
     return build_profile(snap)
 
@@ -100,6 +101,12 @@ def test_flags_host_bubbles_downgrade_and_lost_records():
     assert d["flags"][0]["kind"] == "downgrade" and "largest captured" in d["headline"]
     prof = run().served(dropped=3)
     assert any(f["kind"] == "lost_records" for f in diagnose(evidence_from_profile(prof))["flags"])
+
+
+def test_a_server_idle_between_requests_has_no_host_bubbles():
+    """A minute with no request is not scheduler overhead: the typical gap counts, as in the ledger."""
+    d = diagnose(evidence_from_profile(run(gap_ms=0.1, idle_ms=60_000.0)))
+    assert [f["kind"] for f in d["flags"]] == []
 
 
 def test_whatif_prediction_range_and_budget_advice():
