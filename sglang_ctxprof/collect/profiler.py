@@ -167,7 +167,8 @@ class Profiler:
         return BindFacts(primary=rank is None or rank.tp == 0, model_name=adapter.served_model_name(sa),
                          metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
                          dropped=self.recorder.dropped_count, degraded=self.guard.status,
-                         audit=self.audit_counts, policy=self.trace_policy, counts=self.aggregator.counts)
+                         audit=self.audit_counts, policy=self.trace_policy, counts=self.aggregator.counts,
+                         guarded=self.guard.run)
 
     def trace_policy(self) -> Optional[Policy]:
         """The exporters' trace policy as it is now (``ExporterSet.policy``), None without exporters."""

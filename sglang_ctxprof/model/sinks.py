@@ -68,6 +68,10 @@ def _no_policy() -> Optional[Policy]:
     return None
 
 
+def _call(component: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 @dataclass(frozen=True)
 class BindFacts:
     """What the exporter sinks need from the process, known once the profiler is bound.
@@ -84,8 +88,10 @@ class BindFacts:
     ``POST /ctx_profile/trace_policy`` replaces; None without exporters), which the slow-request
     capture trigger judges with; ``counts``: the aggregator's acceptance counts of a record
     (``aggregate.acceptance.CountsMemo``, which remembers the aggregator's count of the record for
-    the live metrics; None: they count afresh).  The defaults are a primary rank with no history,
-    metrics off and no policy (before bind, and in tests)."""
+    the live metrics; None: they count afresh); ``guarded(component, fn, *args)``: the fault guard's
+    ``run``, for a sink's work that belongs to another component (the request sink's log events are
+    the ``logs`` component's).  The defaults are a primary rank with no history, metrics off, no
+    policy and plain calls (before bind, and in tests)."""
 
     primary: bool = True
     model_name: str = ""
@@ -96,6 +102,7 @@ class BindFacts:
     audit: Callable[[], Optional[Mapping[str, int]]] = _no_audit
     policy: Callable[[], Optional[Policy]] = _no_policy
     counts: Optional[Counts] = None
+    guarded: Callable[..., Any] = _call
 
 
 class ExporterSet(Protocol):

@@ -153,10 +153,14 @@ class RequestSink:
             self.otel.export_request(req, reason)
             self.traced += 1
             traced = True
-        if self.logs is not None:
-            self.logs.on_request(req, reason, traced)
-            if req.get("aborted"):
-                self.logs.on_abort(req, traced)
+        if self.logs is not None:  # the log view's own fault: the traces go on
+            self.facts.guarded("logs", self._log, self.logs, req, reason, traced)
+
+    @staticmethod
+    def _log(logs: LogView, req: Mapping[str, Any], reason: str, traced: bool) -> None:
+        logs.on_request(req, reason, traced)
+        if req.get("aborted"):
+            logs.on_abort(req, traced)
 
     def dropped(self) -> int:
         return int(self.otel.stats.dropped) if self.otel is not None else 0

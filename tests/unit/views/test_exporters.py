@@ -237,3 +237,33 @@ def test_a_policy_switch_while_a_request_is_read_applies_from_the_next_one():
         s.requests.observe(rec)
     assert _exported(exp) == ["b"]
     assert len([sp for sp in exp.get_finished_spans() if sp.name == names.SPAN_STEP]) == 3
+
+
+def test_a_log_destination_that_breaks_turns_off_the_logs_not_the_traces(tmp_path):
+    """The request sink writes its request events to the log view: a failed write is the ``logs``
+    component's fault, and the next requests are still traced."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.collect.recorder import Recorder
+    from sglang_ctxprof.model.guard import Guard
+    from sglang_ctxprof.views.logs import LogView, make_logger
+
+    agg, guard = Aggregator(), Guard()
+    mem, prov = InMemorySpanExporter(), TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(mem))
+    facts = BindFacts(history=lambda rid, ws, st: agg.finished_request(rid, st, lazy=True, with_steps=ws),
+                      guarded=guard.run)
+    slow = TracePolicy(mode="slow", slow_tok_s=100, slow_step_ms=0)  # every request slow: each one logged
+    exp = Exporters(Bucketing.parse("pow2"), slow, facts=facts, env={}, otel=OtelView(prov))
+    out = open(tmp_path / "events.log", "w")
+    cfg = LogSettings(fmt="json", summary_s=0)
+    exp.attach_logs(LogView(cfg, exp.requests.current_policy, logger=make_logger(cfg, file=out)))
+    rec = Recorder(agg, guard, sinks=exp.sinks)
+    for k, rid in enumerate("abc"):
+        for r in _steps(rid, 3, 50.0, start=10 * k):
+            rec.submit(r)
+        rec.flush()
+        if rid == "a":
+            out.close()  # the log destination breaks (closed, full, a broken pipe)
+    rec.close()
+    assert _exported(mem) == ["a", "b", "c"]
+    assert set((guard.status() or {}).get("components", {})) == {"logs"}
