@@ -22,6 +22,11 @@ interleave layer by layer.  On GPU this anchors the
 event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
 carries ``ctxprof.phase_layout = "sequential"`` to say so.
 
+A request whose spans could never fit the span queue, however empty (over ~1,000 decode steps at
+the default queue of 8,192: 8 spans a step), goes out whole without phase spans: one span a step,
+each phase's ms an attribute of it (``ctxprof.phase_ms.<phase>``), ``ctxprof.phase_layout =
+"attributes"`` on the root and its steps, and counted in ``requests_compact``.
+
 A request SGLang aborted while it waited is exported the same way, its root span named by
 ``ctxprof.aborted`` (``names.ABORT_KINDS``); one aborted before its first step is a root span alone,
 at the time of the abort.
@@ -92,6 +97,7 @@ class ExportStats:
         self.failed_batches = 0
         self.requests_exported = 0
         self.requests_dropped = 0  # dropped whole: their spans did not fit in the queue's room
+        self.requests_compact = 0  # exported with their phases as step attributes (never fit as spans)
 
     def admit(self, n: int) -> bool:
         """Room for a request's ``n`` spans (queued spans never exceed ``max_queue``; only the exporter
@@ -111,6 +117,7 @@ class ExportStats:
     def to_dict(self) -> dict[str, int]:
         with self._lock:
             return {"requests_exported": self.requests_exported, "requests_dropped": self.requests_dropped,
+                    "requests_compact": self.requests_compact,
                     "spans_enqueued": self.enqueued,
                     "spans_exported": self.exported, "spans_dropped": self.dropped,
                     "failed_batches": self.failed_batches, "queue_size": self.max_queue}
@@ -228,6 +235,15 @@ def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> in
     return n
 
 
+def _compacted(s0: int, s1: int, attrs: dict[str, Any],
+               slices: list[PhaseSlice]) -> tuple[int, int, dict[str, Any], list[PhaseSlice]]:
+    """A step's plan without phase spans: each phase's ms (as its span would have lasted) an attribute."""
+    attrs[names.ATTR_LAYOUT] = names.LAYOUT_ATTRIBUTES
+    for sl in slices:
+        attrs[names.ATTR_PHASE_MS_PREFIX + sl.name] = (sl.end_ns - sl.start_ns) / 1e6
+    return s0, s1, attrs, []
+
+
 class OtelView:
     def __init__(self, tracer_provider: Any, stats: Optional[ExportStats] = None,
                  bucket_label: Optional[Callable[[float], str]] = None) -> None:
@@ -263,7 +279,7 @@ class OtelView:
             names.ATTR_DECODE_TOK_S: float(req.get("decode_tok_s") or 0.0),
             names.ATTR_DECODE_MS: float(req.get("decode_ms") or 0.0),
             names.ATTR_FINISHED: bool(req.get("finished")),
-            names.ATTR_LAYOUT: "sequential",
+            names.ATTR_LAYOUT: names.LAYOUT_SEQUENTIAL,
         }
         if req.get("prompt_tokens") is not None:
             attrs[names.ATTR_PROMPT_TOKENS] = int(req["prompt_tokens"])
@@ -279,7 +295,14 @@ class OtelView:
         if req.get("captures"):  # deep captures that covered its steps: views.capture_refs
             attrs.update(span_attrs(req["captures"], (r["step_id"] for r in rows)))
         plan = [self._step_plan(r) for r in rows]  # every row read before the first span starts
-        if not self.stats.admit(_span_count(req, rows)):
+        n = _span_count(req, rows)
+        cap = self.stats.max_queue
+        compact = bool(cap) and n > cap  # could never fit as phase spans: one span a step
+        if compact:
+            n = 1 + (float(req.get("prefill_ms") or 0.0) > 0) + len(rows)
+            attrs[names.ATTR_LAYOUT] = names.LAYOUT_ATTRIBUTES
+            plan = [_compacted(*step) for step in plan]
+        if not self.stats.admit(n):
             return  # the root ends last: a partial request would lose it, so none of it is queued
         root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
                                       start_time=t0, attributes=attrs)
@@ -293,7 +316,7 @@ class OtelView:
         for step in plan:
             n += self._step(ctx, *step)
         root.end(end_time=t_end)
-        self.stats.add(requests_exported=1)
+        self.stats.add(requests_exported=1, requests_compact=int(compact))
 
     def _span(self, name: str, ctx: Any, start: int, end: int, attrs: Mapping[str, Any]) -> Any:
         s = self.tracer.start_span(name, context=ctx, start_time=start, attributes=dict(attrs))
@@ -313,7 +336,7 @@ class OtelView:
             names.ATTR_ACCEPTED: int(r["accepted"]),
             names.ATTR_COMMITTED: int(r["committed"]),
             names.ATTR_STEP_MS: float(r["step_ms"]),
-            names.ATTR_LAYOUT: "sequential",
+            names.ATTR_LAYOUT: names.LAYOUT_SEQUENTIAL,
         }
         if self.bucket_label is not None:
             attrs[names.ATTR_CTX_BUCKET] = self.bucket_label(r["ctx_len"])

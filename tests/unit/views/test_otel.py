@@ -122,14 +122,16 @@ def test_bounded_queue_counts_drops_and_never_blocks():
     queue = CtxProfConfig.from_env({"SGLANG_CTXPROF_OTEL_QUEUE": "4"}).export.otel_queue
     prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=queue)
     view = OtelView(prov, stats)
-    view.export_request(_request(3))  # 1 + 1 + 3 * 8 = 26 spans into a queue of 4, exporter stuck
+    view.export_request(_request(3))  # 1 + 1 + 3 * 8 = 26 spans, or 5 a span a step: never fit a queue of 4
+    for _ in range(3):  # a root and its prefill each, the exporter stuck: the queue fills, nothing blocks
+        view.export_request(_request(0))
     d = stats.to_dict()
-    assert d["spans_dropped"] >= 26 - 8  # at most one batch in export plus a full queue
+    assert d["requests_dropped"] >= 1 and d["requests_exported"] + d["requests_dropped"] == 4
     exp.release.set()
     view.flush()
     d = stats.to_dict()
-    assert d["spans_exported"] == exp.got
-    assert d["spans_exported"] + d["spans_dropped"] == 26
+    assert d["spans_exported"] == exp.got and d["requests_compact"] == 0
+    assert d["spans_exported"] + d["spans_dropped"] == 5 + 2 + 2 + 2  # every request whole, one way or the other
     view.shutdown()
 
 

@@ -65,11 +65,11 @@ def _by_trace(spans) -> dict:
 
 def test_overflow_keeps_each_request_whole_or_drops_it_whole():
     exp = _Recording()
-    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=32)
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=64)
     view = OtelView(prov, stats)
     short, long_ = _request("short", 2), _request("long", 6)  # 2 + 2*8 = 18 and 2 + 6*8 = 50 spans
     view.export_request(short)
-    view.export_request(long_)  # 14 places left in a queue of 32, exporter stuck
+    view.export_request(long_)  # 46 places left in a queue of 64, exporter stuck
     exp.release.set()
     view.flush()
     traces = _by_trace(exp.spans)
@@ -89,8 +89,9 @@ def test_overflow_keeps_each_request_whole_or_drops_it_whole():
 @pytest.mark.parametrize("queue, requests, exported", [
     # 5 x 34 spans through a queue of 64: each waits for the queue to drain, then fits whole
     (64, [(f"r{i}", 4) for i in range(5)], {f"r{i}" for i in range(5)}),
-    # 26 spans can never fit a queue of 16: dropped whole and counted; the 10-span one still fits
-    (16, [("big", 3), ("small", 1)], {"small"}),
+    # 20 steps can never fit a queue of 16, not even a span a step (22): dropped whole and counted;
+    # the 10-span one still fits
+    (16, [("big", 20), ("small", 1)], {"small"}),
 ], ids=["fits-after-drain", "larger-than-queue"])
 def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, requests, exported):
     exp = _Recording()
@@ -100,7 +101,7 @@ def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, reques
     for rid, n_steps in requests:
         view.export_request(_request(rid, n_steps))
         view.flush()
-    spans = {rid: 2 + SPANS_PER_STEP * n for rid, n in requests}
+    spans = {rid: 2 + SPANS_PER_STEP * n if 2 + SPANS_PER_STEP * n <= queue else 2 + n for rid, n in requests}
     by_rid = {s.attributes[names.ATTR_RID]: len(v) for v in _by_trace(exp.spans).values()
               for s in v if s.name == names.SPAN_REQUEST}
     assert by_rid == {rid: spans[rid] for rid in exported}  # whole: every span of each exported one
@@ -112,8 +113,8 @@ def test_a_request_is_exported_whole_once_it_fits_or_dropped_whole(queue, reques
 
 
 def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
-    """A request aborted after its steps (too big for the queue) is dropped whole and counted; one
-    aborted before its first step is one root span, which fits."""
+    """A request aborted after its steps (too big for the queue, even a span a step) is dropped whole
+    and counted; one aborted before its first step is one root span, which fits."""
     from sglang_ctxprof.aggregate.request_entry import aborted_summary
     from sglang_ctxprof.model.records import RequestEnd
 
@@ -122,7 +123,7 @@ def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
     prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp, queue=16)
     view = OtelView(prov, stats)
     log = RequestLog()
-    for i in range(4):  # prefill + 3 decode steps = 26 spans, never finished by a step
+    for i in range(21):  # prefill + 20 decode steps = 162 spans (22 a span a step), never finished by a step
         dec = i > 0
         log.observe(StepRecord(step_id=i, kind="decode" if dec else "prefill", algorithm="EAGLE", rank=RankId(),
                                rids=("big",), ctx_lens=(100 + i,), accepted=(3 * dec,), committed=(3 * dec,),
@@ -130,7 +131,7 @@ def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
                                t_start_ns=T0 + i * 10**7))
     log.end(RequestEnd("big", retracted=True, t_ns=T0 + 10**9))
     big = log.get("big")
-    assert big["aborted"] == names.ABORT_RETRACTED and big["steps"] == 3
+    assert big["aborted"] == names.ABORT_RETRACTED and big["steps"] == 20
     view.export_request(big)
     view.export_request(aborted_summary(RequestEnd("never", t_ns=T0 + 2 * 10**9)))
     view.flush()
@@ -138,7 +139,7 @@ def test_aborted_requests_are_kept_whole_or_dropped_whole_too():
         [(names.SPAN_REQUEST, "never", names.ABORT_QUEUED)]
     d = stats.to_dict()
     assert d["requests_exported"] == 1 and d["requests_dropped"] == 1
-    assert d["spans_exported"] == 1 and d["spans_dropped"] == 2 + 3 * SPANS_PER_STEP
+    assert d["spans_exported"] == 1 and d["spans_dropped"] == 2 + 20
     view.shutdown()
 
 
@@ -159,4 +160,30 @@ def test_a_malformed_step_row_exports_nothing_of_its_request():
     assert {s.attributes.get(names.ATTR_RID) for s in exp.spans if s.name == names.SPAN_REQUEST} == {"good"}
     assert len(exp.spans) == 2 + SPANS_PER_STEP  # the good request whole, nothing of the bad one
     assert stats.to_dict()["requests_exported"] == 1
+    view.shutdown()
+
+
+def test_a_request_whose_phase_spans_never_fit_is_exported_whole_with_phases_as_attributes():
+    """1,100 decode steps need 8,802 spans, more than the default queue (8,192) ever holds: a long
+    request, the kind this tool is for, would never be traced.  It goes out whole, one span a step,
+    its phases as the step span's attributes, and is counted apart."""
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp)  # the default queue
+    view = OtelView(prov, stats)
+    view.export_request(_request("long", 1100))
+    view.export_request(_request("short", 3))
+    view.flush()
+    by_rid = {s.attributes[names.ATTR_RID]: v for v in _by_trace(exp.spans).values() for s in v
+              if s.name == names.SPAN_REQUEST}
+    assert {r: len(v) for r, v in by_rid.items()} == {"long": 2 + 1100, "short": 2 + 3 * SPANS_PER_STEP}
+    root = next(s for s in by_rid["long"] if s.name == names.SPAN_REQUEST)
+    assert root.attributes[names.ATTR_LAYOUT] == names.LAYOUT_ATTRIBUTES
+    steps = [s for s in by_rid["long"] if s.name == names.SPAN_STEP]
+    assert len(steps) == 1100 and all(s.attributes[names.ATTR_LAYOUT] == names.LAYOUT_ATTRIBUTES for s in steps)
+    ms = {k[len(names.ATTR_PHASE_MS_PREFIX):]: v for k, v in steps[0].attributes.items()
+          if k.startswith(names.ATTR_PHASE_MS_PREFIX)}
+    assert ms == pytest.approx({p: PH[p] for p in PH})  # every phase, as its span would have lasted
+    d = stats.to_dict()
+    assert d["requests_exported"] == 2 and d["requests_compact"] == 1 and d["requests_dropped"] == 0
     view.shutdown()
