@@ -19,7 +19,8 @@ graphs is done at *capture* time (sglang-internals.md section 5, "Timing layers 
    hooks failed, and a rank that got ``disable`` first all replay what their peers replay; only
    their reads differ.  The graph hooks stay installed while timing is off, so the rule keeps
    holding; a sampled step then still replays the copy (its event nodes cost ~2-3 us each, on one
-   step in K), and ``timed_shapes=none`` makes that zero.
+   step in K), K = 1 still holds the overlap (``hold_overlap``), and ``fallback="eager"`` still runs
+   one verify in K eagerly; ``timed_shapes=none`` makes all of that zero (no copy, no eager step).
 3. **Reads are per rank.**  A sampled verify step keeps a handle ``GraphRead(key, generation)``;
    ``read`` turns it into ``{phase: ms}`` after SGLang's own synchronization, with ``query()`` only.
    Every timed replay bumps the copy's generation, so a read whose copy was replayed since, whose
@@ -144,16 +145,17 @@ class GraphTimer:
         guard, read outcome or toggle, so every rank launches the same graph on the same step."""
         if step_id is None or step_id % self.sample_every:
             return PLAIN
-        if not self.timed:
-            return EAGER if self.fallback == "eager" else PLAIN
+        if not self.timed:  # no timed copies: the eager fallback, unless no shape is to be timed
+            return EAGER if self.fallback == "eager" and self.timed_shapes != "none" else PLAIN
         return TIMED if key in self._copies else PLAIN
 
     def hold_overlap(self, last_step_id: Optional[int], next_step_id: int) -> bool:
         """Process the previous step before launching the next one when both are sampled (K = 1):
-        only then could the next timed replay overwrite events not read yet.  Configuration and step
-        ids only, so every rank agrees."""
+        only then could the next timed replay overwrite events not read yet; never without a timed
+        copy.  Configuration, the copies and step ids only, so every rank agrees."""
         k = self.sample_every
-        return self.timed and last_step_id is not None and last_step_id % k == 0 and next_step_id % k == 0
+        return (self.timed and bool(self._copies) and last_step_id is not None and last_step_id % k == 0
+                and next_step_id % k == 0)
 
     def count_eager(self, step_id: int) -> None:
         if self._last_eager != step_id:

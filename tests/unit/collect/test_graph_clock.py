@@ -85,3 +85,16 @@ def test_a_backend_at_a_freed_backends_address_starts_afresh(monkeypatch):
     del new
     g.read(StepBuilder("decode", 0))  # the next read releases a gone backend's events
     assert g.events == 0 and g.released == 2 and g.rule(0, (bid, "bs1")) == "plain"
+
+
+def test_timed_shapes_none_costs_nothing_on_any_step():
+    """``timed_shapes=none`` is the documented way to zero the graph timing's cost (its rule keeps
+    holding while profiling is off, so ranks agree): no timed copy, so no overlap hold at K = 1, and
+    no eager verify from the eager fallback."""
+    k1 = GraphTimer(lambda: None, lambda: False, sample_every=1, timed_shapes="none")
+    assert not any(k1.hold_overlap(s, s + 1) for s in range(100))
+    held = GraphTimer(lambda: None, lambda: False, sample_every=1)
+    held._copies.add("k")
+    assert all(held.hold_overlap(s, s + 1) for s in range(100))  # with a copy at K = 1 it holds, as before
+    eager = GraphTimer(None, lambda: False, sample_every=4, fallback="eager", timed_shapes="none")
+    assert {eager.rule(s) for s in range(100)} == {PLAIN}
