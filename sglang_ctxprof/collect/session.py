@@ -94,14 +94,23 @@ class CtxProfSession:
             return
         p.active = False
         inst.uninstrument(groups=[GROUP_TIMING])
+        hooks.label_phases(None)  # a capture's phase labelling (a module-level swap) ends with the hooks
         p.wrapped_worker = None
         p.pause()
 
     def uninstrument(self) -> None:
-        """The mirror of :meth:`instrument`: restore SGLang, stop our threads, clear the handle."""
+        """The mirror of :meth:`instrument`: stop a running capture (on one rank: several stop it
+        together through the control channel's ``disable``), restore SGLang, stop our threads,
+        clear the handle."""
         p, inst = self.profiler, self.instrumentor
         if p is None or inst is None:
             return
+        cap = p.capture
+        if cap.current is not None and cap.ranks == 1 and p.scheduler is not None:
+            try:  # one rank: SGLang's profiler stops here (several wait for each other in lockstep)
+                cap.halt(p.scheduler)
+            except Exception as exc:  # noqa: BLE001 - tearing down: report and go on
+                logger.warning("sglang-ctxprof: the running capture did not stop cleanly: %r", exc)
         self.disable()
         inst.uninstrument()
         if hooks.SESSION is self:

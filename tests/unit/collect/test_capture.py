@@ -581,3 +581,26 @@ def test_a_capture_whose_ticks_always_fail_stops_after_its_most_steps_on_every_r
         assert not sched.profiler_manager.profile_in_progress and sched.profiler_manager.barriers == 1
         assert ran == (most_ticks(cap.find(cid)) if ranks == 2 else 1), ran
         assert wait_state(cap, cid).error
+
+
+def test_uninstrument_during_a_capture_stops_it_and_leaves_no_labelling(tmp_path):
+    """The mirror of instrument: a capture running when the session is torn down is stopped (one
+    rank: SGLang's profiler must not stay on, refusing its own /start_profile), and the phase
+    labelling, a module-level swap, does not outlive the session into the next one."""
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    cfg = CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_DIR: str(tmp_path)})
+    session = CtxProfSession(cfg, targets=[])
+    session.instrument()
+    p, s = session.profiler, CaptureScheduler()
+    p.bind(s)
+    cid = p.capture.request(names.TRIGGER_MANUAL, now_s=1000.0)["capture"]["id"]
+    s.step(p.capture)
+    assert p.capture.find(cid).state == names.CAPTURE_RUNNING and s.profiler_manager.profile_in_progress
+    assert hooks._around is hooks._around_labelled
+    cap = p.capture
+    session.uninstrument()
+    assert hooks._around is hooks._around_plain
+    assert not s.profiler_manager.profile_in_progress
+    assert wait_state(cap, cid).state in (names.CAPTURE_DONE, names.CAPTURE_FAILED)
