@@ -158,6 +158,9 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         from .text import render
 
         return PlainTextResponse(render(profile))
+    missing = [r["error"] for r in profile.ranks if "error" in r]
+    if missing:  # counters merged over fewer ranks would read as a reset: no sample, not a smaller one
+        return _error(503, "not every rank answered: " + "; ".join(missing), degraded=profile.degraded)
     from .prometheus import render as render_prom
 
     return PlainTextResponse(render_prom(profile), media_type="text/plain; version=0.0.4")

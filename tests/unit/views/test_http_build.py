@@ -227,3 +227,16 @@ def test_ranks_far_apart_in_steps_merge_into_one_profile():
     prof = http.served_profile([{"state": busy.state(), "status": dict(st, pid=1)},
                                 {"state": idle.state(), "status": dict(st, pid=2)}])
     assert sum(b["steps"] for b in prof.to_dict()["buckets"]) == 3001
+
+
+def test_the_prometheus_view_refuses_a_partial_merge():
+    """A rank that missed the control timeout: the JSON says which, but Prometheus would read the
+    smaller merged counters as a reset (``increase()`` then counts steps twice).  A failed scrape
+    (no sample) is the honest answer there."""
+    st = {"enabled": True, "submitted": 300}
+    both = [{"state": _agg().state(), "status": dict(st, pid=1)}, {"state": _agg().state(), "status": dict(st, pid=2)}]
+    one = [both[0], {"error": "rank 1: no answer within 30 s"}]
+    assert http._profile_reply(both, "prometheus").status_code == 200
+    assert http._profile_reply(one, "json").status_code == 200
+    r = http._profile_reply(one, "prometheus")
+    assert r.status_code == 503 and b"rank 1: no answer" in r.body
