@@ -168,7 +168,7 @@ class Profiler:
                          metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
                          dropped=self.recorder.dropped_count, degraded=self.guard.status,
                          audit=self.audit_counts, policy=self.trace_policy, counts=self.aggregator.counts,
-                         guarded=self.guard.run)
+                         guarded=self.guard.run, watch_faults=self.guard.listen)
 
     def trace_policy(self) -> Optional[Policy]:
         """The exporters' trace policy as it is now (``ExporterSet.policy``), None without exporters."""

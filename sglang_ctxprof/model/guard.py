@@ -36,6 +36,7 @@ class Guard:
     def __init__(self, fault: str = "") -> None:
         self._lock = threading.Lock()
         self.disabled: dict[str, str] = {}
+        self._listeners: list[Callable[[], None]] = []  # told after a component fails or all heal
         self.fault = fault
         self.switchable = fault == FAULT_RUNTIME
         if fault:  # a fault plan was set at start: only then does ok() look at it
@@ -63,6 +64,18 @@ class Guard:
         if not component:
             self.clear()
 
+    def listen(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` after a component fails and after :meth:`clear` (on the thread that failed:
+        ``fn`` must be quick; its own failure is logged, never raised)."""
+        self._listeners.append(fn)
+
+    def _tell(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a listener never fails the failing path
+                logger.warning("sglang-ctxprof: a fault listener failed: %r", exc)
+
     def fail(self, component: str, exc: BaseException) -> None:
         with self._lock:
             if component in self.disabled:
@@ -72,6 +85,7 @@ class Guard:
             "sglang-ctxprof: component %r failed and is now disabled; SGLang continues unaffected.\n%s",
             component, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         )
+        self._tell()
 
     def run(self, component: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run our code ``fn``; on failure disable ``component`` and return None."""
@@ -92,3 +106,4 @@ class Guard:
     def clear(self) -> None:
         with self._lock:
             self.disabled.clear()
+        self._tell()

@@ -72,6 +72,10 @@ def _call(component: str, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
+def _no_watch(fn: Callable[[], None]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class BindFacts:
     """What the exporter sinks need from the process, known once the profiler is bound.
@@ -90,8 +94,10 @@ class BindFacts:
     (``aggregate.acceptance.CountsMemo``, which remembers the aggregator's count of the record for
     the live metrics; None: they count afresh); ``guarded(component, fn, *args)``: the fault guard's
     ``run``, for a sink's work that belongs to another component (the request sink's log events are
-    the ``logs`` component's).  The defaults are a primary rank with no history, metrics off, no
-    policy and plain calls (before bind, and in tests)."""
+    the ``logs`` component's); ``watch_faults(fn)``: the guard's ``listen``, ``fn()`` called after a
+    component fails or all heal (the live degraded gauge, which no record refreshes once the
+    records stop).  The defaults are a primary rank with no history, metrics off, no policy, plain
+    calls and no fault listening (before bind, and in tests)."""
 
     primary: bool = True
     model_name: str = ""
@@ -103,6 +109,7 @@ class BindFacts:
     policy: Callable[[], Optional[Policy]] = _no_policy
     counts: Optional[Counts] = None
     guarded: Callable[..., Any] = _call
+    watch_faults: Callable[[Callable[[], None]], None] = _no_watch
 
 
 class ExporterSet(Protocol):

@@ -208,6 +208,8 @@ class MetricsSink:
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
                                          degraded=f.degraded, audit=f.audit, counts=f.counts)
+                if self.view is not None:
+                    f.watch_faults(self.view.refresh_degraded)
         return self.view
 
     def observe(self, rec: StepRecord) -> None:
@@ -221,7 +223,10 @@ class MetricsSink:
             view.on_abort(end.kind)
 
     def stop(self) -> None:
-        return None
+        """Unregister the live families (a later session in this process registers its own)."""
+        view, self.view, self._checked = self.view, None, False
+        if view is not None:
+            view.close()
 
 
 class Exporters:

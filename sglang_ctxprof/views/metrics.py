@@ -22,7 +22,8 @@ schedulers, so metrics created here are written to that directory and SGLang's o
 * ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
   (read from the recorder when the next record drains);
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
-  failure, else 0 (updated as records drain; ``livemax`` over the scheduler processes);
+  failure, else 0 (updated as records drain and when the guard reports a failure or a heal;
+  ``livemax`` over the scheduler processes);
 * ``sglang_ctxprof_invariant_violations_total`` counter, label ``invariant``: the self-audit's broken
   invariants (``aggregate.audit``; every invariant exported from the start, 0 is an answer);
 * ``sglang_ctxprof_requests_aborted_total`` counter, label ``kind`` (``queued``, ``retracted``):
@@ -39,6 +40,7 @@ nothing is created (``/ctx_profile?format=prometheus`` renders the aggregate ins
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Mapping, Optional
 
 from ..model.buckets import Bucketing
@@ -70,6 +72,8 @@ class MetricsView:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
         reg = REGISTRY if registry is None else registry
+        self._registry = reg
+        self._health = threading.Lock()  # the degraded gauge: the drain thread and a failing one
         m = LABEL_MODEL
         self.bucketing = bucketing
         self.model = model
@@ -121,17 +125,32 @@ class MetricsView:
         if n > self._dropped_seen:
             self.dropped.labels(self.model).inc(n - self._dropped_seen)
             self._dropped_seen = n
-        bad = frozenset(((self._degraded_fn() or {}).get("components") or {}))
-        if bad != self._degraded_seen:
-            for c in COMPONENTS:
-                self.degraded.labels(self.model, c).set(1 if c in bad else 0)
-            self._degraded_seen = bad
+        self.refresh_degraded()
         for inv, n in (self._audit_fn() or {}).items():
             seen = self._audit_seen.get(inv, 0)
             if n != seen:
                 if n > seen:
                     self.violations.labels(self.model, inv).inc(n - seen)
                 self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
+
+    def refresh_degraded(self) -> None:
+        """The degraded gauge from the guard's status: as records drain, and when the guard says a
+        component failed or all healed (``BindFacts.watch_faults``), which no record may follow."""
+        with self._health:
+            bad = frozenset(((self._degraded_fn() or {}).get("components") or {}))
+            if bad != self._degraded_seen:
+                for c in COMPONENTS:
+                    self.degraded.labels(self.model, c).set(1 if c in bad else 0)
+                self._degraded_seen = bad
+
+    def close(self) -> None:
+        """Unregister every family, so a later view (a new session in this process) can register."""
+        for c in (self.phase_seconds, self.accepted, self.steps, self.req_steps, self.draft_tokens, self.position,
+                  self.observed_pos, self.cached, self.dropped, self.degraded, self.violations, self.aborted):
+            try:
+                self._registry.unregister(c)
+            except KeyError:
+                pass
 
     def on_abort(self, kind: str) -> None:
         """A request SGLang aborted while it waited (``RequestEnd.kind``)."""

@@ -164,3 +164,15 @@ def test_totals_folded_from_rows_equal_a_step_by_step_fold(seed):
         assert got["decode_ms"] == pytest.approx(want["decode_ms"], rel=1e-12)
         kept = len(got["step_rows"])
         assert kept + got["step_rows_dropped"] + got["steps_truncated"] == got["steps"]
+
+
+def test_listeners_hear_each_failure_and_the_heal_and_never_raise(caplog):
+    g, heard = Guard(), []
+    g.listen(lambda: heard.append(sorted((g.status() or {}).get("components", {}))))
+    g.listen(lambda: 1 / 0)  # a broken listener: logged, the failing path goes on
+    with caplog.at_level(logging.WARNING, logger="sglang_ctxprof.model.guard"):
+        g.fail("metrics", RuntimeError("x"))
+        g.fail("metrics", RuntimeError("again"))  # already off: nothing new to tell
+        g.clear()
+    assert heard == [["metrics"], []]
+    assert sum("fault listener failed" in r.getMessage() for r in caplog.records) == 2

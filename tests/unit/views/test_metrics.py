@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.views.profile import build_profile
 from sglang_ctxprof.model.buckets import Bucketing
-from sglang_ctxprof.model.names import REPORTED_PHASES
+from sglang_ctxprof.model.names import METRIC_DEGRADED, REPORTED_PHASES
 from sglang_ctxprof.model.records import RankId, StepRecord
 from sglang_ctxprof.views.metrics import MetricsView, maybe_create
 from sglang_ctxprof.views.prometheus import render
@@ -133,3 +133,31 @@ def test_a_series_appears_only_once_it_has_a_value_whatever_the_order_of_records
     observed = {s.labels["position"]: s.value for s in fam["sglang_ctxprof_position_observed"].samples
                 if s.name.endswith("_total")}
     assert observed == {"1": 2, "2": 2, "3": 2}
+
+
+def test_the_degraded_gauge_shows_a_failure_that_stops_the_records():
+    """A failed ``metrics`` (or ``recorder``, ``hooks``) component stops the records that used to
+    refresh the gauge: the guard tells the view itself, so an alert on the gauge still fires; and a
+    view that ends leaves the registry to the next one."""
+    from prometheus_client import REGISTRY
+
+    from sglang_ctxprof.model.guard import Guard
+    from sglang_ctxprof.model.sinks import BindFacts
+    from sglang_ctxprof.views.exporters import MetricsSink
+
+    def deg(reg):
+        fam = _families(generate_latest(reg).decode())
+        return {x.labels["component"]: x.value for x in fam["sglang_ctxprof_degraded"].samples}
+
+    for _ in range(2):  # a second session in the same process builds its view again
+        guard = Guard()
+        sink = MetricsSink(Bucketing.parse("pow2"), BindFacts(metrics_enabled=True, degraded=guard.status,
+                                                               watch_faults=guard.listen))
+        sink.observe(_recs()[0])
+        assert sink.view is not None and sum(deg(REGISTRY).values()) == 0
+        guard.fail("metrics", RuntimeError("boom"))  # no record reaches the sink after this
+        assert deg(REGISTRY)["metrics"] == 1.0
+        guard.clear()
+        assert deg(REGISTRY)["metrics"] == 0.0
+        sink.stop()
+        assert METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
