@@ -38,7 +38,7 @@ def reference():
 def server(reference):
     d, env = ctxprof_ref.selfcheck_env()
     env[names.ENV_FAULT] = "runtime"
-    srv = start_server("fault-isolation", ctxprof_ref.model_args() + [names.CLI_FLAG], env=env)
+    srv = start_server("fault-isolation", ctxprof_ref.model_args() + [names.CLI_FLAG, "--enable-metrics"], env=env)
     try:
         srv.selfcheck_dir = d
         yield srv
@@ -61,6 +61,18 @@ def _warnings(log_path: str, component: str) -> list[int]:
         assert any(ln.startswith("Traceback") for ln in lines[i + 1:i + 4]), lines[i:i + 4]
         assert any("InjectedFault" in ln for ln in lines[i + 1:i + 40])
     return hits
+
+
+def _degraded_gauge(url: str) -> dict[str, float]:
+    """``sglang_ctxprof_degraded`` by component, as SGLang's /metrics serves it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(http("GET", url + "/metrics")[1]):
+        for smp in fam.samples:
+            if smp.name == names.METRIC_DEGRADED:
+                out[smp.labels["component"]] = max(out.get(smp.labels["component"], 0.0), smp.value)
+    return out
 
 
 def _profile_during_traffic(url: str, stop_after: float) -> list[int]:
@@ -111,6 +123,8 @@ def test_component_fault_is_isolated(server, reference, component):
     assert any(component in r and "InjectedFault" in r[component] for r in reasons), body["degraded"]
     if component == "hooks":  # hooks off from the first step on: nothing recorded
         assert body["totals"]["records"] == 0
+    if component != "http":  # the scheduler's own components: its live gauge says so, records or not
+        assert _degraded_gauge(url)[component] == 1.0
 
     # Exactly one warning with a traceback for this component, although many steps/polls ran.
     deadline = time.time() + 10
@@ -125,6 +139,7 @@ def test_component_fault_is_isolated(server, reference, component):
     status, body = http("GET", url + "/ctx_profile")
     assert status == 200 and body["degraded"] is None, body
     assert body["totals"]["decode_steps"] > 0 and body["dropped"] == 0
+    assert set(_degraded_gauge(url).values()) == {0.0}
 
 
 def test_fault_switch_rejects_bad_component(server):
