@@ -63,6 +63,7 @@ from .capture_refs import span_attrs
 
 DEFAULT_QUEUE = DEFAULT_OTEL_QUEUE
 logger = logging.getLogger(__name__)
+SHUTDOWN_S = 3.0  # the longest the exporters' shutdown waits for the span queue to drain
 # Loggers where the OTLP exporters report each failed batch.  A filter drops those lines when they
 # come from *our* export thread only (SGLang's own --enable-trace exporter logs as before): a down
 # collector costs one warning of ours plus the drop count, not a log line per batch.
@@ -95,6 +96,8 @@ class ExportStats:
         self.exported = 0
         self.dropped = 0  # queue overflow + failed exports
         self.failed_batches = 0
+        self.failed = 0  # spans of failed exports (in ``dropped`` too)
+        self.closed = False  # counts closed at shutdown: a late export's outcome is not counted again
         self.requests_exported = 0
         self.requests_dropped = 0  # dropped whole: their spans did not fit in the queue's room
         self.requests_compact = 0  # exported with their phases as step attributes (never fit as spans)
@@ -111,8 +114,19 @@ class ExportStats:
 
     def add(self, **kw: int) -> None:
         with self._lock:
+            if self.closed:
+                return
             for k, v in kw.items():
                 setattr(self, k, getattr(self, k) + v)
+
+    def close(self) -> int:
+        """At shutdown: the spans queued and never exported, nor failed (still queued, or in an export
+        that did not return), counted dropped; later outcomes are not counted.  Returns how many."""
+        with self._lock:
+            left = max(0, self.enqueued - self.exported - self.failed)
+            self.dropped += left
+            self.closed = True
+            return left
 
     def to_dict(self) -> dict[str, int]:
         with self._lock:
@@ -127,7 +141,7 @@ def _counting_exporter(inner: Any, stats: ExportStats, quiet: Optional[_OurExpor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     def failed(n: int, why: str) -> Any:
-        stats.add(dropped=n, failed_batches=1)
+        stats.add(dropped=n, failed=n, failed_batches=1)
         if stats.failed_batches == 1:
             logger.warning("sglang-ctxprof: OTLP span export failed (%s); spans are dropped and counted "
                            "in /ctx_profile (spans_dropped), the server is not affected", why)
@@ -357,5 +371,12 @@ class OtelView:
     def flush(self, timeout_ms: int = 30000) -> bool:
         return bool(self.provider.force_flush(timeout_ms))
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = SHUTDOWN_S) -> None:
+        """Stop the provider, waiting ``timeout_s`` at most (a collector that is down or hung must not
+        hold a server's shutdown for the exporter's retries); what it leaves is counted dropped."""
+        t = threading.Thread(target=self.provider.shutdown, name="ctxprof-otel-shutdown", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        left = self.stats.close()
+        if left:
+            logger.warning("sglang-ctxprof: OTel shutdown left %d spans unexported (counted in spans_dropped)", left)

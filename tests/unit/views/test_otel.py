@@ -196,3 +196,36 @@ def test_verify_children_tile_verify_exactly_with_awkward_floats():
                   key=lambda s: s.start_time)
     assert kids[0].start_time == verify.start_time and kids[-1].end_time == verify.end_time
     assert all(a.end_time == b.start_time for a, b in zip(kids, kids[1:]))
+
+
+class _Hung(SpanExporter):
+    """A collector that never answers (its export returns only once the test lets it)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def export(self, spans):
+        self.release.wait(60)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        return None
+
+
+def test_shutdown_with_a_hung_collector_is_bounded_and_counts_what_it_leaves():
+    """Tearing the exporters down waits a few seconds at most, and the spans it leaves behind (in
+    the queue, or in an export that never returned) are counted dropped: exported + dropped still
+    equals every span ended."""
+    import time
+
+    hung = _Hung()  # its export waits for release (up to a minute): shutdown must not wait for it
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=hung, queue=64)
+    view = OtelView(prov, stats)
+    for _ in range(3):
+        view.export_request(_request(3))  # 26 spans each: in the queue, or handed to the hung export
+    view.shutdown(timeout_s=0.5)
+    d = stats.to_dict()
+    assert not hung.release.is_set()  # shut down while the export still hangs
+    hung.release.set()  # the export returns after the count was closed: counted once, not again
+    time.sleep(0.2)
+    assert d["spans_exported"] + d["spans_dropped"] == 3 * 26 == stats.to_dict()["spans_dropped"]
