@@ -16,6 +16,12 @@ Output: ``SGLANG_CTXPROF_LOG=json`` (one JSON object a line) or ``text`` (key=va
 ``off``; to ``SGLANG_CTXPROF_LOG_FILE`` (a path, ``stderr`` (default) or ``stdout``); minimum level
 ``SGLANG_CTXPROF_LOG_LEVEL`` (default ``info``).
 
+Lines are written by :class:`Lines`: to a regular file at once (it never blocks; a full disk
+raises, and the guard turns the ``logs`` component off); to a pipe, a terminal or anything else
+(stderr piped to a log collector) by a writer thread of its own from a bounded queue, so a reader
+that stops reading never stalls the recorder's drain thread: past ``LINE_QUEUE`` waiting lines a
+line is dropped and counted (``lines_dropped`` in the status).
+
 The logger is built with ``structlog.wrap_logger`` and our own processor chain.  We never call
 ``structlog.configure`` and never touch the ``logging`` module's root or SGLang's loggers, so
 SGLang's log format stays exactly as it was.  structlog (a dependency of the package) is imported
@@ -24,9 +30,12 @@ when the first log view is built, not when this module is.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Mapping, Optional
 
 from ..model import names
@@ -43,6 +52,72 @@ def _open(dest: str) -> Any:
     return open(dest, "a", buffering=1)  # line-buffered: one event per line, readable at once
 
 
+LINE_QUEUE = 10_000  # lines waiting for a slow pipe before one is dropped
+CLOSE_S = 2.0  # the longest stop() waits for the writer thread
+
+
+class Lines:
+    """structlog's logger for our events (every level writes the rendered line).  A regular file is
+    written at once; anything else from a bounded queue by a daemon writer thread: a write error
+    there is raised by the next line's call, so the ``logs`` component fails as it would at once."""
+
+    def __init__(self, file: Any, cap: int = LINE_QUEUE) -> None:
+        self.file = file
+        self.cap = cap
+        self.dropped = 0
+        self.error: Optional[BaseException] = None
+        try:
+            regular = stat.S_ISREG(os.fstat(file.fileno()).st_mode)
+        except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream): at once
+            regular = True
+        self._q: Optional[deque[str]] = None if regular else deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+
+    def msg(self, message: str) -> None:
+        q = self._q
+        if q is None:
+            self.file.write(message + "\n")
+            self.file.flush()
+            return
+        if self.error is not None:
+            raise self.error
+        if len(q) >= self.cap:
+            self.dropped += 1
+            return
+        q.append(message)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write, name="ctxprof-log-writer", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    debug = info = warning = warn = error = err = critical = exception = fatal = failure = log = msg
+
+    def _write(self) -> None:
+        q = self._q
+        assert q is not None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                while q:
+                    self.file.write(q.popleft() + "\n")
+                self.file.flush()
+            except Exception as exc:  # noqa: BLE001 - reported by the next line's call
+                self.error = exc
+                return
+            if self._stop and not q:
+                return
+
+    def close(self, timeout: float = CLOSE_S) -> None:
+        """Let the writer write what waits, for ``timeout`` seconds at most (a stuck reader)."""
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
 def make_logger(cfg: LogSettings, renderer: Any = None, file: Any = None) -> Any:
     """A structlog logger with our own processors only (no global configuration)."""
     import structlog
@@ -53,7 +128,7 @@ def make_logger(cfg: LogSettings, renderer: Any = None, file: Any = None) -> Any
     processors = [structlog.processors.add_log_level,
                   structlog.processors.TimeStamper(fmt="iso", utc=True),
                   renderer]
-    return structlog.wrap_logger(structlog.PrintLogger(file if file is not None else _open(cfg.dest)),
+    return structlog.wrap_logger(Lines(file if file is not None else _open(cfg.dest)),
                                  processors=processors,
                                  wrapper_class=structlog.make_filtering_bound_logger(cfg.level),
                                  context_class=dict, cache_logger_on_first_use=True,
@@ -189,9 +264,19 @@ class LogView:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(2.0)
+            self._thread.join(CLOSE_S)
             self._thread = None
+        lines = self._lines()
+        if lines is not None:
+            lines.close()
+
+    def _lines(self) -> Optional[Lines]:
+        """The structlog logger's writer, when it is ours (a test may pass any logger)."""
+        inner = getattr(self.log, "_logger", None)
+        return inner if isinstance(inner, Lines) else None
 
     def status(self) -> dict[str, Any]:
+        lines = self._lines()
         return {"format": self.cfg.fmt, "dest": self.cfg.dest, "emitted": dict(self.emitted),
-                "suppressed_slow_steps": self.suppressed}
+                "suppressed_slow_steps": self.suppressed,
+                "lines_dropped": lines.dropped if lines is not None else 0}

@@ -108,3 +108,45 @@ def test_bad_log_settings():
                 {"SGLANG_CTXPROF_LOG_SUMMARY_S": "often"}):
         with pytest.raises(ValueError):
             _logs(env)
+
+
+def test_a_pipe_nobody_reads_never_blocks_the_caller_and_drops_are_counted():
+    """stderr piped to a collector that stopped reading: the events go through a bounded queue and
+    a writer thread, so the recorder's drain thread (the caller) goes on; past the queue a line is
+    dropped and counted, and stop() returns."""
+    import os
+    import threading
+
+    from sglang_ctxprof.views.logs import Lines
+
+    r, w = os.pipe()
+    out = os.fdopen(w, "w")
+    cfg = LogSettings(fmt="json", summary_s=0)
+    view = LogView(cfg, lambda: TracePolicy(mode="slow", slow_tok_s=1e9, slow_step_ms=0),
+                   logger=make_logger(cfg, file=out))
+    lines = view._lines()
+    assert isinstance(lines, Lines) and lines._q is not None  # a pipe: the writer thread's
+    lines.cap = 50
+    req = {"rid": "x" * 2000, "steps": 3, "committed": 6, "accepted": 6, "decode_ms": 10.0}
+
+    def emit():
+        for _ in range(500):  # ~1 MB of events: far past a pipe's 64 KiB
+            view.on_request(req, "slow", False)
+        view.stop()
+
+    t = threading.Thread(target=emit, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a pipe nobody reads blocked the caller"
+    assert view.status()["lines_dropped"] > 0 and view.emitted["slow_request"] == 500
+    os.close(r)
+
+
+def test_a_regular_file_is_written_at_once(tmp_path):
+    cfg = LogSettings(fmt="json", summary_s=0)
+    out = open(tmp_path / "ev.log", "w")
+    view = LogView(cfg, lambda: TracePolicy(mode="slow", slow_tok_s=1e9, slow_step_ms=0),
+                   logger=make_logger(cfg, file=out))
+    view.on_request({"rid": "a", "steps": 1}, "slow", False)
+    assert json.loads((tmp_path / "ev.log").read_text())["rid"] == "a"  # no thread, no wait
+    view.stop()
