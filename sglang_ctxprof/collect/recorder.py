@@ -308,12 +308,18 @@ class Recorder:
             return item
         return _Fanning(rec, i)
 
-    def flush(self) -> None:
-        """Drain everything: the aggregator under the lock, then the sinks outside it."""
+    def flush(self, sink_wait: Optional[float] = None) -> None:
+        """Drain everything: the aggregator under the lock, then the sinks outside it.  With
+        ``sink_wait`` (seconds), a sink stuck in another thread's call is waited for that long at
+        most; its backlog is then left, counted in ``sink_dropped``."""
         with self._lock:
             self._catch_up()
         fan = self._fan
-        with self._sink_lock:
+        if not self._sink_lock.acquire(timeout=-1 if sink_wait is None else sink_wait):
+            self.sink_dropped += len(fan)
+            logger.warning("sglang-ctxprof: a sink is stuck; %d records it has not seen are left", len(fan))
+            return
+        try:
             if fan:
                 t0 = time.thread_time_ns()
                 while fan:
@@ -321,6 +327,8 @@ class Recorder:
                     if rest is not None:
                         fan.appendleft(rest)
                 self.cost.add_drain(time.thread_time_ns() - t0, records=0)
+        finally:
+            self._sink_lock.release()
 
     def with_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
         """Run ``fn(aggregator)`` under the lock once the aggregator has caught up with the queue
@@ -339,7 +347,7 @@ class Recorder:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Tell the drain thread to stop (its own event, never cleared), wait up to ``timeout`` for
-        it, forget it, and drain what is left here.  A thread still inside a slow pass ends with its
+        it, forget it, and drain what is left here (waiting ``timeout`` at most for a stuck sink).  A thread still inside a slow pass ends with its
         current slice (the queue is consumed only under ``_lock``: never by two threads at once)."""
         with self._life:  # a parked thread may be forgetting itself right now
             stop, thread = self._stop, self._thread
@@ -348,7 +356,7 @@ class Recorder:
             stop.set()
         if thread is not None:
             thread.join(timeout)
-        self.flush()
+        self.flush(sink_wait=timeout)  # a sink stuck in the thread's last pass must not hold the stop
 
     def close(self) -> None:
         """Stop the drain thread, drain what is left, then stop each sink (its threads, providers),

@@ -546,3 +546,24 @@ def test_a_start_right_after_park_keeps_the_one_drain_thread():
     assert thread.is_alive() and r.running()
     r.stop()
     assert not r.running()
+
+
+def test_close_with_a_sink_stuck_for_good_returns_and_counts_what_it_never_saw():
+    """A sink that never returns (a write to a pipe nobody reads) holds the drain thread; closing
+    (``uninstrument``) waits a bounded time for it, then leaves its backlog, counted."""
+    agg, guard = Aggregator(), Guard()
+    sink = Blocking(agg)
+    r = Recorder(agg, guard, sinks=[sink])
+    r.start()
+    try:
+        r.submit(_rec(0))
+        assert sink.entered.wait(60)
+        for i in range(1, 5):
+            r.submit(_rec(i))
+        closer = threading.Thread(target=lambda: r.stop(timeout=0.2), daemon=True)
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive(), "stop waited for the stuck sink"
+        assert agg.records == 5 and r.sink_dropped == 4
+    finally:
+        sink.release.set()
