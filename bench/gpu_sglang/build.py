@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--rebuild-model", action="store_true", help="rebuild model.tar.xz even if it is there")
     args = ap.parse_args(argv)
-    if not args.skip_model and not Path(args.model_python).exists():  # before ~400 MB of downloads
+    model_meta = BUNDLE / "model.meta.json"
+    needs_model = not args.skip_model and (args.rebuild_model or not (OUT / "model.tar.xz").exists()
+                                           or not model_meta.exists())
+    if needs_model and not Path(args.model_python).exists():  # before ~400 MB of downloads
         print(f"build.py: no {args.model_python}: make the rehearsal venv (README, Rehearsal) or pass "
               "--model-python PY (a Python with torch and transformers)", file=sys.stderr)
         return 2
@@ -196,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             w = wheel_for(BUNDLE / "dl311", spec, other="-cp312-")
             shutil.copy2(w, w311 / w.name)
 
-    model_meta = BUNDLE / "model.meta.json"
-    if not args.skip_model and (args.rebuild_model or not (OUT / "model.tar.xz").exists()
-                                or not model_meta.exists()):
+    if needs_model:
         log("building the tiny DeepSeek-V3 + EAGLE draft")
         model_meta.write_text(json.dumps(build_model(args.model_python, OUT / "model.tar.xz")))
     if model_meta.exists():

@@ -101,7 +101,10 @@ class DryServer:
         from runner import Client  # noqa: PLC0415 - runner.py's folder is on sys.path
 
         t0 = time.time()
-        time.sleep(float(os.environ.get("CTXPROF_DRY_START_S", "0")))
+        slow = float(os.environ.get("CTXPROF_DRY_START_S", "0"))
+        if slow:
+            print("dry-server: starting slowly", flush=True)
+            time.sleep(slow)
         state = self.state
 
         class H(BaseHTTPRequestHandler):

@@ -296,6 +296,12 @@ class Run:
             res = fut.result(timeout=limit)
         except cf.TimeoutError:
             res = {"ok": False, "error": f"timed out after {limit:.0f} s"}
+        except (SystemExit, KeyboardInterrupt):  # SIGTERM (``_terminated``) or ^C: the run stops here
+            res = {"ok": False, "error": "stopped by a signal while it ran"}
+            ex.shutdown(wait=False, cancel_futures=True)
+            self.results["stages"][name] = res
+            self.write()
+            raise
         except BaseException as exc:  # noqa: BLE001 - every stage reports, the run goes on
             res = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[-3000:]}",
                    "traceback": traceback.format_exc()[-4000:]}

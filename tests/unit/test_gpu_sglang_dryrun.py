@@ -116,11 +116,14 @@ def test_sigterm_stops_the_servers_and_keeps_their_logs(tmp_path):
                              "--work", str(tmp_path / "w")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "CTXPROF_DRY_START_S": "60"})
     seen = []
-    for line in proc.stdout:  # the server's start-up is under way: stop the run there
+    for line in proc.stdout:  # the server's start-up is under way, inside the stage: stop the run there
         seen.append(line)
-        if "stage server_graph: start" in line:
+        if "dry-server: starting slowly" in line:
             break
     proc.send_signal(signal.SIGTERM)
     text = "".join(seen) + proc.communicate(timeout=60)[0]
     assert proc.returncode == 128 + signal.SIGTERM, text[-2000:]
     assert (out / "server_logs.txt").exists() and "stopped: exit 143" in text
+    assert "stage eager" not in text  # no later stage ran
+    res = json.loads((out / "results.json").read_text())
+    assert res["stages"]["server_graph"] == {"ok": False, "error": "stopped by a signal while it ran"}
