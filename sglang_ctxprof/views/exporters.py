@@ -189,7 +189,9 @@ class StepLogSink:
 
 
 class MetricsSink:
-    """``metrics``: the live Prometheus series, built on the first record when SGLang exports metrics."""
+    """``metrics``: the live Prometheus series, built when the profiler binds (so the degraded gauge
+    exists, and hears the guard, before any record: a failure may stop every record) if SGLang
+    exports metrics; a sink never bound builds them on its first record."""
 
     name = "metrics"
 
@@ -212,6 +214,10 @@ class MetricsSink:
                     f.watch_faults(self.view.refresh_degraded)
         return self.view
 
+    def bind(self, facts: BindFacts) -> None:
+        self.facts = facts
+        facts.guarded("metrics", self._view)
+
     def observe(self, rec: StepRecord) -> None:
         view = self._view()
         if view is not None:
@@ -223,8 +229,9 @@ class MetricsSink:
             view.on_abort(end.kind)
 
     def stop(self) -> None:
-        """Unregister the live families (a later session in this process registers its own)."""
-        view, self.view, self._checked = self.view, None, False
+        """Unregister the live families (a later session in this process registers its own); a
+        stopped sink builds none again (a drain thread stuck past the stop may still call it)."""
+        view, self.view, self._checked = self.view, None, True
         if view is not None:
             view.close()
 
@@ -245,7 +252,8 @@ class Exporters:
 
     def bind(self, facts: BindFacts) -> None:
         """The facts known once the profiler is bound to its scheduler (rank, model, metrics...)."""
-        self.facts = self.requests.facts = self.steps.facts = self.metrics.facts = facts
+        self.facts = self.requests.facts = self.steps.facts = facts
+        self.metrics.bind(facts)
 
     def attach_logs(self, logs: LogView) -> None:
         """The structlog view, built after the request sink whose policy it reads."""

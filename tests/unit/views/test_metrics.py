@@ -9,7 +9,7 @@ from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.views.profile import build_profile
 from sglang_ctxprof.model.buckets import Bucketing
 from sglang_ctxprof.model.names import METRIC_DEGRADED, REPORTED_PHASES
-from sglang_ctxprof.model.records import RankId, StepRecord
+from sglang_ctxprof.model.records import RankId, RequestEnd, StepRecord
 from sglang_ctxprof.views.metrics import MetricsView, maybe_create
 from sglang_ctxprof.views.prometheus import render
 
@@ -151,13 +151,18 @@ def test_the_degraded_gauge_shows_a_failure_that_stops_the_records():
 
     for _ in range(2):  # a second session in the same process builds its view again
         guard = Guard()
-        sink = MetricsSink(Bucketing.parse("pow2"), BindFacts(metrics_enabled=True, degraded=guard.status,
-                                                               watch_faults=guard.listen))
-        sink.observe(_recs()[0])
-        assert sink.view is not None and sum(deg(REGISTRY).values()) == 0
-        guard.fail("metrics", RuntimeError("boom"))  # no record reaches the sink after this
-        assert deg(REGISTRY)["metrics"] == 1.0
+        sink = MetricsSink(Bucketing.parse("pow2"), BindFacts())
+        sink.bind(BindFacts(metrics_enabled=True, degraded=guard.status, watch_faults=guard.listen,
+                            guarded=guard.run))
+        assert sink.view is not None and sum(deg(REGISTRY).values()) == 0  # from the bind on: no record yet
+        guard.fail("hooks", RuntimeError("boom"))  # at the first step: no record ever reaches the sink
+        assert deg(REGISTRY)["hooks"] == 1.0
         guard.clear()
-        assert deg(REGISTRY)["metrics"] == 0.0
+        assert deg(REGISTRY)["hooks"] == 0.0
+        sink.observe(_recs()[0])
+        guard.fail("metrics", RuntimeError("boom"))  # the sink itself: no record reaches it after this
+        assert deg(REGISTRY)["metrics"] == 1.0
         sink.stop()
         assert METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
+        sink.end(RequestEnd("late", t_ns=1))  # a drain thread stuck past the stop: nothing registered again
+        assert sink.view is None and METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
