@@ -112,6 +112,7 @@ class CtxProfSession:
             except Exception as exc:  # noqa: BLE001 - tearing down: report and go on
                 logger.warning("sglang-ctxprof: the running capture did not stop cleanly: %r", exc)
         self.disable()
+        hooks.label_phases(None)  # also when profiling was off already (a capture may run while off)
         inst.uninstrument()
         if hooks.SESSION is self:
             hooks.SESSION = None

@@ -71,6 +71,7 @@ class Lines:
         except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream): at once
             regular = True
         self._q: Optional[deque[str]] = None if regular else deque()
+        self._lock = threading.Lock()  # the drain and summary threads both log: one writer, one start
         self._wake = threading.Event()
         self._stop = False
         self._thread: Optional[threading.Thread] = None
@@ -78,8 +79,9 @@ class Lines:
     def msg(self, message: str) -> None:
         q = self._q
         if q is None:
-            self.file.write(message + "\n")
-            self.file.flush()
+            with self._lock:
+                self.file.write(message + "\n")
+                self.file.flush()
             return
         if self.error is not None:
             raise self.error
@@ -88,8 +90,10 @@ class Lines:
             return
         q.append(message)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._write, name="ctxprof-log-writer", daemon=True)
-            self._thread.start()
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._write, name="ctxprof-log-writer", daemon=True)
+                    self._thread.start()
         self._wake.set()
 
     debug = info = warning = warn = error = err = critical = exception = fatal = failure = log = msg

@@ -604,3 +604,27 @@ def test_uninstrument_during_a_capture_stops_it_and_leaves_no_labelling(tmp_path
     assert hooks._around is hooks._around_plain
     assert not s.profiler_manager.profile_in_progress
     assert wait_state(cap, cid).state in (names.CAPTURE_DONE, names.CAPTURE_FAILED)
+
+
+def test_uninstrument_ends_the_labelling_of_a_capture_started_while_profiling_was_off(tmp_path):
+    """An armed capture ticks while profiling is off; with several ranks uninstrument does not stop
+    it alone (they stop in lockstep), but the module-level labelling must still end."""
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    session = CtxProfSession(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_DIR: str(tmp_path)}),
+                             targets=[])
+    session.instrument()
+    p, s = session.profiler, CaptureScheduler()
+    p.bind(s)
+    session.disable()
+    p.capture.ranks = 2  # as bind finds on a TP group
+    p.capture.request(names.TRIGGER_MANUAL, now_s=1000.0)
+    s.step(p.capture)
+    assert hooks._around is hooks._around_labelled
+    try:
+        session.uninstrument()
+        assert hooks._around is hooks._around_plain
+    finally:
+        hooks.label_phases(None)
+        s.profiler_manager._stop_profile()
