@@ -24,8 +24,9 @@ carries ``ctxprof.phase_layout = "sequential"`` to say so.
 
 A request whose spans could never fit the span queue, however empty (over ~1,000 decode steps at
 the default queue of 8,192: 8 spans a step), goes out whole without phase spans: one span a step,
-each phase's ms an attribute of it (``ctxprof.phase_ms.<phase>``), ``ctxprof.phase_layout =
-"attributes"`` on the root and its steps, and counted in ``requests_compact``.
+each leaf phase's ms an attribute of it (``ctxprof.phase_ms.<phase>``: they sum to the step),
+``ctxprof.phase_layout = "attributes"`` on the root and its steps, and counted in
+``requests_compact``.  One that does not fit even so (over ~8,190 steps) is dropped whole.
 
 A request SGLang aborted while it waited is exported the same way, its root span named by
 ``ctxprof.aborted`` (``names.ABORT_KINDS``); one aborted before its first step is a root span alone,
@@ -251,10 +252,13 @@ def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> in
 
 def _compacted(s0: int, s1: int, attrs: dict[str, Any],
                slices: list[PhaseSlice]) -> tuple[int, int, dict[str, Any], list[PhaseSlice]]:
-    """A step's plan without phase spans: each phase's ms (as its span would have lasted) an attribute."""
+    """A step's plan without phase spans: each leaf phase's ms (as its span would have lasted) an
+    attribute, so they sum to the step as the spans tile it (a split phase is its parts)."""
     attrs[names.ATTR_LAYOUT] = names.LAYOUT_ATTRIBUTES
+    parents = {sl.parent for sl in slices}
     for sl in slices:
-        attrs[names.ATTR_PHASE_MS_PREFIX + sl.name] = (sl.end_ns - sl.start_ns) / 1e6
+        if sl.name not in parents:
+            attrs[names.ATTR_PHASE_MS_PREFIX + sl.name] = (sl.end_ns - sl.start_ns) / 1e6
     return s0, s1, attrs, []
 
 

@@ -203,9 +203,11 @@ class _Hung(SpanExporter):
 
     def __init__(self):
         self.release = threading.Event()
+        self.returned = threading.Event()
 
     def export(self, spans):
         self.release.wait(60)
+        self.returned.set()
         return SpanExportResult.FAILURE
 
     def shutdown(self):
@@ -216,8 +218,6 @@ def test_shutdown_with_a_hung_collector_is_bounded_and_counts_what_it_leaves():
     """Tearing the exporters down waits a few seconds at most, and the spans it leaves behind (in
     the queue, or in an export that never returned) are counted dropped: exported + dropped still
     equals every span ended."""
-    import time
-
     hung = _Hung()  # its export waits for release (up to a minute): shutdown must not wait for it
     prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=hung, queue=64)
     view = OtelView(prov, stats)
@@ -227,5 +227,8 @@ def test_shutdown_with_a_hung_collector_is_bounded_and_counts_what_it_leaves():
     d = stats.to_dict()
     assert not hung.release.is_set()  # shut down while the export still hangs
     hung.release.set()  # the export returns after the count was closed: counted once, not again
-    time.sleep(0.2)
+    assert hung.returned.wait(60)
+    for t in threading.enumerate():  # the provider's shutdown, left running, ends once every export returned
+        if t.name == "ctxprof-otel-shutdown":
+            t.join(60)
     assert d["spans_exported"] + d["spans_dropped"] == 3 * 26 == stats.to_dict()["spans_dropped"]
