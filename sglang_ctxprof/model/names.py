@@ -268,6 +268,13 @@ METRIC_INVARIANT_VIOLATIONS = "sglang_ctxprof_invariant_violations"  # the self-
 AUDIT_INVARIANTS: tuple[str, ...] = ("leaf_sum", "verify_ct", "completion_tokens", "accepted_bound",
                                      "hook_once", "accept_metric")
 LABEL_MODEL = "model_name"  # the label SGLang's own sglang:* metrics use for the served model
+LABEL_PHASE = "phase"  # a Phase value
+LABEL_CTX_BUCKET = "ctx_bucket"  # a configured bucket's label (Bucketing), never a raw length
+LABEL_POSITION = "position"  # a draft position, 1..MAX_POSITION_LABEL
+LABEL_COMPONENT = "component"  # a fault-guard component (model.guard.COMPONENTS)
+LABEL_INVARIANT = "invariant"  # an AUDIT_INVARIANTS name
+RESOURCE_SERVICE_NAME = "service.name"  # OTel resource attribute, when OTEL_SERVICE_NAME is unset
+DEFAULT_SERVICE_NAME = "sglang"
 METRIC_REQUESTS_ABORTED = "sglang_ctxprof_requests_aborted"  # label ``kind`` (ABORT_KINDS)
 LABEL_ABORT_KIND = "kind"
 # How a request SGLang aborted while it waited had been waiting (records.RequestEnd.kind): queued

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from ..model.names import AUDIT_INVARIANTS, METRIC_INVARIANT_VIOLATIONS
+from ..model.names import AUDIT_INVARIANTS, LABEL_INVARIANT, METRIC_INVARIANT_VIOLATIONS
 
 
 def audit_counts(ranks: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -43,4 +43,4 @@ def prometheus_lines(ranks: Iterable[Mapping[str, Any]]) -> list[str]:
         return []
     m = f"{METRIC_INVARIANT_VIOLATIONS}_total"
     out = [f"# HELP {m} Broken invariants found by the live self-audit.", f"# TYPE {m} counter"]
-    return out + [f'{m}{{invariant="{k}"}} {v}' for k, v in counts.items()]
+    return out + [f'{m}{{{LABEL_INVARIANT}="{k}"}} {v}' for k, v in counts.items()]

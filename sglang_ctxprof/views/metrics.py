@@ -45,7 +45,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
-from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
+from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, LABEL_COMPONENT, LABEL_CTX_BUCKET, LABEL_INVARIANT,
+                           LABEL_PHASE, LABEL_POSITION, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
                            METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
@@ -82,27 +83,27 @@ class MetricsView:
         self._audit_fn = audit
         self._counts: Counts = counts if counts is not None else count_record  # the aggregator's memo, if given
         self.phase_seconds = Histogram(METRIC_PHASE_SECONDS, "Seconds per speculative decode step phase.",
-                                       [m, "phase", "ctx_bucket"], buckets=PHASE_BUCKETS, registry=reg)
+                                       [m, LABEL_PHASE, LABEL_CTX_BUCKET], buckets=PHASE_BUCKETS, registry=reg)
         self.accepted = Counter(METRIC_ACCEPTED, "Accepted tokens (incl. the bonus token) of decode steps.",
-                                [m, "ctx_bucket"], registry=reg)
-        self.steps = Counter(METRIC_STEPS, "Speculative decode steps.", [m, "ctx_bucket"], registry=reg)
+                                [m, LABEL_CTX_BUCKET], registry=reg)
+        self.steps = Counter(METRIC_STEPS, "Speculative decode steps.", [m, LABEL_CTX_BUCKET], registry=reg)
         self.req_steps = Counter(METRIC_REQUEST_STEPS, "Request-steps (decode steps x batch size).",
-                                 [m, "ctx_bucket"], registry=reg)
+                                 [m, LABEL_CTX_BUCKET], registry=reg)
         self.draft_tokens = Counter(METRIC_DRAFT_TOKENS, "Draft token budget x batch size of decode steps.",
-                                    [m, "ctx_bucket"], registry=reg)
+                                    [m, LABEL_CTX_BUCKET], registry=reg)
         self.position = Counter(METRIC_POSITION_ACCEPTED, "Request-steps whose draft position was accepted.",
-                                [m, "ctx_bucket", "position"], registry=reg)
+                                [m, LABEL_CTX_BUCKET, LABEL_POSITION], registry=reg)
         self.observed_pos = Counter(METRIC_POSITION_OBSERVED,
                                     "Request-steps whose draft budget reached the draft position.",
-                                    [m, "ctx_bucket", "position"], registry=reg)
+                                    [m, LABEL_CTX_BUCKET, LABEL_POSITION], registry=reg)
         self.cached = Counter(METRIC_CACHED_TOKENS, "Prompt tokens of prefill batches found in the prefix cache.",
-                              [m, "ctx_bucket"], registry=reg)
+                              [m, LABEL_CTX_BUCKET], registry=reg)
         self.dropped = Counter(METRIC_DROPPED, "Step records dropped by the bounded hot-path queue.", [m],
                                registry=reg)
         self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
-                              [m, "component"], registry=reg, multiprocess_mode="livemax")
+                              [m, LABEL_COMPONENT], registry=reg, multiprocess_mode="livemax")
         self.violations = Counter(METRIC_INVARIANT_VIOLATIONS, "Broken invariants found by the live self-audit.",
-                                  [m, "invariant"], registry=reg)
+                                  [m, LABEL_INVARIANT], registry=reg)
         for inv in AUDIT_INVARIANTS:
             self.violations.labels(model, inv).inc(0)
         self.aborted = Counter(METRIC_REQUESTS_ABORTED, "Requests SGLang aborted while they waited, by how they waited.",

@@ -228,7 +228,7 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
 
     env = os.environ if env is None else env
     stats = ExportStats(max_queue=queue)
-    attrs = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": "sglang"}
+    attrs = {} if env.get("OTEL_SERVICE_NAME") else {names.RESOURCE_SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attrs))
     inner = exporter if exporter is not None else make_exporter(env)
     quiet = _OurExportThread()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.names import (LABEL_ABORT_KIND, METRIC_REQUESTS_ABORTED, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
+from ..model.names import (LABEL_ABORT_KIND, LABEL_CTX_BUCKET, LABEL_PHASE, LABEL_POSITION, METRIC_REQUESTS_ABORTED, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED,
                            METRIC_POSITION_OBSERVED, METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
 from .audit_view import prometheus_lines
 from .profile import Profile
@@ -45,7 +45,7 @@ def render(profile: Profile) -> str:
     for b in buckets:
         lb = _esc(b.label)
         for phase, st in b.phases.items():
-            lab = f'phase="{_esc(phase)}",ctx_bucket="{lb}"'
+            lab = f'{LABEL_PHASE}="{_esc(phase)}",{LABEL_CTX_BUCKET}="{lb}"'
             for q, v in (("0.5", st.p50_ms), ("0.9", st.p90_ms), ("0.99", st.p99_ms)):
                 out.append(f'{m}{{{lab},quantile="{q}"}} {v / 1e3:.9f}')
             out.append(f"{m}_count{{{lab}}} {st.count}")
@@ -53,18 +53,18 @@ def render(profile: Profile) -> str:
     out += [f"# HELP {METRIC_ACCEPTED}_total Accepted tokens (incl. the bonus token) of decode steps.",
             f"# TYPE {METRIC_ACCEPTED}_total counter"]
     for b in buckets:
-        out.append(f'{METRIC_ACCEPTED}_total{{ctx_bucket="{_esc(b.label)}"}} {b.accepted}')
+        out.append(f'{METRIC_ACCEPTED}_total{{{LABEL_CTX_BUCKET}="{_esc(b.label)}"}} {b.accepted}')
     out += [f"# HELP {METRIC_STEPS}_total Speculative decode steps.", f"# TYPE {METRIC_STEPS}_total counter"]
     for b in buckets:
-        out.append(f'{METRIC_STEPS}_total{{ctx_bucket="{_esc(b.label)}"}} {b.steps}')
+        out.append(f'{METRIC_STEPS}_total{{{LABEL_CTX_BUCKET}="{_esc(b.label)}"}} {b.steps}')
     out += [f"# HELP {METRIC_REQUEST_STEPS}_total Request-steps (decode steps x batch size).",
             f"# TYPE {METRIC_REQUEST_STEPS}_total counter"]
     for b in buckets:
-        out.append(f'{METRIC_REQUEST_STEPS}_total{{ctx_bucket="{_esc(b.label)}"}} {b.req_steps}')
+        out.append(f'{METRIC_REQUEST_STEPS}_total{{{LABEL_CTX_BUCKET}="{_esc(b.label)}"}} {b.req_steps}')
     out += [f"# HELP {METRIC_CACHED_TOKENS}_total Prompt tokens of prefill batches found in the prefix cache.",
             f"# TYPE {METRIC_CACHED_TOKENS}_total counter"]
     for p in profile.prefill:
-        out.append(f'{METRIC_CACHED_TOKENS}_total{{ctx_bucket="{_esc(p.label)}"}} {p.cached_tokens}')
+        out.append(f'{METRIC_CACHED_TOKENS}_total{{{LABEL_CTX_BUCKET}="{_esc(p.label)}"}} {p.cached_tokens}')
     for name, key, what in ((METRIC_POSITION_ACCEPTED, "accepted", "was accepted"),
                             (METRIC_POSITION_OBSERVED, "observed", "was within the draft budget")):
         out += [f"# HELP {name}_total Request-steps whose draft position {what}.", f"# TYPE {name}_total counter"]
@@ -74,7 +74,7 @@ def render(profile: Profile) -> str:
             hits = v.get("accepted") or [round(p * o) for p, o in zip(v.get("p") or [], obs)]
             for i, (o, h) in enumerate(zip(obs, hits), start=1):
                 if o and i <= MAX_POSITION_LABEL:
-                    out.append(f'{name}_total{{ctx_bucket="{_esc(a["label"])}",position="{i}"}} '
+                    out.append(f'{name}_total{{{LABEL_CTX_BUCKET}="{_esc(a["label"])}",{LABEL_POSITION}="{i}"}} '
                                f'{h if key == "accepted" else o}')
     m = METRIC_REQUESTS_ABORTED + "_total"
     out += [f"# HELP {m} Requests SGLang aborted while they waited, by how they waited.", f"# TYPE {m} counter"]
