@@ -7,7 +7,8 @@ rank *state*; this module merges them (exact histogram and fit merge) and render
 Routes (read routes use SGLang's NORMAL auth level: ``--api-key`` protects them; write routes are
 ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects them):
 
-* ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket;
+* ``GET  /ctx_profile[?format=json|text|prometheus]`` - per-phase breakdown by context bucket
+  (``prometheus``: 503 unless every rank answered, as fewer ranks' counters would read as a reset);
 * ``POST /ctx_profile/reset[?clock=wall|thread]``, ``POST /ctx_profile/enable``, ``POST /ctx_profile/disable``;
 * ``GET  /ctx_profile/requests?slowest=N[&steps=1]`` (step rows only with ``steps=1``) and
   ``GET /ctx_profile/requests/{rid}`` or ``?rid=RID`` (with its step rows; a browser drops a path
@@ -27,8 +28,8 @@ The four read routes above that build (profile, diagnosis, slowest requests, tra
 share one.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
 (``views.http_guard``): replies are serialized inside it; a failure of ours gets a 500 JSON error
 with ``degraded`` and one warning with the traceback, and only repeated failures disable the routes
-(503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.  Responses hold ids,
-lengths and timings only, never prompt or output text.
+(503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.
+Responses hold ids, lengths and timings only, never prompt or output text.
 
 Every handler reads through one ``views.http_context.ReadContext`` (the control client, the read gate,
 the configuration, the plain reference) that :func:`install_routes` makes and hands to each route
@@ -158,11 +159,10 @@ def _profile_reply(payloads: list[dict[str, Any]], fmt: str) -> Any:
         from .text import render
 
         return PlainTextResponse(render(profile))
-    missing = [r["error"] for r in profile.ranks if "error" in r]
-    if missing:  # counters merged over fewer ranks would read as a reset: no sample, not a smaller one
-        return _error(503, "not every rank answered: " + "; ".join(missing), degraded=profile.degraded)
     from .prometheus import render as render_prom
 
+    if missing := [r["error"] for r in profile.ranks if "error" in r]:
+        return _error(503, "not every rank answered: " + "; ".join(missing), degraded=profile.degraded)
     return PlainTextResponse(render_prom(profile), media_type="text/plain; version=0.0.4")
 
 
@@ -351,11 +351,9 @@ def routes(rc: ReadContext) -> list[Route]:
            Route(names.ROUTE_RESET, bound(post_reset), "POST", admin=True),
            Route(names.ROUTE_ENABLE, bound(post_enable), "POST", admin=True),
            Route(names.ROUTE_DISABLE, bound(post_disable), "POST", admin=True),
-           Route(names.ROUTE_STATUS, bound(get_status)),
-           Route(names.ROUTE_REQUESTS, bound(get_requests)),
+           Route(names.ROUTE_STATUS, bound(get_status)), Route(names.ROUTE_REQUESTS, bound(get_requests)),
            Route(names.ROUTE_REQUESTS + "/{rid}", bound(get_request)),
-           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy)),
-           Route(names.ROUTE_DIAGNOSIS, bound(get_diagnosis)),
+           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy)), Route(names.ROUTE_DIAGNOSIS, bound(get_diagnosis)),
            Route(names.ROUTE_TRACE_POLICY, bound(trace_policy), "POST", admin=True),
            Route(names.ROUTE_UI, get_ui), Route(names.ROUTE_UI + "/{name}", get_ui_file)]
     if guard().switchable:  # test only, never in production (see module docstring)
