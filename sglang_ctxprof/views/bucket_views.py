@@ -105,7 +105,10 @@ class BucketView:
 
     @property
     def decode_tok_s(self) -> float:
-        """One request's decode speed: accepted tokens per request-step over the mean step time."""
+        """One request's decode speed at this context: accepted tokens per request-step over the mean
+        step time.  Accepted, not committed: what SGLang drops at a request's last step falls in its
+        largest context and would bias this down there (a request's own ``decode_tok_s`` is committed
+        tokens over its decode time: what its client got)."""
         step_s = (self.mean_ms(Phase.STEP.value) or 0.0) / 1e3
         return self.accepted_per_step / step_s if step_s > 0 else 0.0
 
