@@ -99,7 +99,7 @@ class ExportStats:
         self.failed_batches = 0
         self.failed = 0  # spans of failed exports (in ``dropped`` too)
         self.closed = False  # counts closed at shutdown: a late export's outcome is not counted again
-        self.requests_exported = 0
+        self.requests_exported = 0  # queued whole for export (a batch that fails later: its spans in dropped)
         self.requests_dropped = 0  # dropped whole: their spans did not fit in the queue's room
         self.requests_compact = 0  # exported with their phases as step attributes (never fit as spans)
 
