@@ -25,6 +25,9 @@ It models the properties our GPU timing code relies on, through the same names a
   graph take step-dependent times and a read of the wrong replay shows up as a wrong number;
 * every ``synchronize()`` the code under test calls is counted (``syncs``); :meth:`advance` is the
   harness's own wait (SGLang's ``copy_done.synchronize()``) and is not counted;
+* while any stream captures (``torch.cuda.graph``'s global capture mode), what CUDA forbids then
+  raises as it does: a device, stream or event ``synchronize()``, and an event or stream
+  ``query()`` (``cudaErrorStreamCaptureUnsupported``; CUDA also invalidates the capture);
 * ``concurrent=True`` gives each stream its own clock: a kernel starts when its stream and every
   stream it waits on have got there, so work on two streams overlaps in time as on a GPU (the
   default is one serial clock, where nothing overlaps);
@@ -65,6 +68,7 @@ class FakeEvent:
 
     def query(self) -> bool:
         self.device.queries += 1
+        self.device._not_capturing("cudaEventQuery")
         if self.captured_plain:
             raise RuntimeError("CUDA error: invalid argument (event recorded during stream capture "
                                "without external=True)")
@@ -90,6 +94,7 @@ class FakeEvent:
         return float(end_ms - start_ms)
 
     def synchronize(self) -> None:
+        self.device._not_capturing("cudaEventSynchronize")
         self.device.syncs += 1
         self.device.advance(self)
 
@@ -122,9 +127,11 @@ class FakeStream:
         self.device._wait(self, ev, len_of=False)
 
     def query(self) -> bool:
+        self.device._not_capturing("cudaStreamQuery")
         return self.done == self.launched
 
     def synchronize(self) -> None:
+        self.device._not_capturing("cudaStreamSynchronize")
         self.device.syncs += 1
         self.device._advance(self, self.launched)
 
@@ -140,6 +147,7 @@ class FakeDevice:
         self.now_ms = 0.0
         self.static: Any = 0
         self.syncs = 0
+        self.capturing = 0  # captures under way (GraphCapture)
         self.queries = 0
         self.elapsed_calls = 0
         self.created = 0
@@ -196,8 +204,15 @@ class FakeDevice:
         return self.current.capture is not None
 
     def synchronize(self) -> None:
+        self._not_capturing("cudaDeviceSynchronize")
         self.syncs += 1
         self.run()
+
+    def _not_capturing(self, call: str) -> None:
+        """Global capture mode: ``call`` while any stream captures is an error (from any thread)."""
+        if self.capturing:
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({call}: "
+                               "cudaErrorStreamCaptureUnsupported)")
 
     def kernel(self, ms: "float | Callable[[Any], float]") -> None:
         """Launch a kernel taking ``ms`` (or ``ms(static_input)``) milliseconds on the current stream."""

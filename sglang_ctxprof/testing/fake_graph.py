@@ -94,10 +94,12 @@ class GraphCapture:
             raise RuntimeError("nested capture")
         s.capture = self.graph
         self.graph.streams[0] = s
+        dev.capturing += 1
         return self.graph
 
     def __exit__(self, *exc: Any) -> None:
         g = self.graph
+        self.device.capturing -= 1
         try:
             for s in g.streams:
                 if s is not None:

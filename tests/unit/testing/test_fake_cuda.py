@@ -44,3 +44,22 @@ def test_a_replay_of_live_events_is_not_stray():
     g.replay()
     dev.synchronize()
     assert start.elapsed_time(end) == pytest.approx(2.0) and dev.stray_records == 0
+
+
+def test_what_cuda_forbids_during_a_capture_raises_as_cuda_does():
+    """Global capture mode (``torch.cuda.graph``'s default): a synchronize or a query while any
+    stream captures fails in CUDA (and spoils the capture).  A fake that allowed it would let a
+    regression that reads events inside a capture pass every CPU test and fail on the GPU."""
+    dev = FakeDevice()
+    before = dev.Event(enable_timing=True)
+    before.record()
+    side = dev.Stream("side")
+    g = dev.CUDAGraph()
+    with dev.graph(g):
+        for call in (dev.synchronize, before.query, before.synchronize, side.query, side.synchronize):
+            with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnsupported"):
+                call()
+        dev.kernel(1.0)
+    assert dev.syncs == 0 and dev.capturing == 0
+    dev.synchronize()  # after the capture: allowed again
+    assert before.query() and side.query() and dev.syncs == 1
