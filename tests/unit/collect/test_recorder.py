@@ -114,6 +114,17 @@ class Blocking(Sink):
         super().observe(rec)
 
 
+def _stuck(maxsize: int = 65536) -> tuple[Recorder, Aggregator, "Blocking"]:
+    """A running recorder whose drain thread is stuck inside a sink's ``observe`` of record 0."""
+    agg = Aggregator()
+    sink = Blocking(agg)
+    r = Recorder(agg, Guard(), maxsize=maxsize, sinks=[sink])
+    r.start()
+    r.submit(_rec(0))
+    assert sink.entered.wait(60)
+    return r, agg, sink
+
+
 def _wait(cond, what: str, limit_s: float = 60.0) -> None:
     """Liveness only (a hang would otherwise hang the suite), never a timing threshold."""
     end = time.monotonic() + limit_s
@@ -134,13 +145,8 @@ def _read(r: Recorder) -> int:
 
 
 def test_a_stalled_sink_blocks_no_read_and_later_gets_every_record_once_in_order():
-    agg, guard = Aggregator(), Guard()
-    sink = Blocking(agg)
-    r = Recorder(agg, guard, sinks=[sink])
-    r.start()
+    r, agg, sink = _stuck()  # the drain thread is now stuck inside the sink
     try:
-        r.submit(_rec(0))
-        assert sink.entered.wait(60)  # the drain thread is now stuck inside the sink
         for i in range(1, 50):
             r.submit(_rec(i))
         assert _read(r) == 50  # answered while the sink was still blocked
@@ -170,13 +176,8 @@ def test_the_drain_thread_feeds_the_sinks_what_a_read_aggregated_with_no_further
 
 
 def test_a_stalled_sink_backlog_is_bounded_and_counted():
-    agg, guard = Aggregator(), Guard()
-    sink = Blocking(agg)
-    r = Recorder(agg, guard, maxsize=4, sinks=[sink])
-    r.start()
+    r, agg, sink = _stuck(maxsize=4)
     try:
-        r.submit(_rec(0))
-        assert sink.entered.wait(60)
         for k in range(3):  # reads keep the aggregator current; the sinks' backlog stays bounded
             for i in range(4):
                 r.submit(_rec(1 + 4 * k + i))
@@ -551,13 +552,8 @@ def test_a_start_right_after_park_keeps_the_one_drain_thread():
 def test_close_with_a_sink_stuck_for_good_returns_and_counts_what_it_never_saw():
     """A sink that never returns (a write to a pipe nobody reads) holds the drain thread; closing
     (``uninstrument``) waits a bounded time for it, then leaves its backlog, counted."""
-    agg, guard = Aggregator(), Guard()
-    sink = Blocking(agg)
-    r = Recorder(agg, guard, sinks=[sink])
-    r.start()
+    r, agg, sink = _stuck()
     try:
-        r.submit(_rec(0))
-        assert sink.entered.wait(60)
         for i in range(1, 5):
             r.submit(_rec(i))
         closer = threading.Thread(target=lambda: r.stop(timeout=0.2), daemon=True)
