@@ -156,6 +156,12 @@ def req_finished(req: Any) -> bool:
         return False
 
 
+def req_tracing(req: Any) -> bool:
+    """Whether SGLang traces this request (``--enable-trace``: then every request, so one tells)."""
+    tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
+    return getattr(tc, "tracing_enable", False) is True
+
+
 def req_trace_parent(req: Any) -> str:
     """W3C ``traceparent`` of SGLang's own request span, or "" when SGLang is not tracing.
 
@@ -165,10 +171,9 @@ def req_trace_parent(req: Any) -> str:
     ``trace_ctx`` is a ``TraceNullContext``.  Its ``root_span_context`` holds SGLang's "Req <rid>"
     span, itself a child of the client's trace, so our request span parented here joins both.
     """
-    tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
-    if getattr(tc, "tracing_enable", False) is not True:
+    if not req_tracing(req):
         return ""
-    ctx = getattr(tc, "root_span_context", None)
+    ctx = getattr(req.time_stats.trace_ctx, "root_span_context", None)
     if ctx is None:
         return ""
     try:

@@ -5,9 +5,10 @@ The scheduler thread pays only for what changes with the next step: per request,
 (speculative decode), and whether it finished; per step, ``accept_lens`` as one list.  Each is one
 C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``: ``map`` over attribute
 getters); Python code runs per request only for those that finished (their ``finished_len``).  A
-prefill step adds two passes on that thread that call a Python function per request
-(``Profiler._host``): the client's trace context (``adapter.req_trace_parent``) and the prompt
-tokens found in the prefix cache (``adapter.req_cached_tokens``).
+prefill step adds one pass on that thread that calls a Python function per request
+(``Profiler._host``): the prompt tokens found in the prefix cache (``adapter.req_cached_tokens``,
+which the next chunk of a chunked prefill may change); the clients' trace contexts, fixed once a
+request exists, are read in the first stage below, and only when SGLang traces (``parents_later``).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
 drain's work (:meth:`HostFacts.build`; at a batch of 256 they take 15-31 µs each at the median,
 where the two stages they replaced took 36-46).  First the phase arithmetic of a CPU-clock step (``step.resolve``, plain integers) and
@@ -95,7 +96,7 @@ class IdCache:
 
 class HostFacts:
     __slots__ = ("ids", "spec", "reqs", "lens_pre", "vct_pre", "emitted", "vct_post", "fin", "accepts",
-                 "builder", "full_phases", "done_pre", "read") + CARRIED
+                 "builder", "full_phases", "done_pre", "read", "parents_later") + CARRIED
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Optional[RankId], spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
@@ -131,6 +132,7 @@ class HostFacts:
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
         self.done_pre: Optional[list] = None  # non-spec decode: finished/retracted before the step
         self.read: Optional[tuple[tuple[str, ...], tuple[int, ...]]] = None  # rids, prompt lengths (build)
+        self.parents_later = False  # a traced prefill: its requests' trace contexts are read in build
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""
@@ -167,6 +169,9 @@ class HostFacts:
             if res is not None:
                 self.step_ms, self.phases_ms = res
             self.builder = None
+        if self.parents_later:  # fixed once a request exists: read here, off the scheduler thread
+            tps = tuple(map(adapter.req_trace_parent, self.reqs))
+            self.trace_parents = tps if any(tps) else ()
         self.read = self.ids.get(self.reqs)
 
     def _facts(self, read: tuple[tuple[str, ...], tuple[int, ...]]) -> StepFacts:

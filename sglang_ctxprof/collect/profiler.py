@@ -300,18 +300,16 @@ class Profiler:
         sv = self.serving
         spec = decode and sv.spec
         emitted, vct_post, fin = adapter.reqs_after(reqs, outs, spec)
-        tps: tuple[str, ...] = ()
         sa = getattr(self.scheduler, "server_args", None)
         if decode:
             accepts = adapter.accept_list(result)
             draft = adapter.draft_tokens(result, sa)
         else:
             accepts, draft = None, 0
-            tps = tuple(adapter.req_trace_parent(req) for req in reqs)  # the client's trace context
-            if not any(tps):
-                tps = ()
         host = HostFacts(self.ids, b.step_id, b.kind, sv.algorithm, sv.rank, spec, reqs,
-                         lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft, tps)
+                         lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft)
+        # a prefill's trace contexts (the clients'): read on the drain thread, only when SGLang traces
+        host.parents_later = not decode and bool(reqs) and adapter.req_tracing(reqs[0])
         host.t_end_ns = b.t_end_ns
         host.done_pre = done_pre
         if decode:

@@ -406,3 +406,39 @@ def test_the_exporters_read_a_finished_request_under_the_aggregators_lock():
         queued = len(p.recorder._q)
         assert p.export_history("a", True, 0)["steps"] == 2
         assert held == [True] and len(p.recorder._q) == queued > 0  # under the lock, no catch-up
+
+
+def test_a_traced_prefill_reads_its_trace_contexts_on_the_drain_not_in_the_step(monkeypatch):
+    """With SGLang tracing (``--enable-trace``), each request of a prefill carries the client's trace
+    context; building its ``traceparent`` costs ~2 us a request (an OTel propagator), so the step
+    reads one request's flag and the drain reads the contexts."""
+    from types import SimpleNamespace
+
+    from sglang_ctxprof.collect import adapter
+
+    calls = []
+
+    def parent(req):
+        calls.append(req.rid)
+        return f"00-{req.rid:0>32}-{'1' * 16}-01"
+
+    monkeypatch.setattr(adapter, "req_trace_parent", parent)
+    h = Harness("EAGLE")
+    reqs = [SReq(f"{i}", 100) for i in range(8)]
+    for r in reqs:
+        r.time_stats = SimpleNamespace(trace_ctx=SimpleNamespace(tracing_enable=True))
+    batch = h.launch(reqs, "EXTEND")
+    b = h.p.before_result(batch)
+    sglang_process(batch, Result(), True)
+    h.p.after_result(b, batch, Result())
+    assert calls == []  # nothing per request in the step
+    (rec,) = h.cap.records()
+    assert calls == [r.rid for r in reqs] and rec.trace_parents == tuple(map(parent, reqs))
+    h.p.recorder.stop()
+    plain = Harness("EAGLE")  # not traced: no contexts at all
+    batch = plain.launch([SReq("p", 100)], "EXTEND")
+    b = plain.p.before_result(batch)
+    sglang_process(batch, Result(), True)
+    plain.p.after_result(b, batch, Result())
+    assert plain.cap.records()[0].trace_parents == ()
+    plain.p.recorder.stop()
