@@ -171,9 +171,7 @@ def req_trace_parent(req: Any) -> str:
     ``trace_ctx`` is a ``TraceNullContext``.  Its ``root_span_context`` holds SGLang's "Req <rid>"
     span, itself a child of the client's trace, so our request span parented here joins both.
     """
-    if not req_tracing(req):
-        return ""
-    ctx = getattr(req.time_stats.trace_ctx, "root_span_context", None)
+    ctx = getattr(req.time_stats.trace_ctx, "root_span_context", None) if req_tracing(req) else None
     if ctx is None:
         return ""
     try:
