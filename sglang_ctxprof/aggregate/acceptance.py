@@ -9,7 +9,9 @@ and ``budget`` the step's draft budget in positions (``StepRecord.draft_depth``)
 * ``p[i-1]`` = P(position i accepted) = #(correct >= i) / #(budget >= i), i = 1..k: a step whose
   budget was below ``i`` (adaptive speculation) is unobserved at ``i``, never a rejection;
 * ``c[i-1]`` = p_i / p_{i-1} (p_0 = 1): the conditional rate;
-* ``mean_len`` = 1 + mean correct drafts (the bonus token included: SGLang's accept length);
+* ``mean_len`` = 1 + mean correct drafts (the bonus token included: SGLang's accept length for a
+  drafter whose steps carry one non-draft token; UNO's carry two, the bonus and its clean root, so
+  SGLang's accept length there is this plus 1, as ``accepted_per_step`` says);
 * ``observed[i-1]`` / ``accepted[i-1]``: the exact counts behind ``p[i-1]`` (what the Prometheus
   counters ``..._position_observed_total`` / ``..._position_accepted_total`` add up to).
 
