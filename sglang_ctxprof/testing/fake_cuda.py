@@ -27,7 +27,8 @@ It models the properties our GPU timing code relies on, through the same names a
   harness's own wait (SGLang's ``copy_done.synchronize()``) and is not counted;
 * while any stream captures (``torch.cuda.graph``'s global capture mode), what CUDA forbids then
   raises as it does: a device, stream or event ``synchronize()``, and an event or stream
-  ``query()`` (``cudaErrorStreamCaptureUnsupported``; CUDA also invalidates the capture);
+  ``query()`` (``cudaErrorStreamCaptureUnsupported``), and the capture then ends in an error
+  (``cudaErrorStreamCaptureInvalidated``), whoever caught the first;
 * ``concurrent=True`` gives each stream its own clock: a kernel starts when its stream and every
   stream it waits on have got there, so work on two streams overlaps in time as on a GPU (the
   default is one serial clock, where nothing overlaps);
@@ -67,8 +68,8 @@ class FakeEvent:
         self.device._record(self, stream or self.device.current)
 
     def query(self) -> bool:
-        self.device.queries += 1
         self.device._not_capturing("cudaEventQuery")
+        self.device.queries += 1
         if self.captured_plain:
             raise RuntimeError("CUDA error: invalid argument (event recorded during stream capture "
                                "without external=True)")
@@ -148,6 +149,7 @@ class FakeDevice:
         self.static: Any = 0
         self.syncs = 0
         self.capturing = 0  # captures under way (GraphCapture)
+        self.spoiled = False  # a forbidden call came during them: they end in an error
         self.queries = 0
         self.elapsed_calls = 0
         self.created = 0
@@ -209,8 +211,10 @@ class FakeDevice:
         self.run()
 
     def _not_capturing(self, call: str) -> None:
-        """Global capture mode: ``call`` while any stream captures is an error (from any thread)."""
+        """Global capture mode: ``call`` while any stream captures is an error (from any thread), and
+        every capture under way is spoiled: it ends with ``cudaErrorStreamCaptureInvalidated``."""
         if self.capturing:
+            self.spoiled = True
             raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({call}: "
                                "cudaErrorStreamCaptureUnsupported)")
 

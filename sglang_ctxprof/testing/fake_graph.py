@@ -99,11 +99,16 @@ class GraphCapture:
 
     def __exit__(self, *exc: Any) -> None:
         g = self.graph
-        self.device.capturing -= 1
+        dev = self.device
+        dev.capturing -= 1
+        spoiled, dev.spoiled = dev.spoiled, dev.spoiled and dev.capturing > 0
         try:
             for s in g.streams:
                 if s is not None:
                     s.capture = None
+            if exc[0] is None and spoiled:
+                raise RuntimeError("CUDA error: operation failed due to a previous error during capture "
+                                   "(cudaErrorStreamCaptureInvalidated)")
             if exc[0] is None:
                 for br in range(1, len(g.branches)):
                     if g.joined.get(br, -1) < len(g.branches[br]):

@@ -55,11 +55,14 @@ def test_what_cuda_forbids_during_a_capture_raises_as_cuda_does():
     before.record()
     side = dev.Stream("side")
     g = dev.CUDAGraph()
-    with dev.graph(g):
-        for call in (dev.synchronize, before.query, before.synchronize, side.query, side.synchronize):
-            with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnsupported"):
-                call()
+    with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureInvalidated"):  # caught inside: still spoiled
+        with dev.graph(g):
+            for call in (dev.synchronize, before.query, before.synchronize, side.query, side.synchronize):
+                with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnsupported"):
+                    call()
+            dev.kernel(1.0)
+    assert dev.syncs == 0 and dev.capturing == 0 and dev.queries == 0
+    with dev.graph(dev.CUDAGraph()):  # the next capture is clean
         dev.kernel(1.0)
-    assert dev.syncs == 0 and dev.capturing == 0
     dev.synchronize()  # after the capture: allowed again
     assert before.query() and side.query() and dev.syncs == 1
