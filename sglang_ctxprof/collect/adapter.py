@@ -157,7 +157,7 @@ def req_finished(req: Any) -> bool:
 
 
 def req_tracing(req: Any) -> bool:
-    """Whether SGLang traces this request (``--enable-trace``: then every request, so one tells)."""
+    """Whether SGLang traces this request (``--enable-trace``; ``/set_trace_level`` can change it)."""
     tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
     return getattr(tc, "tracing_enable", False) is True
 

@@ -8,7 +8,8 @@ getters); Python code runs per request only for those that finished (their ``fin
 prefill step adds one pass on that thread that calls a Python function per request
 (``Profiler._host``): the prompt tokens found in the prefix cache (``adapter.req_cached_tokens``,
 which the next chunk of a chunked prefill may change); the clients' trace contexts, fixed once a
-request exists, are read in the first stage below, and only when SGLang traces (``parents_later``).
+request exists, are read in the first stage below (``parents_later``; each request says whether
+SGLang traces it, which ``/set_trace_level`` can change between two requests).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
 drain's work (:meth:`HostFacts.build`; at a batch of 256 they take 15-31 µs each at the median,
 where the two stages they replaced took 36-46).  First the phase arithmetic of a CPU-clock step (``step.resolve``, plain integers) and
@@ -132,7 +133,7 @@ class HostFacts:
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
         self.done_pre: Optional[list] = None  # non-spec decode: finished/retracted before the step
         self.read: Optional[tuple[tuple[str, ...], tuple[int, ...]]] = None  # rids, prompt lengths (build)
-        self.parents_later = False  # a traced prefill: its requests' trace contexts are read in build
+        self.parents_later = False  # a prefill: its requests' trace contexts are read in build
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""

@@ -410,30 +410,32 @@ def test_the_exporters_read_a_finished_request_under_the_aggregators_lock():
 
 def test_a_traced_prefill_reads_its_trace_contexts_on_the_drain_not_in_the_step(monkeypatch):
     """With SGLang tracing (``--enable-trace``), each request of a prefill carries the client's trace
-    context; building its ``traceparent`` costs ~2 us a request (an OTel propagator), so the step
-    reads one request's flag and the drain reads the contexts."""
+    context; building its ``traceparent`` costs ~2 us a request (an OTel propagator): the step reads
+    none of them, the record's build (the drain thread) reads each request's."""
     from types import SimpleNamespace
 
     from sglang_ctxprof.collect import adapter
 
     calls = []
 
-    def parent(req):
+    def parent(req):  # as adapter's: "" for a request SGLang does not trace
         calls.append(req.rid)
-        return f"00-{req.rid:0>32}-{'1' * 16}-01"
+        return f"00-{req.rid:0>32}-{'1' * 16}-01" if adapter.req_tracing(req) else ""
 
     monkeypatch.setattr(adapter, "req_trace_parent", parent)
     h = Harness("EAGLE")
     reqs = [SReq(f"{i}", 100) for i in range(8)]
-    for r in reqs:
+    for r in reqs[1:]:  # the first came before tracing was switched on (/set_trace_level): each says
         r.time_stats = SimpleNamespace(trace_ctx=SimpleNamespace(tracing_enable=True))
     batch = h.launch(reqs, "EXTEND")
+    h.p.recorder.stop()  # no drain thread: the build runs when records() flushes, after the assert below
     b = h.p.before_result(batch)
     sglang_process(batch, Result(), True)
     h.p.after_result(b, batch, Result())
     assert calls == []  # nothing per request in the step
     (rec,) = h.cap.records()
     assert calls == [r.rid for r in reqs] and rec.trace_parents == tuple(map(parent, reqs))
+    assert rec.trace_parents[0] == "" and all(rec.trace_parents[1:])
     h.p.recorder.stop()
     plain = Harness("EAGLE")  # not traced: no contexts at all
     batch = plain.launch([SReq("p", 100)], "EXTEND")
