@@ -295,6 +295,9 @@ def build(config: CtxProfConfig, env: Optional[Mapping[str, str]] = None) -> Exp
             logs = LogView(config.logs, exp.requests.current_policy)
         except ImportError:
             logger.warning("sglang-ctxprof: structlog is not installed; %s is ignored", names.ENV_LOG)
+        except OSError as exc:  # a path we cannot write, or a FIFO with no reader: logs off, the rest on
+            logger.warning("sglang-ctxprof: cannot open the log destination %s (%s); logs are off",
+                           config.logs.dest, exc)
         else:
             exp.attach_logs(logs)
             logs.start()

@@ -49,7 +49,11 @@ def _open(dest: str) -> Any:
         return sys.stderr
     if dest == "stdout":
         return sys.stdout
-    return open(dest, "a", buffering=1)  # line-buffered: one event per line, readable at once
+    # O_NONBLOCK: a FIFO with no reader fails at once (ENXIO) where a plain open would wait for one,
+    # at the scheduler's start; then blocking again (a slow reader is the writer thread's, ``Lines``)
+    fd = os.open(dest, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", buffering=1)  # line-buffered: one event per line, readable at once
 
 
 LINE_QUEUE = 10_000  # lines waiting for a slow pipe before one is dropped

@@ -150,3 +150,28 @@ def test_a_regular_file_is_written_at_once(tmp_path):
     view.on_request({"rid": "a", "steps": 1}, "slow", False)
     assert json.loads((tmp_path / "ev.log").read_text())["rid"] == "a"  # no thread, no wait
     view.stop()
+
+
+def test_a_fifo_nobody_reads_as_the_log_file_never_holds_the_start(tmp_path, caplog):
+    """``open`` of a FIFO for writing waits for a reader: at the scheduler's start that would hang
+    SGLang.  The log view refuses it in one warning; the other exporters are built."""
+    import os
+    import threading
+
+    from sglang_ctxprof.views import exporters
+
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    cfg = CtxProfConfig.from_env({"SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": str(fifo)})
+    got = []
+    with caplog.at_level(logging.WARNING, logger="sglang_ctxprof.views.exporters"):
+        t = threading.Thread(target=lambda: got.append(exporters.build(cfg, env={})), daemon=True)
+        t.start()
+        t.join(60)
+        if t.is_alive():  # free the stuck open so the suite goes on, then fail
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            t.join(10)
+            raise AssertionError("opening the log FIFO waited for a reader")
+    exp = got[0]
+    assert exp.steps.logs is None and exp.requests is not None
+    assert any("events.fifo" in r.getMessage() and "logs are off" in r.getMessage() for r in caplog.records)
