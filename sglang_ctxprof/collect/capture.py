@@ -5,8 +5,9 @@ steps; ``rid``: that request's next N steps, passing over the prefills of other 
 runs between two of them) through the control channel, or the automatic triggers on the recorder's
 drain thread (:meth:`Capture.observe`, registered only when one is on): a decode step slower than
 ``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once it holds
-``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run`` steps in a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace
-policy judges slow, whose next steps are captured (``collect.tail_trigger``).
+``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run`` steps in
+a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace policy
+judges slow, whose next steps are captured (``collect.tail_trigger``).
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 

@@ -8,8 +8,8 @@ getters); Python code runs per request only for those that finished (their ``fin
 prefill step adds one pass on that thread that calls a Python function per request
 (``Profiler._host``): the prompt tokens found in the prefix cache (``adapter.req_cached_tokens``,
 which the next chunk of a chunked prefill may change); the clients' trace contexts, fixed once a
-request exists, are read in the first stage below (``parents_later``; each request says whether
-SGLang traces it, which ``/set_trace_level`` can change between two requests).
+request exists, are read in the first stage below (each request says whether SGLang traces it,
+which ``/set_trace_level`` can change between two requests).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
 drain's work (:meth:`HostFacts.build`; at a batch of 256 they take 15-31 µs each at the median,
 where the two stages they replaced took 36-46).  First the phase arithmetic of a CPU-clock step (``step.resolve``, plain integers) and
@@ -30,6 +30,7 @@ from itertools import compress, filterfalse
 from typing import Iterable, Optional, Union
 
 from ..model.facts import CARRIED, Books, StepFacts
+from ..model.names import KIND_DECODE
 from ..model.records import RankId, StepRecord
 from . import adapter
 from .clocks import CpuClock
@@ -97,12 +98,11 @@ class IdCache:
 
 class HostFacts:
     __slots__ = ("ids", "spec", "reqs", "lens_pre", "vct_pre", "emitted", "vct_post", "fin", "accepts",
-                 "builder", "full_phases", "done_pre", "read", "parents_later") + CARRIED
+                 "builder", "full_phases", "done_pre", "read") + CARRIED
 
     def __init__(self, ids: IdCache, step_id: int, kind: str, algorithm: str, rank: Optional[RankId], spec: bool,
                  reqs: tuple, lens_pre: list, vct_pre: Optional[list], emitted: list,
-                 vct_post: Optional[list], fin: list, accepts: Optional[list], draft_tokens: int,
-                 trace_parents: tuple = ()) -> None:
+                 vct_post: Optional[list], fin: list, accepts: Optional[list], draft_tokens: int) -> None:
         self.ids = ids
         self.step_id = step_id
         self.kind = kind
@@ -117,7 +117,7 @@ class HostFacts:
         self.fin = fin
         self.accepts = accepts
         self.draft_tokens = draft_tokens
-        self.trace_parents = trace_parents
+        self.trace_parents: tuple[str, ...] = ()  # a prefill's: read in the build (``_read``)
         self.step_ms = 0.0
         self.phases_ms: dict[str, float] = {}
         self.t_start_ns = 0
@@ -133,7 +133,6 @@ class HostFacts:
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
         self.done_pre: Optional[list] = None  # non-spec decode: finished/retracted before the step
         self.read: Optional[tuple[tuple[str, ...], tuple[int, ...]]] = None  # rids, prompt lengths (build)
-        self.parents_later = False  # a prefill: its requests' trace contexts are read in build
 
     def counted(self) -> bool:
         """Whether SGLang counted any row of this step (else there is no record)."""
@@ -170,7 +169,7 @@ class HostFacts:
             if res is not None:
                 self.step_ms, self.phases_ms = res
             self.builder = None
-        if self.parents_later:  # fixed once a request exists: read here, off the scheduler thread
+        if self.kind != KIND_DECODE:  # a prefill's trace contexts, fixed once a request exists: read here
             tps = tuple(map(adapter.req_trace_parent, self.reqs))
             self.trace_parents = tps if any(tps) else ()
         self.read = self.ids.get(self.reqs)

@@ -308,7 +308,6 @@ class Profiler:
             accepts, draft = None, 0
         host = HostFacts(self.ids, b.step_id, b.kind, sv.algorithm, sv.rank, spec, reqs,
                          lens_pre, vct_pre, emitted, vct_post, fin, accepts, draft)
-        host.parents_later = not decode  # a prefill's trace contexts (the clients'): read on the drain thread
         host.t_end_ns = b.t_end_ns
         host.done_pre = done_pre
         if decode:

@@ -347,8 +347,9 @@ class Recorder:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Tell the drain thread to stop (its own event, never cleared), wait up to ``timeout`` for
-        it, forget it, and drain what is left here (waiting ``timeout`` at most for a stuck sink).  A thread still inside a slow pass ends with its
-        current slice (the queue is consumed only under ``_lock``: never by two threads at once)."""
+        it, forget it, and drain what is left here (waiting ``timeout`` at most for a stuck sink).  A
+        thread still inside a slow pass ends with its current slice (the queue is consumed only under
+        ``_lock``: never by two threads at once)."""
         with self._life:  # a parked thread may be forgetting itself right now
             stop, thread = self._stop, self._thread
             self._stop = self._thread = None

@@ -94,7 +94,6 @@ class CtxProfSession:
             return
         p.active = False
         inst.uninstrument(groups=[GROUP_TIMING])
-        hooks.label_phases(None)  # a capture's phase labelling (a module-level swap) ends with the hooks
         p.wrapped_worker = None
         p.pause()
 
@@ -112,7 +111,7 @@ class CtxProfSession:
             except Exception as exc:  # noqa: BLE001 - tearing down: report and go on
                 logger.warning("sglang-ctxprof: the running capture did not stop cleanly: %r", exc)
         self.disable()
-        hooks.label_phases(None)  # also when profiling was off already (a capture may run while off)
+        hooks.label_phases(None)  # a capture's labelling (a module-level swap), also one run while off
         inst.uninstrument()
         if hooks.SESSION is self:
             hooks.SESSION = None

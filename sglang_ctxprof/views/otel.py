@@ -240,10 +240,12 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
     return provider, stats
 
 
-def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> int:
+def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], phases: bool = True) -> int:
     """The spans :meth:`OtelView.export_request` makes of a request: its root, its prefill, and per
-    step the step span and one per laid-out phase (``model.layout``, as ``_step`` lays them)."""
+    step the step span and (``phases``) one per laid-out phase (``model.layout``, as ``_step`` lays them)."""
     n = 1 + (float(req.get("prefill_ms") or 0.0) > 0)
+    if not phases:
+        return n + len(rows)
     for r in rows:
         s0 = int(r["t_start_ns"])
         n += 1 + len(lay_phases(r.get("phases_ms") or {}, s0, step_end_ns(s0, r["step_ms"])))
@@ -317,7 +319,7 @@ class OtelView:
         cap = self.stats.max_queue
         compact = bool(cap) and n > cap  # could never fit as phase spans: one span a step
         if compact:
-            n = 1 + (float(req.get("prefill_ms") or 0.0) > 0) + len(rows)
+            n = _span_count(req, rows, phases=False)
             attrs[names.ATTR_LAYOUT] = names.LAYOUT_ATTRIBUTES
             plan = [_compacted(*step) for step in plan]
         if not self.stats.admit(n):
