@@ -14,7 +14,7 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
   ``GET /ctx_profile/requests/{rid}`` or ``?rid=RID`` (with its step rows; a browser drops a path
   segment of ``.`` or ``..``, so the live page asks for such a rid by the query);
 * ``GET  /ctx_profile/status`` - hook report per rank (which functions are wrapped);
-* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks;
+* ``GET|POST /ctx_profile/trace_policy`` - tail-sampling policy of the trace sinks (``views.http_trace``);
 * ``GET  /ctx_profile/diagnosis[?format=json|text][&ctx=N]`` - the verdict (``views.diagnosis``),
   its ledger against the plain reference of ``POST|GET|DELETE /ctx_profile/plain`` (``views.http_plain``);
 * ``GET  /ctx_profile/trace.json[?last=N|?rid=RID]`` - Chrome trace events (``views.http_trace``);
@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..control.client import NoAnswer
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
@@ -59,14 +60,14 @@ from .http_body import BodyTexts, served_json
 from .http_build import CACHE, off_loop, versions
 from .http_context import INSTALLED, Asker, PlainStore, ReadContext, Route
 from .http_gate import gate
-from .http_guard import error as _error, guard, guarded as _guarded, json_body, json_response as _json, reset_strikes
+from .http_guard import (MAX_POLICY_BODY, command_failed, error as _error, guard, guarded as _guarded, json_body,
+                         json_response as _json, reset_strikes)
 from .profile import Profile, build_profile
 
 logger = logging.getLogger(__name__)
 
 FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
-MAX_POLICY_BODY = 4096  # bytes of a trace-policy (or fault-switch) body: a few short fields
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
@@ -133,6 +134,8 @@ async def get_profile(rc: ReadContext, request: Request):
 async def _profile_read(rc: ReadContext, fmt: str) -> Any:
     try:
         payloads = await rc.snapshot()
+    except NoAnswer:
+        raise  # a scheduler's, not ours: the guard's 504
     except Exception as exc:  # noqa: BLE001
         logger.warning("sglang-ctxprof: /ctx_profile failed: %r", exc)
         return _error(500, f"ctx profile unavailable: {type(exc).__name__}")
@@ -212,23 +215,16 @@ def _diagnosis_reply(payloads: list[dict[str, Any]], plain: PlainStore, ctx: Any
     return PlainTextResponse(render_text(d))
 
 
-def _failed(payloads: list[dict[str, Any]]) -> Optional[Response]:
-    """A 400 where a rank refused the command as bad input, a 503 where one could not run it, else None."""
-    bad = [p["error"] for p in payloads if p.get("bad_request")]
-    if bad:
-        return _error(400, "; ".join(bad))
-    errors = [p["error"] for p in payloads if "error" in p]
-    return _error(503, "; ".join(errors)) if errors else None
-
-
 async def _command(rc: ReadContext, request: Request, cmd: str, **args: Any):
     if request.query_params and not args:
         return _error(400, f"unexpected query parameter(s): {', '.join(sorted(request.query_params))}")
     try:
         payloads = await rc.ask(cmd, **args)
+    except NoAnswer:
+        raise  # a scheduler's, not ours: the guard's 504 (the command may still take effect)
     except Exception as exc:  # noqa: BLE001
         return _error(500, f"ctx profile command failed: {type(exc).__name__}")
-    failed = _failed(payloads)  # e.g. a clock a rank cannot use
+    failed = command_failed(payloads)  # e.g. a clock a rank cannot use
     if failed is not None:
         return failed
     return {"ok": True, "command": cmd, "ranks": [p.get("status") for p in payloads]}
@@ -320,26 +316,6 @@ async def post_fault(rc: ReadContext, request: Request):
     return {"ok": True, "component": comp, "http": g.status(), "ranks": [p.get("status") for p in ranks]}
 
 
-async def trace_policy(rc: ReadContext, request: Request):
-    """``GET`` shows, ``POST`` (JSON body: mode, slow_tok_s, slow_step_ms) changes the trace policy."""
-    if request.query_params:
-        return _error(400, "this route takes no query parameters")
-    changes = None
-    if request.method == "POST":
-        changes, bad = await json_body(request, MAX_POLICY_BODY,
-                                       "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
-        if bad is not None:
-            return bad
-        if not isinstance(changes, dict) or not changes:
-            return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
-    payloads = await rc.ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
-    failed = _failed(payloads)
-    if failed is not None:
-        return failed
-    return {"schema_version": names.SCHEMA_VERSION, "trace_policy": payloads[0]["trace_policy"],
-            "ranks": [p.get("exporters") for p in payloads]}
-
-
 def routes(rc: ReadContext) -> list[Route]:
     """This module's routes, the live page's and (test only) the fault switch, bound to ``rc``."""
     from .ui import get_ui, get_ui_file
@@ -353,8 +329,7 @@ def routes(rc: ReadContext) -> list[Route]:
            Route(names.ROUTE_DISABLE, bound(post_disable), "POST", admin=True),
            Route(names.ROUTE_STATUS, bound(get_status)), Route(names.ROUTE_REQUESTS, bound(get_requests)),
            Route(names.ROUTE_REQUESTS + "/{rid}", bound(get_request)),
-           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy)), Route(names.ROUTE_DIAGNOSIS, bound(get_diagnosis)),
-           Route(names.ROUTE_TRACE_POLICY, bound(trace_policy), "POST", admin=True),
+           Route(names.ROUTE_DIAGNOSIS, bound(get_diagnosis)),
            Route(names.ROUTE_UI, get_ui), Route(names.ROUTE_UI + "/{name}", get_ui_file)]
     if guard().switchable:  # test only, never in production (see module docstring)
         out.append(Route(names.ROUTE_FAULT, bound(post_fault), "POST", admin=True, guarded=False))

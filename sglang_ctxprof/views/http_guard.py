@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 STRIKES = 3  # consecutive internal failures of the routes before they are switched off
 _STRUCK = "_ctxprof_struck"  # set on an exception once it counted (readers sharing a read share it)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+MAX_POLICY_BODY = 4096  # bytes of a trace-policy (or fault-switch) body: a few short fields
 
 _GUARD: Guard | None = None
 _strikes = 0
@@ -58,6 +59,15 @@ def guard() -> Guard:
 
 def error(status: int, message: str, **extra: Any) -> Response:
     return json_response({"error": message, **extra}, status=status)
+
+
+def command_failed(payloads: list[dict[str, Any]]) -> Response | None:
+    """A 400 where a rank refused a command as bad input, a 503 where one could not run it, else None."""
+    bad = [p["error"] for p in payloads if p.get("bad_request")]
+    if bad:
+        return error(400, "; ".join(bad))
+    errors = [p["error"] for p in payloads if "error" in p]
+    return error(503, "; ".join(errors)) if errors else None
 
 
 def finite(obj: Any) -> Any:

@@ -1,10 +1,13 @@
-"""``GET /ctx_profile/trace.json?last=N`` or ``?rid=RID``: Chrome trace events, from the HTTP process.
+"""``GET /ctx_profile/trace.json?last=N`` or ``?rid=RID``: Chrome trace events, from the HTTP process;
+and ``GET|POST /ctx_profile/trace_policy``, the tail-sampling policy of the trace sinks.
 
 ``last=N`` (at most ``names.MAX_TRACE_STEPS``, the steps each rank keeps): each rank ships its last N
 step rows as JSON texts (``steps_rows``), and the build thread's :class:`~.trace_json.TraceWriter`
 lays each step's events out once while it stays among the steps read, so a read loop writes only
 the new ones.  The read runs through ``views.http_gate`` like the other building reads.  ``rid=RID``:
 that request's steps from the recent-request ring, 404 when it is not there.  Bad input is a 400.
+The policy: ``GET`` shows it, ``POST`` (admin; a JSON object of ``mode``, ``slow_tok_s``,
+``slow_step_ms``, at most ``MAX_POLICY_BODY`` bytes) changes it on every rank.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from starlette.responses import Response
 from ..model import names
 from ..model.rids import lookup_rid
 from .http_context import ReadContext, Route
-from .http_guard import error as _error
+from .http_guard import MAX_POLICY_BODY, command_failed, error as _error, json_body
 from .trace_json import TraceWriter
 
 _RID_RE = re.compile(names.RID_PATTERN)
@@ -27,8 +30,10 @@ TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_lo
 
 
 def routes(rc: ReadContext) -> list[Route]:
-    """The trace route, reading through ``rc``."""
-    return [Route(names.ROUTE_TRACE_JSON, functools.partial(get_trace_json, rc))]
+    """The trace routes, reading through ``rc``."""
+    policy = functools.partial(trace_policy, rc)
+    return [Route(names.ROUTE_TRACE_JSON, functools.partial(get_trace_json, rc)),
+            Route(names.ROUTE_TRACE_POLICY, policy), Route(names.ROUTE_TRACE_POLICY, policy, "POST", admin=True)]
 
 
 async def get_trace_json(rc: ReadContext, request: Request):
@@ -67,3 +72,23 @@ def trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:
     ranks = [((p.get("status") or {}).get("rank") or i, p.get("steps_rows") or [])
              for i, p in enumerate(payloads) if "error" not in p]
     return Response(content=TRACE_WRITER.render(ranks, n).encode(), media_type="application/json")
+
+
+async def trace_policy(rc: ReadContext, request: Request):
+    """``GET`` shows, ``POST`` (JSON body: mode, slow_tok_s, slow_step_ms) changes the trace policy."""
+    if request.query_params:
+        return _error(400, "this route takes no query parameters")
+    changes = None
+    if request.method == "POST":
+        changes, bad = await json_body(request, MAX_POLICY_BODY,
+                                       "body must be a JSON object like {\"mode\": \"slow\", \"slow_tok_s\": 20}")
+        if bad is not None:
+            return bad
+        if not isinstance(changes, dict) or not changes:
+            return _error(400, "body must be a non-empty JSON object (mode, slow_tok_s, slow_step_ms)")
+    payloads = await rc.ask(names.CMD_TRACE_POLICY, **({"set": changes} if changes else {}))
+    failed = command_failed(payloads)
+    if failed is not None:
+        return failed
+    return {"schema_version": names.SCHEMA_VERSION, "trace_policy": payloads[0]["trace_policy"],
+            "ranks": [p.get("exporters") for p in payloads]}

@@ -208,6 +208,10 @@ def test_a_hung_scheduler_gets_reads_a_504_and_never_another_commands_answer(ser
         st, body = http("GET", url + names.ROUTE_REQUESTS + "?slowest=3", timeout=4 * CONTROL_TIMEOUT_S)
         print("hung, next read:", st, body)
         assert st == 504 and f"has not answered the '{names.CMD_STATUS}' command" in body["error"], (st, body)
+        for method, route in [("GET", names.ROUTE), ("GET", names.ROUTE + "?format=prometheus"),
+                              ("GET", names.ROUTE + "?format=text"), ("POST", names.ROUTE_RESET)]:
+            st, body = http(method, url + route, timeout=4 * CONTROL_TIMEOUT_S)  # every route alike
+            assert st == 504 and "has not answered" in body["error"], (route, st, body)
     finally:
         set_fault(server, "")
     deadline = time.time() + 60  # liveness only: the late answer arrives
