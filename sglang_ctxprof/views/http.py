@@ -25,7 +25,8 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 
 The four read routes above that build (profile, diagnosis, slowest requests, trace) run through
 ``views.http_gate``: their builds take at most a set share of this process, and concurrent readers
-share one.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
+share one.  Eight reads are standing there (never refused, first at the next turn): every format of
+``/ctx_profile``, ``/diagnosis`` with no ``ctx``, ``/requests`` without steps at N = 10 or 20.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
 (``views.http_guard``): replies are serialized inside it; a failure of ours gets a 500 JSON error
 with ``degraded`` and one warning with the traceback, and only repeated failures disable the routes
 (503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.
@@ -68,6 +69,7 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
+DEFAULT_SLOWEST, PAGE_SLOWEST = 10, 20  # /requests with no ?slowest=, the live page's (app.js SLOWEST)
 _RID_RE = re.compile(names.RID_PATTERN)
 
 
@@ -128,7 +130,7 @@ async def get_profile(rc: ReadContext, request: Request):
     unknown = set(request.query_params) - {"format"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    return await rc.gate.serve(("profile", fmt), lambda: _profile_read(rc, fmt))
+    return await rc.gate.serve(("profile", fmt), lambda: _profile_read(rc, fmt), standing=True)
 
 
 async def _profile_read(rc: ReadContext, fmt: str) -> Any:
@@ -187,7 +189,7 @@ async def get_diagnosis(rc: ReadContext, request: Request):
         if not 0 <= ctx <= names.MAX_WHATIF_CTX:
             return _error(400, f"ctx must be between 0 and {names.MAX_WHATIF_CTX} tokens, got {qp['ctx'][:40]}")
     return await rc.gate.serve(("diagnosis", ctx, fmt),
-                               lambda: _diagnosis_read(rc, ctx, fmt))
+                               lambda: _diagnosis_read(rc, ctx, fmt), standing=ctx is None)
 
 
 async def _diagnosis_read(rc: ReadContext, ctx: Optional[int], fmt: str) -> Any:
@@ -265,7 +267,7 @@ async def get_requests(rc: ReadContext, request: Request):
                 else _error(400, "give either rid=RID or slowest=N, not both"))
     if qp.get("steps", "0") not in ("0", "1"):
         return _error(400, f"steps must be 0 or 1, got {qp['steps'][:40]!r}")
-    raw = qp.get("slowest", "10")
+    raw = qp.get("slowest", str(DEFAULT_SLOWEST))
     try:
         n = int(raw)
     except ValueError:
@@ -274,7 +276,8 @@ async def get_requests(rc: ReadContext, request: Request):
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
     ask = {"slowest": n, **({"steps": True} if qp.get("steps") == "1" else {})}
     return await rc.gate.serve(("requests", n, "steps" in ask),
-                               lambda: rc.read(names.CMD_REQUESTS, ask, _requests_reply, n))
+                               lambda: rc.read(names.CMD_REQUESTS, ask, _requests_reply, n),
+                               standing="steps" not in ask and n in (DEFAULT_SLOWEST, PAGE_SLOWEST))
 
 
 def _requests_reply(payloads: list[dict[str, Any]], n: int) -> Response:

@@ -22,6 +22,13 @@ A reader of a key already waiting shares that read and takes no place, so the li
 periodic reads (any number of open pages) never fill the queue by themselves.  The hint is an
 estimate: the cool-down left plus, per waiting read, the last read's time and cool-down.
 
+A few reads are *standing* (the caller says which: a small fixed set, such as the live page's
+reads and a scraper's ``/ctx_profile``): one of them is admitted even when ``limit`` other reads
+wait, takes no place among them, and starts at the next turn, before the others waiting, so a
+client that keeps the queue full delays a dashboard or a scrape by one read and its cool-down, not
+by ``limit`` of them, and never has it refused.  Since a standing read is shared like any other,
+at most one per key waits: the queue holds at most ``limit`` plus the standing keys.
+
 ``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.1); ``1``
 disables the cool-down.  On an idle server a read starts at once.  The clock, the sleep and the
 meter of the build thread's busy time are injected (tests use fakes).
@@ -32,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Optional, TypeVar
 
 from .http_build import busy_s
@@ -62,8 +70,9 @@ class ReadGate:
         self._clock, self._sleep, self._meter = clock, sleep, meter
         self._ready_at = 0.0  # the earliest start of the next read's work
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._lock: Optional[asyncio.Lock] = None  # made in the running loop (anew if it changes)
-        self._waiting: dict[Hashable, asyncio.Future] = {}  # per key: the read not yet started
+        self._busy = False  # a read holds the turn (its cool-down wait, its work)
+        self._lines: tuple[deque[asyncio.Future], deque[asyncio.Future]] = (deque(), deque())  # standing, others
+        self._waiting: dict[Hashable, tuple[asyncio.Future, bool]] = {}  # per key: the read not yet started, standing
         self.runs = 0  # reads that asked and built
         self.shared = 0  # readers served by another reader's run
         self.waited_s = 0.0  # cool-down slept, in all
@@ -74,26 +83,28 @@ class ReadGate:
         """Seconds to rest after work that kept the build thread busy ``cost_s`` seconds."""
         return max(0.0, cost_s) * (1.0 - self.share) / self.share
 
-    async def run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+    async def run(self, key: Hashable, work: Callable[[], Awaitable[T]], standing: bool = False) -> T:
         """``await work()``, within the share; a reader of ``key`` arriving while a run of ``key``
         waits to start gets that run's result (or its exception).  Raises :class:`GateFull` when
-        ``limit`` reads of other keys wait to start."""
+        ``limit`` reads of other keys wait to start, unless this read is ``standing`` (admitted
+        anyway, and started before the others waiting)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._lock, self._waiting = loop, asyncio.Lock(), {}
+            self._loop, self._busy, self._waiting = loop, False, {}
+            self._lines = (deque(), deque())
         pending = self._waiting.get(key)
         if pending is not None:
             self.shared += 1
-            return await asyncio.shield(pending)
-        if len(self._waiting) >= self.limit:
+            return await asyncio.shield(pending[0])
+        if not standing and self.others_waiting() >= self.limit:
             self.refused += 1
             raise GateFull(len(self._waiting), self.retry_after_s())
         fut: asyncio.Future = loop.create_future()
-        self._waiting[key] = fut
+        self._waiting[key] = (fut, standing)
         try:
-            result = await self._turn(key, work)
+            result = await self._turn(key, work, standing)
         except BaseException as exc:  # noqa: BLE001 - handed to the sharers, then raised here
-            if self._waiting.get(key) is fut:
+            if self._waiting.get(key, (None,))[0] is fut:
                 del self._waiting[key]
             if isinstance(exc, asyncio.CancelledError):
                 fut.cancel()
@@ -104,11 +115,11 @@ class ReadGate:
         fut.set_result(result)
         return result
 
-    async def serve(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> Any:
+    async def serve(self, key: Hashable, work: Callable[[], Awaitable[T]], standing: bool = False) -> Any:
         """:meth:`run`, with a full queue answered as a 429 JSON error (``retry_after_s``, and a
         ``Retry-After`` header in whole seconds)."""
         try:
-            return await self.run(key, work)
+            return await self.run(key, work, standing)
         except GateFull as full:
             reply = error(429, str(full), retry_after_s=round(full.retry_after_s, 3))
             reply.headers["Retry-After"] = str(math.ceil(full.retry_after_s))
@@ -119,9 +130,42 @@ class ReadGate:
         left = max(0.0, self._ready_at - self._clock()) + len(self._waiting) * self._last_s
         return max(MIN_RETRY_S, left)
 
-    async def _turn(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
-        assert self._lock is not None
-        async with self._lock:
+    def others_waiting(self) -> int:
+        """Reads waiting to start that are not standing (the ones ``limit`` bounds)."""
+        return sum(1 for _, standing in self._waiting.values() if not standing)
+
+    async def _acquire(self, standing: bool) -> None:
+        """Take the turn: at once when free, else after every standing read that waits for it (and,
+        for any other read, every other read that came before)."""
+        if not self._busy:
+            self._busy = True
+            return
+        assert self._loop is not None
+        fut: asyncio.Future = self._loop.create_future()
+        line = self._lines[0 if standing else 1]
+        line.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed the turn as it was cancelled: hand it on
+            elif fut in line:
+                line.remove(fut)
+            raise
+
+    def _release(self) -> None:
+        """Hand the turn to the first standing read waiting, else to the first other one."""
+        for line in self._lines:
+            while line:
+                fut = line.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    return
+        self._busy = False
+
+    async def _turn(self, key: Hashable, work: Callable[[], Awaitable[T]], standing: bool) -> T:
+        await self._acquire(standing)
+        try:
             while True:
                 wait = self._ready_at - self._clock()
                 if wait <= 0:
@@ -138,6 +182,8 @@ class ReadGate:
                 rest = self.cooldown(self._meter() - busy0)
                 self._ready_at = self._clock() + rest
                 self._last_s = self._ready_at - t0
+        finally:
+            self._release()
 
 
 _GATE: Optional[ReadGate] = None

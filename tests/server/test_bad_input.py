@@ -310,3 +310,43 @@ def test_cli_prints_a_hostile_rid_escaped(server, warm):
     for ch in ("\x1b", "\x07", "\u202e"):
         assert ch not in p.stdout, repr(ch)
     assert "request evil\\x1b[2J\\x1b]0;owned\\x07\\nrow\\u202e" in p.stdout
+
+
+def test_a_client_filling_the_read_queue_leaves_the_standing_reads_served(server, warm):
+    """A client keeps distinct ``/diagnosis?ctx=N`` reads waiting (every place in the read queue taken,
+    the rest refused with 429) while a dashboard reads ``/ctx_profile``: it is answered (200), and
+    before reads that were waiting when it came, not after all of them."""
+    import itertools
+    import threading
+
+    done: list[tuple[float, float, int]] = []  # (sent, answered, status) of each flood read
+    stop, n = threading.Event(), itertools.count(1)
+
+    def flood() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            status, _, _ = raw("GET", f"{server.url}{R}/diagnosis?ctx={next(n)}")
+            done.append((sent, time.monotonic(), status))
+            if status == 429:
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(24)]  # more than the places
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not any(s == 429 for _, _, s in done) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the queue is full once a read is refused
+    sent = time.monotonic()
+    status, body, _ = raw("GET", f"{server.url}{R}")
+    answered = time.monotonic()
+    stop.set()
+    for t in threads:
+        t.join(300)
+    print(f"flood: {sum(s == 200 for _, _, s in done)} read, {sum(s == 429 for _, _, s in done)} refused; "
+          f"standing read {status} in {answered - sent:.2f} s, ahead of "
+          f"{sum(1 for d in done if d[2] == 200 and d[0] < sent and d[1] > answered)} queued before it")
+    assert any(s == 429 for _, _, s in done), "the flood never filled the read queue"
+    assert status == 200, (status, body[:300])
+    overtaken = [d for d in done if d[2] == 200 and d[0] < sent and d[1] > answered]
+    assert overtaken, "the standing read waited behind every read queued before it"
+    assert raw("GET", f"{server.url}{R}/diagnosis")[0] == 200  # the queue drained; reads go on

@@ -80,7 +80,7 @@ def test_a_full_read_gate_is_a_429_for_the_timeline(monkeypatch, trace_file):
     from sglang_ctxprof.views import http_gate
 
     class FullGate(http_gate.ReadGate):
-        async def run(self, key, work):
+        async def run(self, key, work, standing=False):
             raise http_gate.GateFull(self.limit, 1.0)
 
     monkeypatch.setattr(http_gate, "_GATE", FullGate(1.0))

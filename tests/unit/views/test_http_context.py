@@ -4,6 +4,8 @@ global holds a client or the plain reference), and ``uninstall_routes`` removes 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
@@ -175,14 +177,17 @@ def test_unchanged_states_come_back_whole_and_a_version_not_held_is_asked_for_ag
 
 
 class _FullGate(http_gate.ReadGate):
-    """A gate whose queue of distinct reads is always full."""
+    """A gate whose queue of distinct reads is always full: a standing read is admitted (as the real
+    gate admits it), any other refused."""
 
-    async def run(self, key, work):
+    async def run(self, key, work, standing=False):
+        if standing:
+            return await work()
         raise http_gate.GateFull(self.limit, 2.5)
 
 
-@pytest.mark.parametrize("path", [names.ROUTE, names.ROUTE + "?format=text", names.ROUTE_DIAGNOSIS + "?ctx=7",
-                                  names.ROUTE_REQUESTS + "?slowest=3", names.ROUTE_TRACE_JSON + "?last=2"])
+@pytest.mark.parametrize("path", [names.ROUTE_DIAGNOSIS + "?ctx=7", names.ROUTE_REQUESTS + "?slowest=3",
+                                  names.ROUTE_REQUESTS + "?slowest=20&steps=1", names.ROUTE_TRACE_JSON + "?last=2"])
 def test_a_full_read_gate_is_a_429_json_error_on_every_gated_route(monkeypatch, path):
     monkeypatch.setattr(http_gate, "_GATE", _FullGate(1.0))
     rec = Recorder("one")
@@ -190,6 +195,25 @@ def test_a_full_read_gate_is_a_429_json_error_on_every_gated_route(monkeypatch, 
     assert r.status_code == 429, r.text
     assert "reads are waiting" in r.json()["error"] and r.json()["retry_after_s"] == 2.5
     assert r.headers["Retry-After"] == "3" and rec.calls == [] and http_guard.guard().ok("http")
+
+
+@pytest.mark.parametrize("path", [names.ROUTE, names.ROUTE + "?format=text", names.ROUTE + "?format=prometheus",
+                                  names.ROUTE_DIAGNOSIS, names.ROUTE_DIAGNOSIS + "?format=text",
+                                  names.ROUTE_REQUESTS, names.ROUTE_REQUESTS + "?slowest=20"])
+def test_the_standing_reads_are_served_by_a_full_gate(monkeypatch, path):
+    """A dashboard's, a scraper's and the live page's reads (standing) are never refused: each asks
+    the ranks (this fake answers no state, so a profile read is a 503 here)."""
+    monkeypatch.setattr(http_gate, "_GATE", _FullGate(1.0))
+    rec = Recorder("one")
+    r = TestClient(_app(rec), raise_server_exceptions=False).get(path)
+    assert r.status_code != 429 and rec.calls, (path, r.status_code, r.text[:300])
+
+
+def test_the_live_page_reads_the_standing_number_of_slowest_requests():
+    from sglang_ctxprof.views import ui
+
+    js = (Path(ui.__file__).resolve().parents[1] / "data" / "ui" / "app.js").read_text()
+    assert f"const SLOWEST = {http.PAGE_SLOWEST};" in js
 
 
 def test_the_id_a_route_shows_for_a_long_rid_is_found_when_looked_up():

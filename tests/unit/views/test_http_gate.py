@@ -125,9 +125,10 @@ def test_the_share_is_a_setting_with_clear_errors():
         ReadGate(0.0)
 
 
-def _flood(r: Rig, keys: list, then: list) -> tuple[list, list]:
-    """One read of ``"p"`` holds the gate while a read of each of ``keys`` arrives, then each of ``then``;
-    returns what the ``keys`` reads and the ``then`` reads got (a result or the exception)."""
+def _flood(r: Rig, keys: list, then: list, standing: frozenset = frozenset()) -> tuple[list, list]:
+    """One read of ``"p"`` holds the gate while a read of each of ``keys`` arrives, then each of ``then``
+    (those in ``standing`` as standing reads); returns what the ``keys`` reads and the ``then`` reads
+    got (a result or the exception)."""
     hold = asyncio.Event()
 
     async def go():
@@ -135,7 +136,8 @@ def _flood(r: Rig, keys: list, then: list) -> tuple[list, list]:
         await asyncio.sleep(0)  # a is running (holds the gate)
         flood = [asyncio.create_task(r.gate.run(k, r.work(str(k), cost=0.02))) for k in keys]
         await asyncio.sleep(0)
-        late = [asyncio.create_task(r.gate.run(k, r.work(f"late {k}", cost=0.02))) for k in then]
+        late = [asyncio.create_task(r.gate.run(k, r.work(f"late {k}", cost=0.02), standing=k in standing))
+                for k in then]
         await asyncio.sleep(0)
         hold.set()
         await first
@@ -159,6 +161,21 @@ def test_distinct_reads_waiting_are_bounded_and_one_beyond_the_bound_is_refused_
     assert late[1] == flood[3]  # the reader of a waiting key shares its run: it needs no slot
     assert r.gate.refused == 500 - 16 + 1 and r.gate.shared == 1
     assert asyncio.run(r.gate.run(("profile", "json"), r.work("z", cost=0.0))) == "z@18"  # the gate goes on
+
+
+def test_standing_reads_are_admitted_to_a_full_queue_and_run_before_the_reads_waiting_there():
+    """One client keeps 16 distinct reads waiting: the standing reads (the live page's, a scraper's)
+    are still admitted, and each runs at the next turn, not after the 16."""
+    r = Rig(0.5)
+    keys = [("diagnosis", n, "json") for n in range(500)]
+    standing = [("profile", "json"), ("profile", "prometheus")]
+    flood, late = _flood(r, keys, standing + [("diagnosis", 600, "json")], standing=frozenset(standing))
+    assert late[:2] == ["late ('profile', 'json')@2", "late ('profile', 'prometheus')@3"]
+    assert isinstance(late[2], http_gate.GateFull)  # any other read is still refused at a full queue
+    assert r.runs == ["a"] + [f"late {k}" for k in standing] + [str(k) for k in keys[:16]]
+    assert r.gate.refused == 500 - 16 + 1
+    # A standing read waiting is shared like any other, and takes no place among the 16.
+    assert [x for x in flood if isinstance(x, str)] == [f"{k}@{i}" for i, k in enumerate(keys[:16], 4)]
 
 
 def test_the_pages_periodic_reads_are_never_refused():
@@ -192,3 +209,24 @@ def test_a_full_gate_is_a_429_with_a_retry_hint():
     assert body["retry_after_s"] > 0 and int(refused.headers["Retry-After"]) >= 1
     with pytest.raises(ValueError):
         http_gate.ReadGate(0.5, limit=0)
+
+
+def test_a_read_cancelled_while_it_waits_for_its_turn_wedges_nothing():
+    """A client that hangs up while its read waits (standing or not) leaves the turn to the next."""
+    r = Rig(1.0)
+    hold = asyncio.Event()
+
+    async def go():
+        first = asyncio.create_task(r.gate.run("p", r.work("a", cost=0.0, hold=hold)))
+        await asyncio.sleep(0)
+        gone = [asyncio.create_task(r.gate.run("s", r.work("s", cost=0.0), standing=True)),
+                asyncio.create_task(r.gate.run("q", r.work("q", cost=0.0)))]
+        after = asyncio.create_task(r.gate.run("b", r.work("b", cost=0.0)))
+        await asyncio.sleep(0)
+        for t in gone:
+            t.cancel()
+        await asyncio.sleep(0)
+        hold.set()
+        return await first, await after, await r.gate.run("s", r.work("s2", cost=0.0), standing=True)
+
+    assert asyncio.run(go()) == ("a@1", "b@2", "s2@3") and r.gate.others_waiting() == 0
