@@ -26,8 +26,18 @@ def _value(sargs: list[str], flag: str) -> str | None:
     return sargs[sargs.index(flag) + 1] if flag in sargs and sargs.index(flag) + 1 < len(sargs) else None
 
 
+def _split(sargs: list[str]) -> list[str]:
+    """The arguments with each ``--speculative-...=value`` as a flag and its value."""
+    out: list[str] = []
+    for a in sargs:
+        out += a.split("=", 1) if a.startswith("--speculative-") and "=" in a else [a]
+    return out
+
+
 def with_budget(sargs: list[str], n: int) -> list[str]:
-    """The server arguments with draft budget ``n`` (existing budget flags replaced)."""
+    """The server arguments with draft budget ``n`` (existing budget flags replaced, in either the
+    ``--flag value`` or the ``--flag=value`` form)."""
+    sargs = _split(sargs)
     chain = int(_value(sargs, _TOPK) or 1) <= 1 and (_value(sargs, _ALG) or "").upper() != "NGRAM"
     drop = {_DT} | ({_STEPS} if chain else set())
     out, skip = [], False

@@ -35,7 +35,9 @@ NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with -
 
 def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance
-    (from the buckets' exact counts)."""
+    (from the buckets' exact counts).  A phase's ms per step is each bucket's mean over the steps that
+    timed it (as the live profile's: under CUDA graphs the verify split is read on sampled steps
+    only), weighted by the bucket's steps; a bucket without the phase adds 0."""
     if not body or not body.get("buckets"):
         return None
     prof = Profile.from_dict(body)
@@ -47,7 +49,7 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     ms = {}
     for p in BREAKDOWN_PHASES:
         if any(p in b.phases for b in buckets):
-            ms[p] = sum(b.phases[p].total_ms for b in buckets if p in b.phases) / steps
+            ms[p] = sum(b.steps * b.phases[p].mean_ms for b in buckets if p in b.phases) / steps
     acc = sum(b.accepted for b in buckets) / req_steps
     com = sum(b.committed for b in buckets) / req_steps
     step_s = ms.get(Phase.STEP.value, 0.0) / 1e3
@@ -64,6 +66,7 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         # are the client's idle time between requests), part of a step's wall time
         "host_gap_ms": ((prof.host or {}).get("between_steps") or {}).get("p50_ms"),
         "timing": prof.timing,
+        "hw": prof.hw,  # the server's device facts (the roofline's), as its /ctx_profile gives them
         "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
                      "accepted_per_step": b.accepted_per_step,
                      "step_ms": b.mean_ms(Phase.STEP.value),

@@ -56,7 +56,18 @@ def load_run(d: str | os.PathLike) -> tuple[dict, list[dict], list[dict]]:
     sust = [_read(f, _check_sustained) for f in sorted(p.glob("sustained-c*.json"))]
     if not points and not sust:
         raise CliError(f"{d} holds no sweep results (point-*.json)")
-    return meta, points, sust
+    return _with_server_facts(meta, points + sust), points, sust
+
+
+def _with_server_facts(meta: dict, results: list[dict]) -> dict:
+    """``meta`` with the server's ``timing`` and ``hw`` where it has none: the sweep writes its meta
+    before any point, when the profile may not know them yet; each point's breakdown carries them."""
+    out = dict(meta)
+    for key in ("timing", "hw"):
+        if out.get(key) is None:
+            out[key] = next((b[key] for b in (r.get("breakdown") or {} for r in results) if b.get(key) is not None),
+                            None)
+    return out
 
 
 def _read(f: Path, check) -> dict:
@@ -102,6 +113,7 @@ def _check_breakdown(obj: dict, phases_required: bool) -> None:
         _num(phases, ph, "breakdown.phases_ms.")
     for key in ("accepted_per_step", "server_tok_s", "host_gap_ms"):
         _num(b, key, "breakdown.")
+    _check_meta(b, "breakdown.")
 
 
 def _check_point(obj: dict) -> None:
@@ -132,10 +144,10 @@ def _check_sustained(obj: dict) -> None:
             _num(w, key, f"windows[{i}].", required=True)
 
 
-def _check_meta(obj: dict) -> None:
-    _obj(obj, "hw")
+def _check_meta(obj: dict, where: str = "") -> None:
+    _obj(obj, "hw", where)
     if not isinstance(obj.get("timing"), (str, type(None))):
-        raise _Bad(f"timing is {json.dumps(obj['timing'])[:40]}, not a string")
+        raise _Bad(f"{where}timing is {json.dumps(obj['timing'])[:40]}, not a string")
 
 
 def _stat(values: Iterable[float | None]) -> dict[str, float] | None:

@@ -47,3 +47,12 @@ def test_legend_says_what_each_figure_measures():
     rows = [{"ctx": 64, "cached_tokens": 0, "breakdown": True, "sustained": {"decode_tok_s": 1.0}}]
     text = " ".join(footnotes(rows, {}))
     assert "upper bound" not in text and "client's wall clock" in text and "server clock" in text
+
+
+def test_budget_flags_given_with_an_equals_sign_are_read_and_replaced():
+    tree = with_budget(["--speculative-algorithm=EAGLE", "--speculative-eagle-topk=4",
+                        "--speculative-num-steps=3", "--speculative-num-draft-tokens=16"], 8)
+    assert tree == ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4",
+                    "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8"]
+    ngram = with_budget(["--speculative-algorithm=NGRAM", "--speculative-num-draft-tokens=4"], 8)
+    assert ngram == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]

@@ -64,3 +64,25 @@ def test_rows_for_part_of_the_steps_give_no_server_clock_figure():
 def test_a_generation_that_stopped_early_is_an_error(stub, msg):
     with pytest.raises(ClientError, match=msg):
         sustained(stub, 16, 12, 3, _plan(), has_profile=True)
+
+
+def test_a_breakdown_averages_each_phase_over_the_steps_that_timed_it():
+    """Under CUDA graphs the verify split is read on sampled steps only: its parts are means over
+    those steps (as the live profile's), so the leaves add up to the step, not to a 16th of it."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.cli.sweep_point import breakdown
+    from sglang_ctxprof.model.records import RankId, StepRecord, leaf_ms
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg, t = Aggregator(), 1_700_000_000 * 10**9
+    for k in range(64):
+        ph = {"draft": 3.0, "verify": 8.0, "draft_extend": 1.0, "overhead": 0.5}
+        if k % 16 == 0:
+            ph.update({"verify_attn": 5.0, "verify_moe": 2.0, "verify_rest": 1.0})
+        agg.observe(StepRecord(k + 1, "decode", "EAGLE", RankId(), ("r",), (4000 + k,), (3,), (3,), (False,), 4,
+                               12.5, ph, t_start_ns=t, timing="cuda_graph_events", t_end_ns=t + 12_500_000,
+                               exec_mode="graph", attn_backend="fa3", draft_depth=3))
+        t += 12_600_000
+    ms = breakdown(build_profile(agg.snapshot()).to_dict())["phases_ms"]
+    assert (ms["verify_attn"], ms["verify_moe"], ms["verify_rest"]) == pytest.approx((5.0, 2.0, 1.0))
+    assert sum(leaf_ms(ms).values()) == pytest.approx(ms["step"])

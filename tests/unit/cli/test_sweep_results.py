@@ -263,3 +263,25 @@ def test_a_result_file_with_fields_of_another_version_still_loads(tmp_path):
     d = _bad_run(tmp_path, POINT, lambda o: o.update(future_field={"x": [1]}, decode_tok_s=None, t_a=None))
     _, points, _ = res.load_run(d)
     assert res.summarize(points)[0]["repeats"] == 3
+
+
+def test_a_gpu_sweep_is_diagnosed_with_its_servers_timing_and_hardware(tmp_path):
+    """The sweep writes its meta before any point, when the server's profile may not know its timing
+    yet; each point's breakdown carries the server's timing and hardware, and the run's reader takes
+    them from there, so a saved GPU sweep gets the roofline verdict, as the live server does."""
+    from sglang_ctxprof.views.diagnosis import diagnose, evidence_from_sweep
+
+    hw = {"device": "X", "hbm_gbps": 1000.0, "kv_bytes_per_token": 1e6, "source": "test"}
+    res.write_json(tmp_path / "meta.json", {"schema": "ctxprof-sweep/1", "ctx": [1000, 4000, 16000]})
+    for c in (1000, 4000, 16000):
+        pt = _point(c, 0, 100.0, 1.0, 0.2 + 1.5 * c / 1e3)
+        pt["breakdown"].update(timing="cuda_events", hw=hw)
+        res.write_json(tmp_path / res.point_name(c, 0), pt)
+    meta, points, sust = res.load_run(tmp_path)
+    assert meta["timing"] == "cuda_events" and meta["hw"] == hw
+    phys = diagnose(evidence_from_sweep(res.summarize(points, sust), meta))["physics"]
+    assert phys["available"] and phys["ratio"] == pytest.approx(1.5, rel=0.01)
+    bad = dict(points[0], breakdown={**points[0]["breakdown"], "hw": "fast"})
+    res.write_json(tmp_path / res.point_name(1000, 0), bad)
+    with pytest.raises(Exception, match="hw"):
+        res.load_run(tmp_path)
