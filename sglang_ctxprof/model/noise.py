@@ -14,8 +14,9 @@ Two-point tok/s is shown but only judged when the runs have no phase breakdown (
 figure carries the prefill noise that the server's per-step times do not).
 
 Verdict: **regression** when any quantity got worse beyond noise (exit code 1, for CI); otherwise
-**inherent context scaling** when B's tok/s falls with context and the per-phase fit explains it
-(the phases that grow per 1k ctx are listed); otherwise **no significant change**.  When nothing
+**inherent context scaling** when B's tok/s falls with context by more than ``rel`` while every
+quantity is within noise of the baseline (the phases whose least-squares slope over context grows
+are listed, "-" when none does); otherwise **no significant change**.  When nothing
 could be compared at all (no quantity both runs measured, or B's contexts are not A's and A has too
 few contexts to fit) the verdict is **nothing comparable**, with why, and exit code 2: zero checks is
 no evidence of "no change".

@@ -31,21 +31,30 @@ from ..model.names import TIMING_CPU, TIMING_CPU_MODES, Phase
 from ..model.noise import compare, pct_text
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
-from .diagnosis_evidence import (HOST_GAP, Evidence, Point, evidence_from_profile,  # noqa: F401 - re-exported
-                                 evidence_from_sweep, leaves, ledger_points)
+from .diagnosis_evidence import (HOST_GAP, MIN_POINT_STEPS, Evidence, Point,  # noqa: F401 - re-exported
+                                 evidence_from_profile, evidence_from_sweep, leaves, ledger_points)
 from .diagnosis_flags import ACCEPT_TOL, BUBBLE_SHARE, flags as _flags  # noqa: F401 - re-exported
 from .diagnosis_whatif import whatif
 
 ROOFLINE_FACTOR = 3.0  # measured attention slope within this factor of the roofline: "inherent"
+SHARE_MIN_PCT = 5.0  # tok/s changing less than this between the ends: no shares of the change
+_SHARE_MIN = -math.log(1 - SHARE_MIN_PCT / 100)
+PAIR_CTX = 0.05  # a bucket's mean context this close (relative) to the baseline's: compared as measured
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
+NOT_LEAVES = (_STEP, "accept_per_step", "decode_tok_s")  # the compared quantities that are no leaf phase
 
 
 # ---- parts of the verdict -------------------------------------------------------------------------
 def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
-    pts = sorted(ev.points, key=lambda p: p.ctx)
+    """Between the lowest and the highest context of the points that are not thin (all of them when
+    fewer than two are not); ``left_out`` names the thin ones beyond those ends."""
+    every = sorted(ev.points, key=lambda p: p.ctx)
+    solid = [p for p in every if not p.thin]
+    pts = solid if len(solid) >= 2 else every
     if len(pts) < 2:
         return None
     a, b = pts[0], pts[-1]
+    left = [p.label for p in every if p.ctx < a.ctx or p.ctx > b.ctx]
     acc_term = math.log(b.al / a.al)
     time_term = -math.log(b.step_ms / a.step_ms)
     total = acc_term + time_term
@@ -58,9 +67,11 @@ def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
             "hi": {"label": b.label, "ctx": b.ctx, "tok_s": b.tok_s, "al": b.al, "step_ms": b.step_ms},
             "log_tok_s_ratio": total, "log_al_ratio": acc_term, "minus_log_step_ratio": time_term,
             "drop_pct": 100 * (1 - b.tok_s / a.tok_s) if a.tok_s else 0.0,
-            "acceptance_share": acc_term / total if total else 0.0,
-            "step_time_share": time_term / total if total else 0.0,
-            "step_delta_ms": dt, "phases": per_phase}
+            # shares of a change too small to share out (tok/s within SHARE_MIN_PCT) would read thousands of %
+            "acceptance_share": acc_term / total if abs(total) >= _SHARE_MIN else None,
+            "step_time_share": time_term / total if abs(total) >= _SHARE_MIN else None,
+            "step_delta_ms": dt, "phases": per_phase, "left_out": left,
+            "left_out_steps": {p.label: p.steps for p in every if p.label in left}}
 
 
 def _phases(ev: Evidence) -> dict[str, Any]:
@@ -90,13 +101,19 @@ def _physics(ev: Evidence) -> dict[str, Any]:
             "factor": ROOFLINE_FACTOR, "verdict": verdict, "hbm_gbps": gbps, "kv_bytes_per_token": per_tok}
 
 
-def _rows(ev: Evidence) -> list[dict[str, Any]]:
-    """The evidence in the row shape of the compare noise model."""
+def _rows(ev: Evidence, paired: Optional[Evidence] = None) -> list[dict[str, Any]]:
+    """The evidence in the row shape of the compare noise model.  With ``paired`` (the baseline), a
+    point of the same bucket label whose mean context is within :data:`PAIR_CTX` of the baseline's
+    takes the baseline's context, so the two are compared as measured: two runs of one workload fill
+    a bucket to means a few tokens apart, which the noise model would otherwise read off A's line."""
+    near = {p.label: p.ctx for p in paired.points} if paired is not None else {}
     out = []
     for p in ev.points:
         ph = {q: {"min": v, "second": v + p.noise.get(q, 0.0)} for q, v in leaves(p.phases).items()}
         ph[_STEP] = {"min": p.step_ms, "second": p.step_ms + p.noise.get(_STEP, 0.0)}
-        out.append({"ctx": round(p.ctx), "phases_ms": ph, "accept_per_step": {"median": p.al, "spread": 0.0},
+        ctx = near.get(p.label, p.ctx)
+        out.append({"ctx": round(ctx if abs(ctx - p.ctx) <= PAIR_CTX * ctx else p.ctx), "phases_ms": ph,
+                    "accept_per_step": {"median": p.al, "spread": 0.0},
                     "decode_tok_s": {"median": p.tok_s, "spread": 0.0}})
     return out
 
@@ -104,7 +121,7 @@ def _rows(ev: Evidence) -> list[dict[str, Any]]:
 def _baseline(ev: Evidence, base: Optional[Evidence], k: float, rel: float, abs_ms: float) -> dict[str, Any]:
     if base is None:
         return {"given": False, "verdict": "no baseline given"}
-    out = compare(_rows(base), _rows(ev), k, rel, abs_ms)
+    out = compare(_rows(base), _rows(ev, base), k, rel, abs_ms)
     slopes = {p: {"baseline": base.fits[p][0], "now": ev.fits[p][0]} for p in ev.fits if p in base.fits}
     if not out["checks"]:
         return {"given": True, "source": base.source, "comparable": False, "regressions": [], "slopes": slopes,
@@ -115,7 +132,7 @@ def _baseline(ev: Evidence, base: Optional[Evidence], k: float, rel: float, abs_
             worse.setdefault(c["quantity"], []).append(c)
     regressions = []
     for q, cs in sorted(worse.items(), key=lambda kv: -max(abs(c["delta"]) for c in kv[1])):
-        if q == _STEP and len(worse) > 1:
+        if q == _STEP and any(x not in NOT_LEAVES for x in worse):
             continue  # the step is the sum of its leaves: name the leaf
         top = max(cs, key=lambda c: abs(c["delta"]))
         s = slopes.get(q)
@@ -169,15 +186,18 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
                 if ev.points else "no decode steps recorded yet")
     lo, hi = dec["lo"], dec["hi"]
     parts = []
-    if dec["drop_pct"] > 0:
-        parts.append(f"at {hi['ctx']:.0f} context decode is {dec['drop_pct']:.0f}% slower than at {lo['ctx']:.0f} "
-                     f"({hi['tok_s']:.1f} vs {lo['tok_s']:.1f} tok/s)")
-    else:
-        parts.append(f"at {hi['ctx']:.0f} context decode is not slower than at {lo['ctx']:.0f} "
-                     f"({hi['tok_s']:.1f} vs {lo['tok_s']:.1f} tok/s)")
+    drop = dec["drop_pct"]
+    how = (f"{drop:.0f}% slower than" if drop >= 0.5 else f"{-drop:.0f}% faster than" if drop <= -0.5
+           else "about as fast as")
+    parts.append(f"at {hi['ctx']:.0f} context decode is {how} at {lo['ctx']:.0f} "
+                 f"({hi['tok_s']:.1f} vs {lo['tok_s']:.1f} tok/s)")
     ratio = hi["al"] / lo["al"]
     if abs(ratio - 1) < ACCEPT_TOL:
         parts.append("acceptance is unchanged")
+    elif dec["acceptance_share"] is None:
+        step = "grows" if hi["step_ms"] > lo["step_ms"] else "shrinks"
+        parts.append(f"acceptance {'falls' if ratio < 1 else 'rises'} {lo['al']:.2f} -> {hi['al']:.2f} and the "
+                     f"step time {step} with it ({lo['step_ms']:.1f} -> {hi['step_ms']:.1f} ms): they about cancel")
     elif dec["acceptance_share"] >= 0:
         parts.append(f"acceptance {'falls' if ratio < 1 else 'rises'} {lo['al']:.2f} -> {hi['al']:.2f} "
                      f"and explains {100 * dec['acceptance_share']:.0f}% of the change")
@@ -197,6 +217,9 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
                  f"no downgrade ({', '.join(modes)})" if modes else "execution mode unknown")
     if phys.get("available"):
         parts.append(phys["verdict"])
+    if dec["left_out"]:
+        parts.append(", ".join(f"{lbl}: {n} step{'s' if n != 1 else ''}" for lbl, n in dec["left_out_steps"].items())
+                     + f", too few to compare (under {MIN_POINT_STEPS})")
     if ev.outliers:
         n = sum(len(r["outliers"]) for _, r in ev.outliers)
         warm = all(o["warmup"] for _, r in ev.outliers for o in r["outliers"])

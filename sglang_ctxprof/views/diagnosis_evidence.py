@@ -7,15 +7,17 @@
 acceptance by position, host time, the loss counters and the buckets with outlier steps.
 
 Every per-bucket number of a profile is its **robust** mean: the mean over the bucket's steps
-without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A few
-warm-up steps therefore cannot flip the verdict.  :func:`ledger_points` hands the points to
+without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A bucket
+of fewer than :data:`MIN_POINT_STEPS` steps has no median to hold a slow step against, so its point
+is ``thin``: the verdict compares the others (``diagnosis``).  A few warm-up steps therefore cannot
+flip the verdict.  :func:`ledger_points` hands the points to
 ``aggregate.ledger``.  Pure: imports nothing of SGLang, torch or OTel.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from ..model.names import LEAF_PHASES, Phase
@@ -28,6 +30,7 @@ from .profile import Profile
 _STEP, _V = Phase.STEP.value, Phase.VERIFY.value
 _DEC = Phase.DECODE.value
 HOST_GAP = "host_gap"  # a point's typical host time between steps (ms), beside its phases
+MIN_POINT_STEPS = 5  # a profile bucket with fewer decode steps is thin: no end of the comparison
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Point:
     phases: Mapping[str, float]
     noise: Mapping[str, float] = field(default_factory=dict)
     batch: float = 1.0
+    thin: bool = False  # a profile bucket of fewer than MIN_POINT_STEPS steps (a sweep's point never is)
 
     @property
     def tok_s(self) -> float:
@@ -81,11 +85,10 @@ def evidence_from_profile(profile: Profile, source: str = "profile") -> Evidence
         ph = {p: b.robust_ms(p) or 0.0 for p in b.phases}
         noise = {p: 2 * max(0.0, v.p90_ms - v.p50_ms) / math.sqrt(max(1, v.count)) for p, v in b.phases.items()}
         pts.append(Point(b.label, b.mean_ctx, b.ctx_sum / b.steps, b.steps, b.accepted_per_step, step, ph,
-                         noise, b.mean_batch_size))
+                         noise, b.mean_batch_size, b.steps < MIN_POINT_STEPS))
     gap = ((profile.host or {}).get("between_steps") or {})
     if gap.get("count"):  # the typical host time between steps (median: idle gaps between requests)
-        pts = [Point(p.label, p.ctx, p.ctx_sum, p.steps, p.al, p.step_ms, {**p.phases, HOST_GAP: gap["p50_ms"]},
-                     p.noise, p.batch) for p in pts]
+        pts = [replace(p, phases={**p.phases, HOST_GAP: gap["p50_ms"]}) for p in pts]
     fits = {p: f.best() for p, f in profile.fits.items()}
     budgets = [b.draft_tokens_per_step for b in profile.buckets if b.draft_tokens]
     return Evidence(source, tuple(pts), fits, profile.timing, profile.hw,

@@ -22,7 +22,7 @@ from ..aggregate.acceptance import describe_exec
 from ..aggregate.outliers import describe as describe_outliers
 from . import capture_refs
 from .audit_view import audit_flags
-from .diagnosis_evidence import Evidence
+from .diagnosis_evidence import MIN_POINT_STEPS, Evidence
 
 BUBBLE_SHARE = 0.10  # host time between/inside steps above this share of the wall time is flagged
 ACCEPT_TOL = 0.05  # relative acceptance change below this reads "unchanged"
@@ -33,7 +33,7 @@ def flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
     for label, x in ev.exec_modes:
         if x.get("downgrade"):
             flags.append({"kind": "downgrade", "message": f"bucket {label}: {describe_exec(x)}"})
-    acc = [(lbl, v) for lbl, v in ev.acceptance if v and v.get("n_steps", 0) >= 5]
+    acc = [(lbl, v) for lbl, v in ev.acceptance if v and v.get("n_steps", 0) >= MIN_POINT_STEPS]
     if len(acc) >= 2 and acc[-1][1]["mean_len"] < acc[0][1]["mean_len"] * (1 - ACCEPT_TOL):
         flags.append({"kind": "acceptance_falls", "message":
                       f"acceptance length falls with context: {acc[0][1]['mean_len']:.2f} at {acc[0][0]} -> "

@@ -28,7 +28,8 @@ def render_text(d: Mapping[str, Any]) -> str:
                 f"(AL {lo['al']:.2f} -> {hi['al']:.2f}) + step time {dec['minus_log_step_ratio']:+.3f} "
                 f"(T {lo['step_ms']:.2f} -> {hi['step_ms']:.2f} ms)",
                 f"  shares of the change: acceptance {100 * dec['acceptance_share']:.0f}%, "
-                f"step time {100 * dec['step_time_share']:.0f}%"]
+                f"step time {100 * dec['step_time_share']:.0f}%" if dec["acceptance_share"] is not None else
+                "  shares of the change: none (tok/s changed too little to share out; they about cancel)"]
         for p, v in sorted(dec["phases"].items(), key=lambda kv: -kv[1]["delta_ms"]):
             out.append(f"    {p:<14} {v['lo_ms']:9.3f} -> {v['hi_ms']:9.3f} ms  ({v['delta_ms']:+.3f} ms, "
                        f"{100 * v['share_of_step_growth']:+.0f}% of the step change)")

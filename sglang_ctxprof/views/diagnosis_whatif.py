@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ..model.names import LEAF_PHASES, Phase
-from .diagnosis_evidence import Evidence
+from ..model.names import Phase
+from ..model.records import leaf_phases
+from .diagnosis_evidence import HOST_GAP, Evidence
 
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
 
 
 def _predict_step(ev: Evidence, ctx: float) -> Optional[float]:
-    leaves = [p for p in LEAF_PHASES if p in ev.fits] or ([_V] if _V in ev.fits else [])
+    """The fitted leaves at ``ctx`` (``records.leaf_phases``: a forward whole where none of its parts
+    has a fit, as when it ran in a CUDA graph whose split was not read), else the fitted step."""
+    leaves = leaf_phases(ev.fits)
     if _STEP in ev.fits and not leaves:
         return ev.fits[_STEP][1] + ev.fits[_STEP][0] * ctx / 1e3
     if not leaves:
@@ -42,7 +45,7 @@ def whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any],
                      "note": ("within the measured range" if lo <= ctx <= hi else
                               f"extrapolation: the data covers {round(lo)}-{round(hi)} tokens per step")}
     if phys.get("available"):
-        b = pts[-1]
+        b = ([p for p in pts if not p.thin] or pts)[-1]  # the longest context with data (as the decomposition's)
         attn = b.phases.get(_VA)
         if attn:
             roof = phys["roofline_ms_per_1k"] * b.ctx_sum / 1e3
@@ -55,8 +58,9 @@ def budget_advice(ev: Evidence, led: Optional[Mapping[str, Any]] = None) -> list
     """F6: position i+1 pays while p_{i+1} / AL_i > (marginal cost of one position) / T_step.
     Measured: p_i per own-context bucket, the step time.  With a plain baseline (the ledger) the
     step with no drafts is the plain step at this context and a position costs (T_step - T_plain) / k,
-    both measured.  Without one (assumed): a draft position costs the draft phase / k plus
-    verify / (k + 1) of the step."""
+    both measured, both the ledger's wall steps (host time between steps included).  Without one
+    (assumed): a draft position costs the draft phase / k plus verify / (k + 1) of the step, and the
+    host time between steps is paid by every budget alike."""
     rows = (led or {}).get("rows") or [] if (led or {}).get("available") else []
     by_label = {p.label: p for p in ev.points}
     out = []
@@ -65,13 +69,14 @@ def budget_advice(ev: Evidence, led: Optional[Mapping[str, Any]] = None) -> list
         if pt is None or not v or not v.get("p"):
             continue
         k = len(v["p"])
-        lr = min(rows, key=lambda r: abs(r["ctx"] - pt.ctx)) if rows else None
+        lr = (next((r for r in rows if r["label"] == pt.label), None)
+              or min(rows, key=lambda r: abs(r["ctx"] - pt.ctx))) if rows else None
         if lr is not None:  # measured: the plain step at this context, and the step's excess over it
             base = lr["plain_step_ms"]
-            per_pos = max(0.0, pt.step_ms - base) / k
+            per_pos = max(0.0, lr["step_ms"] - base) / k
         else:
             per_pos = pt.phases.get(Phase.DRAFT.value, 0.0) / k + pt.phases.get(_V, 0.0) / (k + 1)
-            base = pt.step_ms - k * per_pos  # a step with no drafts (assumed)
+            base = pt.step_ms + pt.phases.get(HOST_GAP, 0.0) - k * per_pos  # a step with no drafts (assumed)
         best_k, best = 0, 1e3 / base if base > 0 else 0.0
         al = 1.0
         rates = {0: best}

@@ -19,23 +19,24 @@ CTXS = (100, 600, 1500, 3000, 6000)
 
 
 def run(attn_slope=0.5, accept=lambda ctx: 4, hw=None, timing="cpu", gap_ms=0.1, n=6, mode="eager",
-        reason="CUDA graphs disabled", moe=2.0, idle_ms=0.0):
-    """A profile of batch-1 steps at several contexts: attention = 1 + slope * ctx/1k ms."""
+        reason="CUDA graphs disabled", moe=2.0, idle_ms=0.0, ctxs=CTXS, attn_sq=0.0, then=()):
+    """A profile of batch-1 steps at several contexts: attention = 1 + slope * ctx/1k (+ attn_sq *
+    (ctx/1k)^2) ms; ``then``: (ctx, extra ms of overhead) steps after them, one each."""
     agg = Aggregator()
     t, sid = BASE, 0
-    for ctx in CTXS:
-        for k in range(n):
-            sid += 1
-            attn = 1.0 + attn_slope * ctx / 1e3
-            ph = {"draft": 3.0, "verify": attn + moe + 1.0, "verify_attn": attn, "verify_moe": moe, "verify_rest": 1.0,
-                  "draft_extend": 1.0, "overhead": 0.5}
-            step = 3.0 + attn + moe + 1.0 + 1.0 + 0.5
-            agg.observe(StepRecord(sid, "decode", "EAGLE", RankId(), ("r%d" % ctx,), (ctx + k,), (accept(ctx),),
-                                   (accept(ctx),), (False,), 4, step, ph, t_start_ns=t, timing=timing,
-                                   t_end_ns=t + int(step * MS), exec_mode=mode, attn_backend="intel_amx",
-                                   draft_depth=3, exec_reason=reason))
-            t += int((step + gap_ms) * MS)
-        t += int(idle_ms * MS)  # the server idle between two contexts' requests
+    for ctx, k, extra in [(c, k, 0.0) for c in ctxs for k in range(n)] + [(c, 0, x) for c, x in then]:
+        sid += 1
+        attn = 1.0 + attn_slope * ctx / 1e3 + attn_sq * (ctx / 1e3) ** 2
+        ph = {"draft": 3.0, "verify": attn + moe + 1.0, "verify_attn": attn, "verify_moe": moe, "verify_rest": 1.0,
+              "draft_extend": 1.0, "overhead": 0.5 + extra}
+        step = 3.0 + attn + moe + 1.0 + 1.0 + 0.5 + extra
+        agg.observe(StepRecord(sid, "decode", "EAGLE", RankId(), ("r%d" % ctx,), (ctx + k,), (accept(ctx),),
+                               (accept(ctx),), (False,), 4, step, ph, t_start_ns=t, timing=timing,
+                               t_end_ns=t + int(step * MS), exec_mode=mode, attn_backend="intel_amx",
+                               draft_depth=3, exec_reason=reason))
+        t += int((step + gap_ms) * MS)
+        if k == n - 1:
+            t += int(idle_ms * MS)  # the server idle between two contexts' requests
     snap = agg.snapshot().with_hw(hw)
     return build_profile(snap)
 
@@ -148,3 +149,99 @@ def test_a_baseline_with_nothing_comparable_says_so():
     assert "no phase changed" not in d["headline"] and "nothing comparable" in d["headline"]
     same = diagnose(one, one)["baseline"]
     assert same["comparable"] is True and same["checks"]
+
+
+def test_a_bucket_of_fewer_than_five_steps_is_no_end_of_the_comparison():
+    """30 steps in each bucket, then one slow step at a longer context (a request just crossing into a
+    new bucket, its first step at a new shape): the verdict compares the buckets with data, and says
+    which thin bucket it left out."""
+    d = diagnose(evidence_from_profile(run(n=30, then=((9000, 250.0),))))
+    dec = d["decomposition"]
+    assert dec["hi"]["label"] == "4096-8191" and dec["left_out"] == ["8192-16383"]
+    assert d["headline"].startswith("at 6014 context decode is")
+    assert "verify_attn grows" in d["headline"] and "overhead" not in d["headline"].split(";")[2]
+    assert "8192-16383: 1 step, too few to compare" in d["headline"]
+    # with no bucket thick enough, the thin ones are compared (better than nothing) and said so
+    thin = diagnose(evidence_from_profile(run(n=2)))["decomposition"]
+    assert thin["hi"]["label"] == "4096-8191" and thin["left_out"] == []
+
+
+def test_a_baseline_profile_is_paired_by_bucket_not_by_its_mean_context():
+    """The same workload run twice: each bucket's mean context a few tokens apart.  Nothing changed,
+    so nothing regresses, with one bucket or several, and on a curve the line through A would miss."""
+    one = [evidence_from_profile(run(ctxs=(c,)), source=s) for c, s in ((1500, "A"), (1503, "B"))]
+    b1 = diagnose(one[1], one[0])["baseline"]
+    assert b1["comparable"] and b1["regressions"] == [] and {c["source"] for c in b1["checks"]} == {"measured"}
+    a, b = (evidence_from_profile(run(ctxs=tuple(c + dx for c in CTXS), attn_sq=1.0)) for dx in (0, 1))
+    many = diagnose(b, a)["baseline"]
+    assert many["regressions"] == [] and many["verdict"].startswith("no phase changed")
+    far = evidence_from_profile(run(ctxs=(1100, 2100, 3100, 5000)))  # the same buckets, means far apart
+    assert {c["source"] for c in diagnose(far, a)["baseline"]["checks"] if c["ctx"] > 1000} == {"A fit"}
+
+
+def test_a_slower_step_is_reported_beside_an_acceptance_regression():
+    """The step is left out only where a leaf phase names the regression, not whenever anything else
+    regressed too."""
+    from sglang_ctxprof.views.diagnosis import Evidence, Point
+
+    def ev(al, bump):
+        ph = {p: 2.0 + bump for p in ("draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead")}
+        step = sum(ph.values())
+        return Evidence("x", tuple(Point(str(c), float(c), float(c), 100, al, step, {**ph, "step": step})
+                                   for c in (1000, 4000)), {})
+
+    found = {r["phase"] for r in diagnose(ev(2.5, 0.11), ev(3.0, 0.0))["baseline"]["regressions"]}
+    assert found == {"accept_per_step", "step"}
+    assert {r["phase"] for r in diagnose(ev(3.0, 1.0), ev(3.0, 0.0))["baseline"]["regressions"]} >= {"draft"}
+    assert "step" not in {r["phase"] for r in diagnose(ev(3.0, 1.0), ev(3.0, 0.0))["baseline"]["regressions"]}
+
+
+def test_whatif_counts_a_verify_that_ran_whole_in_a_cuda_graph():
+    """Steps whose verify ran in a CUDA graph with no attention/MoE split: the predicted step is the
+    whole forward plus the other leaves, as measured, not the other leaves alone."""
+    agg = Aggregator()
+    t, sid = BASE, 0
+    for ctx in (500, 1500, 3000, 6000):
+        for k in range(6):
+            sid += 1
+            v = 6.0 + 0.5 * ctx / 1e3
+            ph = {"draft": 3.0, "verify": v, "draft_extend": 1.0, "overhead": 0.5}
+            step = 3.0 + v + 1.0 + 0.5
+            agg.observe(StepRecord(sid, "decode", "EAGLE", RankId(), ("r",), (ctx + k,), (3,), (3,), (False,), 4,
+                                   step, ph, t_start_ns=t, timing="cuda_graph", t_end_ns=t + int(step * MS),
+                                   exec_mode="graph", attn_backend="fa3", draft_depth=3))
+            t += int((step + 0.1) * MS)
+    at = diagnose(evidence_from_profile(build_profile(agg.snapshot())), ctx=3000)["whatif"]["at"]
+    assert at["step_ms"] == pytest.approx(3.0 + 7.5 + 1.0 + 0.5, rel=0.01)
+
+
+def test_the_measured_budget_advice_reads_wall_steps_as_the_ledger_does():
+    """With a plain arm, the advice's rate at the budget run is the ledger's own speculative rate
+    (both steps with their host time between steps), not a step without it against a plain one with."""
+    spec = evidence_from_profile(run(accept=lambda c: 2, gap_ms=6.0, n=20, ctxs=(1500, 3000)), source="spec")
+    plain_prof = run(accept=lambda c: 1, gap_ms=6.0, n=20, ctxs=(1500, 3000))
+    plain = evidence_from_profile(plain_prof, source="plain")
+    plain = type(plain)(plain.source, tuple(
+        type(p)(p.label, p.ctx, p.ctx_sum, p.steps, 1.0, p.step_ms - 4.0,
+                {"decode": p.step_ms - 4.5, "overhead": 0.5, "step": p.step_ms - 4.0,
+                 **({"host_gap": p.phases["host_gap"]} if "host_gap" in p.phases else {})}) for p in plain.points), {})
+    d = diagnose(spec, plain=plain)
+    rows = {r["label"]: r for r in d["ledger"]["rows"]}
+    for a in d["whatif"]["draft_budget"]:
+        r = rows[a["bucket"]]
+        k = max(a["rates"])
+        assert a["rates"][k] == pytest.approx(1e3 * r["al"] / r["step_ms"], rel=1e-6)
+        assert a["rates"][0] == pytest.approx(1e3 / r["plain_step_ms"], rel=1e-6)
+
+
+def test_when_the_speed_barely_changes_acceptance_and_step_time_are_not_shared_out_in_percent():
+    """Acceptance 4 -> 5 while the step grows by as much: tok/s moves under 1%, and a share of that
+    (thousands of percent) says nothing.  The headline says they about cancel; the shares are null."""
+    d = diagnose(evidence_from_profile(run(attn_slope=0.5668, ctxs=(1000, 5000),
+                                            accept=lambda c: 4 if c < 2000 else 5)))
+    dec, h = d["decomposition"], d["headline"]
+    assert abs(dec["drop_pct"]) < 1 and dec["acceptance_share"] is None and dec["step_time_share"] is None
+    assert "% of the change" not in h and "0% slower" not in h
+    assert "decode is about as fast as at 1002" in h
+    assert "acceptance rises 4.00 -> 5.00 and the step time grows with it (" in h and "they about cancel" in h
+    assert "shares of the change: none" in render_text(d)
