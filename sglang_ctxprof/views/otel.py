@@ -228,7 +228,7 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
 
     env = os.environ if env is None else env
     stats = ExportStats(max_queue=queue)
-    attrs = {} if env.get("OTEL_SERVICE_NAME") else {names.RESOURCE_SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
+    attrs = {} if _names_service(env) else {names.RESOURCE_SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
     provider = TracerProvider(resource=Resource.create(attrs))
     inner = exporter if exporter is not None else make_exporter(env)
     quiet = _OurExportThread()
@@ -238,6 +238,13 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
                              max_export_batch_size=min(512, queue))
     provider.add_span_processor(_counting_processor(bsp, stats))
     return provider, stats
+
+
+def _names_service(env: Mapping[str, str]) -> bool:
+    """Whether the operator named the service (``OTEL_SERVICE_NAME``, or ``service.name`` in
+    ``OTEL_RESOURCE_ATTRIBUTES``, both read by the SDK): our default must not override either."""
+    attrs = (kv.split("=", 1)[0].strip() for kv in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","))
+    return bool(env.get("OTEL_SERVICE_NAME")) or names.RESOURCE_SERVICE_NAME in attrs
 
 
 def _span_count(req: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], phases: bool = True) -> int:

@@ -232,3 +232,21 @@ def test_shutdown_with_a_hung_collector_is_bounded_and_counts_what_it_leaves():
         if t.name == "ctxprof-otel-shutdown":
             t.join(60)
     assert d["spans_exported"] + d["spans_dropped"] == 3 * 26 == stats.to_dict()["spans_dropped"]
+
+
+@pytest.mark.parametrize("env,want", [({}, "sglang"), ({"OTEL_SERVICE_NAME": "shop"}, "shop"),
+                                      ({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod, service.name=shop"},
+                                       "shop"),
+                                      ({"OTEL_RESOURCE_ATTRIBUTES": "service.namespace=x"}, "sglang")])
+def test_the_service_name_is_the_operators_wherever_they_set_it(monkeypatch, env, want):
+    """``OTEL_SERVICE_NAME`` or a ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` (the SDK reads both);
+    ``sglang`` only where neither names the service."""
+    for key in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    prov, _ = build_provider(dict(env), exporter=_Blocking())
+    try:
+        assert prov.resource.attributes["service.name"] == want
+    finally:
+        prov.shutdown()
