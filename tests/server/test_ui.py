@@ -321,7 +321,7 @@ def test_page_draws_every_chart_and_the_bucket_table(server, page):
         assert page.execute_script(CANVAS_INK, f"#chart-{name}") > 1000, name  # drawn, not blank
         data = page.execute_script(f"return window.ctxprof.charts['{name}'].data")
         assert len(data) >= 2 and any(v not in (None, 0) for s in data[1:] for v in s), (name, data)
-    has_pos = any(b.get("acceptance_by_position") for b in prof["buckets"])
+    has_pos = any((a.get("acceptance_by_position") or {}).get("p") for a in prof.get("acceptance_by_ctx") or [])
     assert page.execute_script("return !document.getElementById('position-panel').hidden") == has_pos
     if has_pos:
         assert page.execute_script(CANVAS_INK, "#chart-position") > 1000
@@ -464,9 +464,11 @@ def _contract_server():
                                ctx_lens=(ctx,), accepted=(4,), committed=(4,), finished=(False,), draft_tokens=4,
                                step_ms=4.55 + ctx / 1000, phases_ms=ph, t_start_ns=i * 10_000_000))
     prof = build_profile(agg.snapshot()).served(enabled=True, dropped=0, ranks=({"status": {}},)).to_dict()
+    prof["acceptance_by_ctx"] = []
     for b in prof["buckets"]:
         b["acceptance_by_position"] = {"n_steps": b["steps"], "hist": [0, 1, 1, b["steps"] - 2],
                                        "p": [0.95, 0.8, 0.6], "c": [0.95, 0.84, 0.75], "mean_len": 3.4}
+        prof["acceptance_by_ctx"].append({k: b[k] for k in ("label", "lo", "hi", "acceptance_by_position")})
         b["exec_mode"] = {"graph": 0, "eager": b["steps"], "piecewise": 0, "unknown": 0, "attn_backend": "intel_amx",
                           "downgrade": False, "reason": ""}
     status = {"schema_version": 1, "ranks": [{"status": {

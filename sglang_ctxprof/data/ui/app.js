@@ -5,9 +5,17 @@
   const BASE = location.pathname.replace(/\/ui\/?$/, "");   // "/ctx_profile" (also behind a prefix)
   const REFRESH_MS = 3000;
   const SLOWEST = 20;
-  const LEAVES = ["draft", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead", "unattributed"];
-  const COLORS = { draft: "#4e79a7", verify_attn: "#e15759", verify_moe: "#f28e2b", verify_rest: "#76b7b2",
-    draft_extend: "#59a14f", overhead: "#bab0ac", unattributed: "#9c755f" };
+  // The phases that add up to a step, as the server's records.leaf_phases: a target forward (a
+  // speculative step's verify, a plain step's decode) counts whole where none of its parts was timed
+  // (it ran in a CUDA graph whose split was not read), else by its attention / MoE / rest parts.
+  const LEAF_ORDER = ["draft", "verify", "verify_attn", "verify_moe", "verify_rest", "draft_extend", "overhead",
+    "unattributed", "decode", "decode_attn", "decode_moe", "decode_rest"];
+  const SPLIT = { verify: ["verify_attn", "verify_moe", "verify_rest"], decode: ["decode_attn", "decode_moe", "decode_rest"] };
+  const isLeaf = (phases, ph) => phases[ph] != null && !(SPLIT[ph] || []).some((c) => phases[c] != null);
+  const leavesIn = (all) => LEAF_ORDER.filter((ph) => all.some((phases) => isLeaf(phases, ph)));
+  const COLORS = { draft: "#4e79a7", verify: "#d37295", verify_attn: "#e15759", verify_moe: "#f28e2b", verify_rest: "#76b7b2",
+    draft_extend: "#59a14f", overhead: "#bab0ac", unattributed: "#9c755f", decode: "#a0cbe8", decode_attn: "#ff9d9a",
+    decode_moe: "#ffbe7d", decode_rest: "#86bcb6" };
   const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"];
   const $ = (id) => document.getElementById(id);
   const charts = {};          // name -> uPlot instance (window.ctxprof.charts, read by the tests)
@@ -50,11 +58,11 @@
 
   function phaseChart(p) {
     const bs = p.buckets;
-    const present = LEAVES.filter((ph) => bs.some((b) => b.phases[ph]));
+    const present = leavesIn(bs.map((b) => b.phases));
     const labels = bs.map((b) => b.label);
     const x = bs.map((_, i) => i);
     // stacked bars: series hold cumulative sums, drawn top-down so each lower phase paints over
-    const raw = present.map((ph) => bs.map((b) => (b.phases[ph] ? b.phases[ph].mean_ms : 0)));
+    const raw = present.map((ph) => bs.map((b) => (isLeaf(b.phases, ph) ? b.phases[ph].mean_ms : 0)));
     const cum = []; let acc = bs.map(() => 0);
     raw.forEach((row) => { acc = acc.map((a, i) => a + row[i]); cum.push(acc.slice()); });
     const order = present.map((_, i) => i).reverse();
@@ -112,7 +120,8 @@
   }
 
   function positionChart(p) {
-    const bs = p.buckets.filter((b) => b.acceptance_by_position && (b.acceptance_by_position.p || []).length);
+    // by each request's own context, every bucket of it (as the text view, Prometheus and the diagnosis)
+    const bs = (p.acceptance_by_ctx || []).filter((b) => b.acceptance_by_position && (b.acceptance_by_position.p || []).length);
     $("position-panel").hidden = !bs.length;
     if (!bs.length) { if (charts.position) { charts.position.destroy(); delete charts.position; } return; }
     const k = Math.max(...bs.map((b) => b.acceptance_by_position.p.length));
@@ -126,14 +135,14 @@
 
   // ---- tables ---------------------------------------------------------------------------------------
   function bucketTable(p) {
-    const present = LEAVES.filter((ph) => p.buckets.some((b) => b.phases[ph]));
+    const present = leavesIn(p.buckets.map((b) => b.phases));
     const extra = p.buckets.some((b) => b.exec_mode) ? ["exec"] : [];
     $("buckets").tHead.innerHTML = "<tr>" + ["ctx", "steps", "batch", "acc/step", "tok/s", "step ms"].concat(present.map((ph) => ph + " ms"), extra)
       .map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
     $("buckets").tBodies[0].innerHTML = p.buckets.map((b) => {
       const em = b.exec_mode ? [Object.entries(b.exec_mode).filter(([k, v]) => typeof v === "number" && v > 0).map(([k, v]) => `${k} ${v}`).join(", ") + (b.exec_mode.downgrade ? " ⚠" : "")] : [];
       const cells = [b.label, b.steps, f(b.mean_batch_size, 1), f(b.accepted_per_step, 2), f(b.decode_tok_s, 1), f(b.phases.step ? b.phases.step.mean_ms : null, 2)]
-        .concat(present.map((ph) => f(b.phases[ph] ? b.phases[ph].mean_ms : null, 2)), em);
+        .concat(present.map((ph) => f(isLeaf(b.phases, ph) ? b.phases[ph].mean_ms : null, 2)), em);
       return `<tr data-bucket="${esc(b.label)}" data-steps="${b.steps}">` + cells.map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>";
     }).join("") || `<tr><td colspan="6" class="muted">no decode steps recorded yet</td></tr>`;
     $("prefill").textContent = (p.prefill || []).length ? "prefill batches: " + p.prefill.map((q) => `${q.label}: ${q.batches} batches, ${f(q.mean_ms, 1)} ms mean, ${q.cached_tokens ?? 0} prompt tokens cached`).join("; ") : "";
@@ -287,20 +296,21 @@
       ((q.steps_truncated || q.step_rows_dropped) ? `; ${(q.steps_truncated || 0) + (q.step_rows_dropped || 0)} step rows not kept` : "");
     waterfall(q.waterfall);
     const captured = requestCaptures(q, rows);
-    const present = LEAVES.filter((ph) => rows.some((s) => (s.phases_ms || {})[ph] !== undefined));
+    const present = leavesIn(rows.map((s) => s.phases_ms || {}));
+    const leaf = (s, ph) => (isLeaf(s.phases_ms || {}, ph) ? s.phases_ms[ph] : null);
     $("steps").tHead.innerHTML = "<tr>" + ["#", "ctx", "batch", "draft", "acc", "com", "step ms"].concat(present.map((p) => p + " ms")).map((h) => `<th>${esc(h)}</th>`).join("") + "</tr>";
     $("steps").tBodies[0].innerHTML = rows.map((s, i) => (captured.has(s.step_id) ?
       `<tr class="captured" title="in deep capture ${esc(captured.get(s.step_id))}">` : "<tr>") + [i + 1, s.ctx_len, s.batch_size, s.draft_tokens, s.accepted, s.committed, f(s.step_ms, 3)]
-      .concat(present.map((p) => f((s.phases_ms || {})[p], 3))).map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>").join("");
+      .concat(present.map((p) => f(leaf(s, p), 3))).map((c) => `<td>${esc(c)}</td>`).join("") + "</tr>").join("");
     const xs = rows.map((_, i) => i + 1);
     const cum = []; let acc = rows.map(() => 0);
-    present.forEach((p) => { acc = acc.map((a, i) => a + ((rows[i].phases_ms || {})[p] || 0)); cum.push(acc.slice()); });
+    present.forEach((p) => { acc = acc.map((a, i) => a + (leaf(rows[i], p) || 0)); cum.push(acc.slice()); });
     const order = present.map((_, i) => i).reverse();
     const bars = uPlot.paths.bars({ size: [0.7, 40] });
     draw("steps", $("chart-steps"), {
       height: 200,
       series: [{ label: "step" }].concat(order.map((i) => ({ label: present[i], stroke: COLORS[present[i]], fill: COLORS[present[i]], paths: bars, points: { show: false },
-        value: (u, v, si, di) => (di === null || di === undefined ? "-" : f((rows[di].phases_ms || {})[present[i]], 3) + " ms") }))),
+        value: (u, v, si, di) => (di === null || di === undefined ? "-" : f(leaf(rows[di], present[i]), 3) + " ms") }))),
       scales: { x: { time: false, range: [0.4, rows.length + 0.6] }, y: { range: (u, lo, hi) => [0, (hi || 1) * 1.08] } },
       axes: [{ label: "decode step of this request", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
         { label: "ms (stacked phases)", size: 56 }],
