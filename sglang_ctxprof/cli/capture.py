@@ -5,12 +5,16 @@ Asks ``POST /ctx_profile/capture`` (admin level: ``--admin-key``), waits until t
 ``--timeout``), then writes the trace SGLang's profiler exported (``<id>.trace.json.gz``)
 and the merged timeline (``<id>.timeline.json``: the trace with ctxprof's step slices, for
 ui.perfetto.dev or chrome://tracing) into ``--out``.  A refusal (the budget's cooling-off, a
-capture already running) or a failure is one line and a non-zero exit, and so is a capture id
-that could name a file outside ``--out`` (the server chooses it).
+capture already running) or a failure is one line and a non-zero exit, and so are an answer of
+another shape (not SGLang, another version) and a capture id that could name a file outside
+``--out`` (the server chooses it).  A timeline the server will not give (over its size bound, a
+full read queue) leaves the saved trace: a line says why, exit 0.  The capture is asked with
+``--admin-key``, or with ``--api-key`` where no admin key is given (SGLang then asks for that one).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -28,7 +32,8 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--url", default="http://127.0.0.1:30000", help="SGLang server base URL")
     ap.add_argument("--rid", default=None, help="capture this request's next steps")
     ap.add_argument("--steps", type=int, default=None, help="steps to capture (default: the server's)")
-    ap.add_argument("--admin-key", default=None, help="bearer token if the server uses --admin-api-key")
+    ap.add_argument("--admin-key", default=None,
+                    help="bearer token if the server uses --admin-api-key (else --api-key is sent)")
     ap.add_argument("--api-key", default=None, help="bearer token for read routes (--api-key)")
     ap.add_argument("--out", default=".", help="folder for the trace and the merged timeline")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the capture")
@@ -43,7 +48,7 @@ def _call(ns, method: str, path: str, key: str | None) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         from .main import CliError
 
         raise CliError(f"cannot reach {ns.url}: {getattr(exc, 'reason', exc)}") from None
@@ -60,12 +65,28 @@ def _json(ns, status: int, raw: bytes, what: str) -> dict[str, Any]:
     from .main import CliError
 
     body = _body(raw)
-    if status == 404 and what != "timeline":
+    if status == 404:
         raise CliError(f"{what}: the server has no {names.ROUTE_CAPTURE} route: start SGLang with "
                        f"{names.CLI_FLAG} (HTTP 404)")
     if status != 200:
-        raise CliError(f"{what}: HTTP {status}: {body.get('error', body)}")
+        raise CliError(f"{what}: HTTP {status}: {_why(body)}")
+    if not isinstance(body, dict) or set(body) == {"error"}:
+        raise CliError(f"{what}: {ns.url} did not answer a JSON object: is it SGLang with {names.CLI_FLAG}?")
     return body
+
+
+def _why(body: Any) -> str:
+    return printable(str(body.get("error", body) if isinstance(body, dict) else body)[:200])
+
+
+def _find(status: dict[str, Any], cid: str) -> Any:
+    """Capture ``cid``'s record in a status answer; None when absent or of another shape."""
+    try:
+        caps = [c for r in status.get("ranks") or []
+                for c in ((r.get("status") or {}).get("capture") or {}).get("captures") or []]
+        return next((c for c in caps if c.get("id") == cid), None)
+    except (AttributeError, TypeError):
+        return None
 
 
 def run(ns) -> int:
@@ -73,8 +94,11 @@ def run(ns) -> int:
 
     q = {k: v for k, v in (("rid", ns.rid), ("steps", ns.steps)) if v is not None}
     path = names.ROUTE_CAPTURE + ("?" + urllib.parse.urlencode(q) if q else "")
-    body = _json(ns, *_call(ns, "POST", path, ns.admin_key), "capture refused")
-    cid = str(body["captures"][0]["id"])
+    body = _json(ns, *_call(ns, "POST", path, ns.admin_key or ns.api_key), "capture refused")
+    caps = body.get("captures")
+    if not (isinstance(caps, list) and caps and isinstance(caps[0], dict) and caps[0].get("id") is not None):
+        raise CliError(f"capture: the server's answer names no capture: {printable(str(body)[:200])}")
+    cid = str(caps[0]["id"])
     if not RID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
         raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
@@ -83,36 +107,41 @@ def run(ns) -> int:
     while True:
         status, raw = _call(ns, "GET", names.ROUTE_STATUS, ns.api_key)
         if status == 504:  # a scheduler late with its answer (or that command still out): ask again
-            body = _body(raw)
-            late = printable(str(body.get("error", body) if isinstance(body, dict) else body)[:200])
+            late = _why(_body(raw))
         else:
-            st, late = _json(ns, status, raw, "status"), None
-            caps = [c for r in st.get("ranks", [])
-                    for c in ((r.get("status") or {}).get("capture") or {}).get("captures", [])]
-            info = next((c for c in caps if c["id"] == cid), None)
-            if info is not None and info["state"] in (names.CAPTURE_DONE, names.CAPTURE_FAILED,
-                                                      names.CAPTURE_DELETED):
+            info, late = _find(_json(ns, status, raw, "status"), cid), None
+            if info is not None and info.get("state") in (names.CAPTURE_DONE, names.CAPTURE_FAILED,
+                                                          names.CAPTURE_DELETED):
                 break
         if time.time() - t0 > ns.timeout:
-            why = f"the last status answer: HTTP 504: {late}" if late else f"state {info and info['state']}"
+            why = f"the last status answer: HTTP 504: {late}" if late else f"state {info and info.get('state')}"
             raise CliError(f"capture {cid} not done after {ns.timeout:g} s ({why})")
         time.sleep(0.5)
     if info["state"] != names.CAPTURE_DONE:
-        raise CliError(f"capture {cid} {info['state']}: {info.get('error')}")
+        raise CliError(f"capture {cid} {info['state']}: {printable(str(info.get('error')))}")
     os.makedirs(ns.out, exist_ok=True)
     status, raw = _call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=trace", ns.api_key)
     trace = os.path.join(ns.out, f"{cid}.trace.json.gz")
     if status == 200:
         write_atomic(trace, raw)
     else:
-        trace = f"{info['path']} (on the server's host)"
-    tl = _json(ns, *_call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=timeline", ns.api_key), "timeline")
+        trace = f"{printable(str(info.get('path')))} (on the server's host)"
+    print(f"{printable(str(info.get('trigger')))} capture {cid}: steps {info.get('step_ids')}, {info.get('bytes')} "
+          f"bytes, export {_ms(info.get('export_ms'), 0)} ms off the scheduler thread "
+          f"(stop {_ms(info.get('stop_ms'), 1)} ms on it)")
+    print(f"trace: {trace}", flush=True)
+    status, raw = _call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=timeline", ns.api_key)
+    tl = _body(raw)
+    if status != 200 or not isinstance(tl, dict) or set(tl) == {"error"}:
+        print(f"merged timeline: not written (HTTP {status}: {_why(tl)})")
+        return 0
     tl_path = os.path.join(ns.out, f"{cid}.timeline.json")
     write_atomic(tl_path, json.dumps(tl))
-    clock = tl.get("otherData", {}).get("clock", {})
-    print(f"{info['trigger']} capture {cid}: steps {info['step_ids']}, {info['bytes']} bytes, export "
-          f"{info['export_ms']:.0f} ms off the scheduler thread (stop {info['stop_ms']:.1f} ms on it)")
-    print(f"trace: {trace}")
+    clock = (tl.get("otherData") or {}).get("clock") or {}
     print(f"merged timeline: {tl_path} (clocks aligned on {clock.get('aligned_on')}, "
-          f"+- {clock.get('error_bound_ns', 0) / 1e3:.0f} us); open it in https://ui.perfetto.dev or chrome://tracing")
+          f"+- {_ms((clock.get('error_bound_ns') or 0) / 1e3, 0)} us); open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _ms(v: Any, nd: int) -> str:
+    return f"{v:.{nd}f}" if isinstance(v, (int, float)) else "?"

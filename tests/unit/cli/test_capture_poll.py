@@ -1,5 +1,6 @@
 """``sglang-ctxprof capture`` against a fake server: the status poll rides out a scheduler that is
-late with its answer (HTTP 504) within its deadline, and writes the trace and timeline whole."""
+late with its answer (HTTP 504) within its deadline, and writes the trace and timeline whole; an
+odd answer is one line, never a traceback; a timeline the server will not give leaves the trace."""
 
 from __future__ import annotations
 
@@ -19,9 +20,19 @@ DONE = {"id": "c1", "state": names.CAPTURE_DONE, "trigger": "manual", "step_ids"
 class _Capture(JsonHandler):
     late = 0  # status polls answered 504 first (a very large number: always)
     polls = 0
+    posted = ()  # (the Authorization header of each POST)
+    post_body: object = {"accepted": True, "captures": [{"id": "c1"}]}
+    status_body: object = {"ranks": [{"status": {"capture": {"captures": [DONE]}}}]}
+    timeline = 200
 
     def do_POST(self):
-        self._json(200, {"accepted": True, "captures": [{"id": "c1"}]})
+        type(self).posted += (self.headers.get("Authorization"),)
+        if isinstance(self.post_body, bytes):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.post_body)))
+            self.end_headers()
+            return self.wfile.write(self.post_body)
+        self._json(200, self.post_body)
 
     def do_GET(self):
         cls = type(self)
@@ -29,19 +40,25 @@ class _Capture(JsonHandler):
             cls.polls += 1
             if cls.polls <= cls.late:
                 return self._json(504, {"error": LATE})
-            return self._json(200, {"ranks": [{"status": {"capture": {"captures": [DONE]}}}]})
+            return self._json(200, self.status_body)
         if self.path.endswith("format=trace"):
             self.send_response(200)
             self.send_header("Content-Length", "4")
             self.end_headers()
             return self.wfile.write(b"\x1f\x8bxx")
+        if self.timeline != 200:
+            return self._json(self.timeline, {"error": "the timeline would be over 64 MiB: fetch ?format=trace"})
         return self._json(200, {"traceEvents": [], "otherData": {"clock": {"aligned_on": "steps"}}})
 
 
 @pytest.fixture()
 def serve():
     servers = Servers()
-    yield lambda **attrs: servers.start(_Capture, **{"polls": 0, **attrs})
+    def start(**attrs):
+        return servers.start(_Capture, **{"polls": 0, "posted": (), **attrs})
+
+    start.handler = lambda: servers.made[-1].RequestHandlerClass  # the last server's (its class attributes)
+    yield start
     servers.close()
 
 
@@ -58,3 +75,35 @@ def test_a_scheduler_that_stays_late_ends_at_the_deadline_with_its_reason(serve,
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "error:" in ln]
     assert len(lines) == 1 and "not done" in lines[0] and "504" in lines[0] and LATE in lines[0], err
+
+
+@pytest.mark.parametrize("attrs", [{"post_body": b"<html>not sglang</html>"}, {"post_body": {"accepted": True}},
+                                   {"post_body": ["c1"]}, {"status_body": ["not", "an", "object"]},
+                                   {"status_body": {"ranks": [{"status": None}, "x"]}},
+                                   {"status_body": {"ranks": [{"status": {"capture": {"captures": [
+                                       {"id": "c1", "state": names.CAPTURE_DONE}]}}}]}}],
+                         ids=["html", "no-captures", "a-list", "status-list", "status-null", "record-short"])
+def test_an_odd_answer_is_one_line_never_a_traceback(serve, tmp_path, capsys, attrs):
+    code = main(["capture", "--url", serve(**attrs), "--out", str(tmp_path), "--timeout", "0"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and code in (0, 2), err
+    assert code == 0 or len([ln for ln in err.splitlines() if "error:" in ln]) == 1, err
+
+
+def test_an_unusable_url_is_one_line(tmp_path, capsys):
+    assert main(["capture", "--url", "http://127.0.0.1:abc", "--out", str(tmp_path)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_timeline_the_server_will_not_give_leaves_the_saved_trace(serve, tmp_path, capsys):
+    assert main(["capture", "--url", serve(timeline=413), "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"trace: {tmp_path / 'c1.trace.json.gz'}" in out and "merged timeline: not written (HTTP 413" in out
+    assert (tmp_path / "c1.trace.json.gz").read_bytes() == b"\x1f\x8bxx"
+
+
+def test_a_server_with_only_an_api_key_gets_it_on_the_capture_post(serve, tmp_path):
+    url = serve()
+    assert main(["capture", "--url", url, "--api-key", "k", "--out", str(tmp_path)]) == 0
+    assert main(["capture", "--url", url, "--api-key", "k", "--admin-key", "a", "--out", str(tmp_path)]) == 0
+    assert serve.handler().posted == ("Bearer k", "Bearer a")  # the admin key where given, else the api key
