@@ -1,10 +1,12 @@
 """``sglang-ctxprof trace --url URL [RID | --slowest N]``: one request's story, step by step.
 
 Fetches ``/ctx_profile/requests/{rid}`` (or ``?slowest=N``) and prints, per request, a header
-(prompt tokens, steps, tokens, acceptance, decode tok/s, slow reason if any) and a table with one row
-per decode step: context length, batch size, draft/accepted/committed tokens, the step time and its
-phases (draft, verify = attention + MoE + rest, draft_extend, and the remainder).  ``--json`` prints
-the raw answer.  No tracing backend needed.
+(prompt tokens, steps, tokens, acceptance, decode tok/s, context, deep captures) and a table with one
+row per decode step: context length, batch size, draft/accepted/committed tokens, the step time and
+its phases, each present in a shown step: draft, verify and its attention / MoE / rest, draft_extend,
+a plain step's decode and its split, and the remainder (overhead, unattributed).  ``--json`` prints
+the raw answer.  An answer of another shape (not this version's) is one line.  No tracing backend
+needed.
 
 ``--perfetto out.json`` instead writes Chrome trace events (``GET /ctx_profile/trace.json``): the last
 ``--last N`` steps of every rank (default 256, at most 2048: what each rank keeps), or with a RID that
@@ -21,11 +23,13 @@ from ..model import names
 from ..model.names import Phase
 from .main import printable, write_atomic
 
-COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4),
-        ("step_ms", 9), ("draft", 8), ("verify", 8), ("v.attn", 8), ("v.moe", 8), ("v.rest", 8),
-        ("d_ext", 8), ("other", 8))
-_PH = tuple(p.value for p in (Phase.DRAFT, Phase.VERIFY, Phase.VERIFY_ATTN, Phase.VERIFY_MOE,
-                             Phase.VERIFY_REST, Phase.DRAFT_EXTEND))
+COLS = (("#", 4), ("step_id", 8), ("ctx", 7), ("bs", 3), ("draft", 5), ("acc", 4), ("com", 4), ("step_ms", 9))
+# (phase, column): shown when a shown step has the phase; "other" (overhead + unattributed) always
+PHASE_COLS = tuple((p.value, name) for p, name in (
+    (Phase.DRAFT, "draft"), (Phase.VERIFY, "verify"), (Phase.VERIFY_ATTN, "v.attn"), (Phase.VERIFY_MOE, "v.moe"),
+    (Phase.VERIFY_REST, "v.rest"), (Phase.DRAFT_EXTEND, "d_ext"), (Phase.DECODE, "decode"),
+    (Phase.DECODE_ATTN, "dec.attn"), (Phase.DECODE_MOE, "dec.moe"), (Phase.DECODE_REST, "dec.rest")))
+ODD = (KeyError, TypeError, AttributeError, ValueError, IndexError)  # an answer of another shape
 
 
 def add_cli_args(ap) -> None:
@@ -66,9 +70,12 @@ def perfetto(ns) -> int:
             raise CliError(f"--last must be between 1 and {names.MAX_TRACE_STEPS}, got {n}")
         query = f"last={n}"
     body = client._require(f"{names.ROUTE_TRACE_JSON}?{query}")
+    try:
+        ev = body["traceEvents"]
+        steps = sum(1 for e in ev if e.get("ph") == "X" and e.get("cat") in ("decode", "prefill"))
+    except ODD as exc:
+        raise _odd(ns, exc) from None
     write_atomic(ns.perfetto, json.dumps(body))
-    ev = body.get("traceEvents", [])
-    steps = sum(1 for e in ev if e.get("ph") == "X" and e.get("cat") in ("decode", "prefill"))
     print(f"wrote {len(ev)} trace events ({steps} steps and prefill batches) to {ns.perfetto}; "
           "open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
@@ -91,12 +98,15 @@ def _f(v: Any, nd: int = 2) -> str:
 
 
 def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
+    def v(key: str) -> Any:  # a partial request's prompt and contexts are not known yet
+        return "-" if r.get(key) is None else r[key]
+
     out = [f"request {printable(r['rid'])}",
-           f"  prompt {r.get('prompt_tokens')} tokens, prefill {_f(r.get('prefill_ms'))} ms; "
+           f"  prompt {v('prompt_tokens')} tokens, prefill {_f(r.get('prefill_ms'))} ms; "
            f"{r.get('steps', 0)} decode steps, {r.get('committed', 0)} tokens committed "
            f"({r.get('accepted', 0)} accepted), {_f(r.get('accepted_per_step'))} accepted/step, "
            f"{_f(r.get('decode_tok_s'), 1)} tok/s over {_f(r.get('decode_ms'))} ms; "
-           f"ctx {r.get('ctx_first')} -> {r.get('ctx_last')}; finished={r.get('finished')}"]
+           f"ctx {v('ctx_first')} -> {v('ctx_last')}; finished={r.get('finished')}"]
     if r.get("trace_parent"):
         out.append(f"  trace: {printable(r['trace_parent'])}")
     for c in r.get("captures") or ():
@@ -108,15 +118,17 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
     lost = int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
     if lost:
         out.append(f"  ({lost} step rows not kept: per-request or global row budget)")
-    out.append("  " + " ".join(f"{name:>{w}}" for name, w in COLS))
     shown = rows if max_steps <= 0 else rows[:max_steps]
+    phases = [(p, name) for p, name in PHASE_COLS if any(p in (s.get("phases_ms") or {}) for s in shown)]
+    cols = COLS + tuple((name, 8) for _, name in phases) + (("other", 8),)
+    out.append("  " + " ".join(f"{name:>{w}}" for name, w in cols))
     for k, s in enumerate(shown):
         ph = s.get("phases_ms") or {}
-        other = float(ph.get("overhead", 0.0)) + float(ph.get("unattributed", 0.0))
+        other = float(ph.get("overhead") or 0.0) + float(ph.get("unattributed") or 0.0)
         vals = [k + 1, s["step_id"], s["ctx_len"], s["batch_size"], s["draft_tokens"], s["accepted"],
-                s["committed"], _f(s["step_ms"], 3)] + [_f(ph.get(p), 3) if p in ph else "-" for p in _PH] \
+                s["committed"], _f(s["step_ms"], 3)] + [_f(ph.get(p), 3) if p in ph else "-" for p, _ in phases] \
             + [_f(other, 3)]
-        out.append("  " + " ".join(f"{str(v):>{w}}" for v, (_, w) in zip(vals, COLS)))
+        out.append("  " + " ".join(f"{str(v):>{w}}" for v, (_, w) in zip(vals, cols)))
     if len(shown) < len(rows):
         out.append(f"  ... {len(rows) - len(shown)} more steps (--max-steps 0 shows all)")
     return "\n".join(out) + "\n"
@@ -149,14 +161,25 @@ def run(ns) -> int:
         from .main import CliError
 
         raise CliError("--last goes with --perfetto")
-    reqs = fetch(ns)
-    if ns.json:
-        print(json.dumps(reqs if ns.rid is None else reqs[0], indent=2))
-        return 0
-    if not reqs:
-        print("no finished decode requests in the recent-request ring yet")
-        return 0
+    try:
+        reqs = fetch(ns)
+        if ns.json:
+            print(json.dumps(reqs if ns.rid is None else reqs[0], indent=2))
+            return 0
+        if not reqs:
+            print("no finished decode requests in the recent-request ring yet")
+            return 0
+        text = [render_request(r, ns.max_steps) for r in reqs]
+    except ODD as exc:
+        raise _odd(ns, exc) from None
     print("times in ms; phases are per step (the whole batch); other = overhead/unattributed")
-    for r in reqs:
-        print(render_request(r, ns.max_steps))
+    for t in text:
+        print(t)
     return 0
+
+
+def _odd(ns, exc: Exception) -> Exception:
+    from .main import CliError
+
+    return CliError(f"{ns.url} answered a request record of another shape ({type(exc).__name__}: "
+                    f"{printable(str(exc)[:80])}): another version of sglang-ctxprof?")

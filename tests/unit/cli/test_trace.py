@@ -59,3 +59,20 @@ def test_a_failed_perfetto_write_leaves_the_old_file(url, tmp_path, capsys, monk
     line = _one_error(capsys)
     assert "No space left on device" in line and str(out) in line and out.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]
+
+
+@pytest.mark.parametrize("body", [[1, 2], {"requests": [{"rid": "r", "step_rows": [{"phases_ms": None}]}]},
+                                  {"requests": [{"rid": "r", "waterfall": {"wall_ms": None}}]},
+                                  {"requests": [{"rid": "r", "step_rows": [{"step_id": 1}]}]}],
+                         ids=["a-list", "null-phases", "null-wall", "short-row"])
+def test_an_answer_of_another_shape_is_one_line(body, capsys):
+    class _Odd(JsonHandler):
+        def do_GET(self):
+            self._json(200, body)
+
+    servers = Servers()
+    try:
+        assert main(["trace", "--url", servers.start(_Odd), "--slowest", "1"]) == 2
+    finally:
+        servers.close()
+    assert "another shape" in _one_error(capsys)
