@@ -55,11 +55,13 @@ def merge_servers(bodies: list[tuple[str, dict]]) -> tuple["Profile", list[dict[
     merged = build_profile(merge([s for _, s in snaps])).served(
         enabled=all(b.get("enabled") for _, b in bodies),
         dropped=sum(int(b.get("dropped", 0)) for _, b in bodies),
-        ranks=tuple({"server": url} for url, b in bodies for _ in range(int(b.get("ranks", 1)))))
+        ranks=tuple({"server": url} for url, b in bodies for _ in range(_answered(b))))
     per_server, by_bucket = [], {}
     for (url, s), (_, body) in zip(snaps, bodies):
         p = build_profile(s)
-        per_server.append({"url": url, "ranks": int(body.get("ranks", 1)), "decode_steps": p.totals.decode_steps,
+        n, of = _answered(body), int(body.get("ranks", 1))
+        per_server.append({"url": url, "ranks": of, "answered": n, "missing": body.get("missing") or [],
+                           "decode_steps": p.totals.decode_steps,
                            "request_steps": sum(b.req_steps for b in p.buckets), "accepted": p.totals.accepted,
                            "committed": p.totals.committed, "prefill_batches": p.totals.prefill_batches,
                            "requests_tracked": p.totals.requests_tracked, "dropped": int(body.get("dropped", 0))})
@@ -69,17 +71,26 @@ def merge_servers(bodies: list[tuple[str, dict]]) -> tuple["Profile", list[dict[
     return merged, per_server, by_bucket
 
 
+def _answered(body: dict) -> int:
+    """The ranks whose state a server's state body holds (every rank, from a server that predates the count)."""
+    return int(body.get("answered", body.get("ranks", 1)))
+
+
 def _fleet_text(merged: "Profile", per_server: list[dict[str, Any]], by_bucket: dict[str, dict[str, int]]) -> str:
     from ..views.text import _table, render
 
     keys = ("ranks", "decode_steps", "request_steps", "accepted", "committed", "prefill_batches",
             "requests_tracked", "dropped")
-    rows = [[s["url"]] + [str(s[k]) for k in keys] for s in per_server]
+    rows = [[s["url"], str(s["answered"]) if s["answered"] == s["ranks"] else f"{s['answered']}/{s['ranks']}"]
+            + [str(s[k]) for k in keys[1:]] for s in per_server]
     rows.append(["= merged", str(len(merged.ranks)), str(merged.totals.decode_steps),
                  str(sum(b.req_steps for b in merged.buckets)), str(merged.totals.accepted),
                  str(merged.totals.committed), str(merged.totals.prefill_batches),
                  str(merged.totals.requests_tracked), str(merged.dropped)])
     out = [f"fleet of {len(per_server)} servers, merged exactly (counts and histograms add)", ""]
+    partial = [f"warning: {s['url']}: {s['answered']} of {s['ranks']} ranks answered ({'; '.join(s['missing'])}): "
+               "its numbers are partial" for s in per_server if s["answered"] < s["ranks"]]
+    out += partial + ([""] if partial else [])
     out += _table(["server"] + [k.replace("_", " ") for k in keys], rows)
     urls = [s["url"] for s in per_server]
     out += ["", "decode steps per context bucket, by server"]

@@ -113,12 +113,14 @@ def _served(payloads: list[dict[str, Any]]) -> tuple[Profile, BodyTexts]:
 
 
 def served_state(payloads: list[dict[str, Any]]):
-    """The ranks' states merged exactly (``Snapshot.to_dict()``), for merging several servers."""
+    """The ranks' states merged exactly (``Snapshot.to_dict()``), for merging several servers; ``answered``
+    of ``ranks`` gave one (``missing``: why the others did not)."""
     states = [p for p in payloads if "state" in p]
     if not states:
         return _error(503, "; ".join(p.get("error", "no answer") for p in payloads) or "no scheduler answered")
     snaps = [Snapshot.from_dict(p["state"]) for p in states]
     return {"schema_version": names.SCHEMA_VERSION, "state": merge(snaps).to_dict(), "ranks": len(payloads),
+            "answered": len(states), "missing": [str(p.get("error", "no state")) for p in payloads if "state" not in p],
             "dropped": sum(int(p["status"].get("dropped", 0)) for p in states),
             "enabled": all(p["status"].get("enabled") for p in states)}
 

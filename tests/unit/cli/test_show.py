@@ -59,3 +59,19 @@ def test_different_bucketing_is_refused():
     b.observe(_rec(1, 1, [1] * 6))
     with pytest.raises(CliError, match="SGLANG_CTXPROF_BUCKETS"):
         merge_servers([("http://a", _body(a)), ("http://b", _body(b))])
+
+
+def test_a_rank_that_did_not_answer_is_said_not_counted():
+    """A server of two ranks, one of which gave no state: its state route says so, and the fleet view
+    counts one rank there and warns that its numbers are partial."""
+    a, b = Aggregator(), Aggregator()
+    a.observe(_rec(1, 1, [1] * 6))
+    b.observe(_rec(2, 1, [1] * 6))
+    ok = {"status": {"enabled": True, "dropped": 0, "rank": {"tp": 0, "dp": 0, "pp": 0}}, "state": a.state()}
+    half = json.loads(json.dumps(served_state([ok, {"error": "rank dp1 did not answer"}])))
+    assert half["ranks"] == 2 and half["answered"] == 1 and half["missing"] == ["rank dp1 did not answer"]
+    merged, servers, _ = merge_servers([("http://a", half), ("http://b", _body(b))])
+    assert len(merged.ranks) == 2 and [(s["answered"], s["ranks"]) for s in servers] == [(1, 2), (1, 1)]
+    text = _fleet_text(merged, servers, {})
+    assert "http://a: 1 of 2 ranks answered (rank dp1 did not answer): its numbers are partial" in text
+    assert "1/2" in next(ln for ln in text.splitlines() if ln.startswith("http://a"))
