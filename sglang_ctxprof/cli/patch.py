@@ -42,6 +42,9 @@ def run(ns) -> int:
                 print(f"  {p.name}: {st} ({scope})")
             return 0
         if not ns.names:
+            if version is None:  # nothing says which patches this tree needs
+                raise CliError(f"cannot read the SGLang version from {root / 'sglang' / '_version.py'}: "
+                               "name the patches to apply or revert (with --force to apply)")
             chosen = [p for p in chosen if p.applies_to(version)]
             if not chosen:
                 print(f"no patch is needed for SGLang {version}")

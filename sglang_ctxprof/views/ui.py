@@ -1,7 +1,7 @@
 """The live page ``GET /ctx_profile/ui``: static files shipped as package data, served on SGLang's port.
 
 ``sglang_ctxprof/data/ui/`` holds one HTML, one JS and one CSS file of ours plus uPlot (MIT, vendored
-from the npm registry with its LICENSE; see ``data/ui/VENDORED.md``), so the page works offline.
+from the npm registry with its LICENSE; see ``data/SOURCES.md``), so the page works offline.
 The page itself reads the JSON routes (``/ctx_profile``, ``/status``, ``/requests``,
 ``/requests/{rid}``, ``/diagnosis`` when present) from the same origin; it shows ids, lengths and
 timings only, never prompt or output text.  The files are read routes: with ``--api-key`` they need

@@ -115,6 +115,20 @@ def test_cli_refuses_wrong_version_and_bad_input(tmp_path, capsys):
     assert "holds no sglang/" in capsys.readouterr().err
 
 
+def test_a_tree_whose_version_cannot_be_read_is_an_error_not_a_no_op(tmp_path, capsys):
+    """Without a readable sglang/_version.py nothing says which patches the tree needs: apply and
+    revert without names refuse (exit 2), naming the file; naming a patch with --force still works."""
+    root = _overlay(tmp_path)
+    version = root / "sglang" / "_version.py"
+    version.unlink()  # a symlink to the installed file: replace the link, never write through it
+    version.write_text("# no version here\n")
+    assert cli(["patch", "apply", "--target", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the SGLang version" in err and "_version.py" in err and "Traceback" not in err
+    assert cli(["patch", "status", "--target", str(root)]) == 0
+    assert "SGLang unknown" in capsys.readouterr().out
+
+
 def _serve_help(root: Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(root), SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1")
     env.pop("SGLANG_CTX_PROFILE", None)
