@@ -24,7 +24,7 @@ import urllib.request
 from typing import Any
 
 from ..model import names
-from .client import RID_RE  # what the server's capture route accepts for an id: no "/", URL-safe
+from .client import CAPTURE_ID_RE  # what the server's capture route accepts for an id: no "/", URL-safe
 from .main import printable, write_atomic
 
 
@@ -99,7 +99,7 @@ def run(ns) -> int:
     if not (isinstance(caps, list) and caps and isinstance(caps[0], dict) and caps[0].get("id") is not None):
         raise CliError(f"capture: the server's answer names no capture: {printable(str(body)[:200])}")
     cid = str(caps[0]["id"])
-    if not RID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
+    if not CAPTURE_ID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
         raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
     t0 = time.time()

@@ -26,6 +26,8 @@ from .main import CliError
 
 MAX_SLOWEST = names.MAX_SLOWEST
 RID_RE = re.compile(names.RID_PATTERN)
+RID_PLAIN_RE = re.compile(names.RID_PLAIN)
+CAPTURE_ID_RE = re.compile(names.CAPTURE_ID_PATTERN)
 
 
 class ClientError(CliError):
@@ -157,8 +159,7 @@ class ServerClient:
         holds ``rid`` (HTTP 404).  Any other failure (a 504, a timeout) raises :class:`ClientError`:
         a caller must not take a failed read for a request without figures."""
         try:
-            return self.call("GET", f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}",
-                             timeout=min(60.0, self.timeout))
+            return self.call("GET", request_path(rid), timeout=min(60.0, self.timeout))
         except NoProfile:
             return None
         except ClientError as exc:
@@ -180,10 +181,18 @@ class ServerClient:
     def require_request(self, rid: str) -> dict:
         """One request's step-by-step story; a malformed rid is refused before any network call."""
         if not RID_RE.match(rid):
-            raise ClientError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
-        return self._require(f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}")
+            raise ClientError(names.RID_MALFORMED)
+        return self._require(request_path(rid))
 
     def require_slowest(self, n: int) -> list[dict]:
         if not 1 <= n <= MAX_SLOWEST:
             raise ClientError(f"--slowest must be between 1 and {MAX_SLOWEST}, got {n}")
         return list(self._require(f"{names.ROUTE_REQUESTS}?slowest={n}&steps=1").get("requests") or [])
+
+
+def request_path(rid: str) -> str:
+    """Where one request's record is read: a plain rid in the path (as the live page asks), any
+    other by ``?rid=`` (a "." or ".." segment a URL parser drops, a "/" the router splits on)."""
+    if RID_PLAIN_RE.match(rid) and rid != "." and ".." not in rid:
+        return f"{names.ROUTE_REQUESTS}/{urllib.parse.quote(rid, safe='')}"
+    return f"{names.ROUTE_REQUESTS}?rid={urllib.parse.quote(rid, safe='')}"

@@ -62,7 +62,7 @@ def perfetto(ns) -> int:
     client = ServerClient(ns.url, ns.api_key, timeout=120)
     if ns.rid is not None:
         if not RID_RE.match(ns.rid):
-            raise ClientError("malformed RID: use 1-256 characters of letters, digits, _ . : -")
+            raise ClientError(names.RID_MALFORMED)
         query = "rid=" + urllib.parse.quote(ns.rid, safe="")
     else:
         n = names.DEFAULT_TRACE_STEPS if ns.last is None else ns.last

@@ -294,7 +294,7 @@ async def get_request(rc: ReadContext, request: Request):
 
 async def _request(rc: ReadContext, rid: str):
     if not _RID_RE.match(rid):
-        return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
+        return _error(400, names.RID_MALFORMED)
     payloads = await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(rid))
     rows = [r for p in payloads for r in p.get("requests", [])]
     if not rows:

@@ -27,6 +27,7 @@ from .http_build import off_loop
 from .http_context import ReadContext, Route
 
 _RID_RE = re.compile(names.RID_PATTERN)
+_CAPTURE_ID_RE = re.compile(names.CAPTURE_ID_PATTERN)
 TIMELINE_MAX_BYTES = 64 * 2**20  # a trace file merged into a timeline here (its JSON is ~10x in memory)
 
 
@@ -64,7 +65,7 @@ async def post_capture(rc: ReadContext, request: Request):
             return _error(400, f"steps must be an integer, got {qp['steps']!r}")
     if "rid" in qp:
         if not _RID_RE.match(qp["rid"]):
-            return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
+            return _error(400, names.RID_MALFORMED)
         args["rid"] = lookup_rid(qp["rid"])  # as the ranks keep it (model.rids)
     payloads = await rc.ask(names.CMD_CAPTURE, **args)
     bad = _bad_request(payloads)
@@ -93,7 +94,7 @@ async def get_capture(rc: ReadContext, request: Request):
     """One capture: ``?format=json`` (its record and step records), ``trace`` (the file SGLang's
     profiler wrote) or ``timeline`` (``views.timeline``: the trace with our step slices)."""
     cid = request.path_params.get("cid", "")
-    if not _RID_RE.match(cid):
+    if not _CAPTURE_ID_RE.match(cid):
         return _error(400, "malformed capture id")
     qp = dict(request.query_params)
     unknown = set(qp) - {"format"}

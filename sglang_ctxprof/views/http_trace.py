@@ -48,7 +48,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
         if "last" in qp:
             return _error(400, "give either last=N or rid=RID, not both")
         if not _RID_RE.match(qp["rid"]):
-            return _error(400, "malformed rid: use 1-256 characters of letters, digits, _ . : -")
+            return _error(400, names.RID_MALFORMED)
         rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(qp["rid"])) for r in p.get("requests", [])]
         if not rows:
             return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")

@@ -80,11 +80,12 @@ BAD_GETS = [
     (f"{R}/requests?slowest=" + "9" * 5000, "must be an integer"),
     (f"{R}/requests?limit=3", "unknown query"),
     (f"{R}/status?verbose=1", "no query"),
-    (f"{R}/requests/" + urllib.parse.quote("a b"), "malformed rid"),
+    (f"{R}/requests/" + urllib.parse.quote("a b"), "not found"),  # SGLang takes any text as a rid
     (f"{R}/requests/" + "x" * 257, "malformed rid"),
-    (f"{R}/requests/" + urllib.parse.quote("é"), "malformed rid"),
-    (f"{R}/requests/" + urllib.parse.quote("<script>"), "malformed rid"),
+    (f"{R}/requests/" + urllib.parse.quote("é"), "not found"),
+    (f"{R}/requests/" + urllib.parse.quote("<script>"), "not found"),
     (f"{R}/requests/%00", "malformed rid"),
+    (f"{R}/requests?rid=%1b%5B2J", "malformed rid"),
     (f"{R}/requests/no-such-request", "not found"),
     (f"{R}/nope", "Not Found"),
 ]

@@ -275,10 +275,12 @@
   }
 
   // ---- one request ----------------------------------------------------------------------------------
-  // A rid goes in the path unless a browser would not send it there as it is: a segment of "." or
-  // ".." (even written %2E) is a dot segment the URL parser drops, and a forwarder may refuse ".." in
-  // a path (a shortened long rid holds ".."); the route's ?rid= form carries any rid.
-  const requestPath = (rid) => (rid === "." || rid.includes("..") ? "/requests?rid=" : "/requests/") + encodeURIComponent(rid);
+  // A plain rid (letters, digits, _ . : -) goes in the path, unless a browser would not send it there
+  // as it is: a segment of "." or ".." (even written %2E) is a dot segment the URL parser drops, and
+  // a forwarder may refuse ".." in a path (a shortened long rid holds ".."); any other rid (SGLang
+  // takes any string: "/", "@", spaces) goes by the route's ?rid= form, which carries any rid.
+  const plainRid = (rid) => /^[A-Za-z0-9_.:-]+$/.test(rid) && rid !== "." && !rid.includes("..");
+  const requestPath = (rid) => (plainRid(rid) ? "/requests/" : "/requests?rid=") + encodeURIComponent(rid);
   async function openRequest(rid) {
     state.rid = rid;
     document.querySelectorAll("#slow tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.rid === rid));

@@ -27,7 +27,9 @@ fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 NODE = shutil.which("node")
-RIDS = [".", "..", "...", "a..b", "r0", "x.y", short_rid("L" * 300), "-_:.9"]
+# SGLang takes any string as a rid: the page must reach each one the routes show
+RIDS = [".", "..", "...", "a..b", "r0", "x.y", short_rid("L" * 300), "-_:.9", "user@1", "a/b", "b64+/==", "é ü",
+        "<script>", "50%", "q?x=1#y", short_rid("@" * 300)]
 
 
 def _page_urls(rids: list[str]) -> list[str]:
@@ -35,7 +37,7 @@ def _page_urls(rids: list[str]) -> list[str]:
     js = ui.read("app.js").decode()
     body = js[js.index("async function openRequest(rid)"):]
     arg = re.search(r"await getJSON\((.*)\);", body).group(1)  # what openRequest asks for
-    helpers = "\n".join(re.findall(r"^ *const requestPath = .*$", js, re.M))
+    helpers = "\n".join(re.findall(r"^ *const (?:plainRid|requestPath) = .*$", js, re.M))
     code = (f'const BASE = "{names.ROUTE}";\n{helpers}\nconst out = JSON.parse(process.argv[1]).map((rid) => {{\n'
             f'  const u = new URL(BASE + {arg}, "http://127.0.0.1:1/"); return u.pathname + u.search; }});\n'
             "console.log(JSON.stringify(out));")
@@ -82,7 +84,15 @@ def test_the_rid_query_and_the_path_agree_and_bad_input_is_a_400(monkeypatch):
     assert c.get(names.ROUTE_REQUESTS + "?rid=ab").json() == c.get(names.ROUTE_REQUESTS + "/ab").json() == {"rid": "ab"}
     r = c.get(names.ROUTE_REQUESTS + "/%2E%2E")  # a client that sends %2E as it is (not a browser)
     assert r.status_code == 404 and "request '..' not found" in r.json()["error"], r.text
-    for q, why in (("rid=a%20b", "malformed rid"), ("rid=ab&slowest=3", "not both"), ("rid=", "malformed rid"),
-                   ("rid=zz", "not found")):
+    for q, why in (("rid=a%01b", "malformed rid"), ("rid=ab&slowest=3", "not both"), ("rid=", "malformed rid"),
+                   ("rid=zz", "not found"), ("rid=a%20b", "not found"), ("rid=" + "x" * 257, "malformed rid")):
         r = c.get(f"{names.ROUTE_REQUESTS}?{q}")
         assert r.status_code in (400, 404) and why in r.json()["error"], (q, r.text)
+
+
+def test_the_cli_asks_for_every_rid_where_the_page_does():
+    from sglang_ctxprof.cli.client import request_path
+
+    if NODE is None:
+        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("needs node (a WHATWG URL parser)")
+    assert [request_path(r) for r in RIDS] == _page_urls(RIDS)
