@@ -569,6 +569,34 @@ def test_optional_parts_show_when_present(browser):
         srv.shutdown()
 
 
+def test_a_request_that_fails_to_load_clears_the_drill_down_and_a_failed_reset_says_so(browser):
+    """A request's read that fails (the server hangs up, or answers no JSON) says so in the drill-down
+    and leaves no other request's steps under it; a reset that cannot reach the server says so.
+    Neither is an uncaught error in the page."""
+    srv, _ = _contract_server()
+    try:
+        browser.get_log("browser")
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        browser.get(base + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
+        _wait(browser, "return document.querySelectorAll('#steps tbody tr').length > 0")
+        del srv.routes["/requests/r0"]  # the handler fails: the connection closes with no answer
+        browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
+        head = _wait(browser, "const t = document.getElementById('detail-head').textContent;"
+                              "return t.startsWith('could not load') ? t : null")
+        assert head and browser.execute_script("return document.querySelectorAll('#steps tbody tr').length") == 0
+        assert browser.execute_script("return document.getElementById('waterfall').hidden") is True
+        srv.shutdown()
+        srv.server_close()  # nobody answers now: the connection is refused
+        browser.find_element("css selector", "#reset").click()
+        _wait(browser, "return document.getElementById('msg').textContent.startsWith('reset failed')")
+        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and e.get("source") != "network"]
+        assert not logs, logs  # no uncaught error in the page
+    finally:
+        srv.shutdown()
+
+
 def _page_shows_captures(browser, srv) -> None:
     """The request's deep captures in its drill-down, the newest five kept ones in their own section
     (deleted ones left out, as the diagnosis flag does), timeline links only to finished ones, and the

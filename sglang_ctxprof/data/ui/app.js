@@ -284,13 +284,17 @@
   async function openRequest(rid) {
     state.rid = rid;
     document.querySelectorAll("#slow tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.rid === rid));
-    const r = await getJSON(requestPath(rid));
+    let r;
+    try { r = await getJSON(requestPath(rid)); } catch (e) { r = { status: 0, body: null, error: e.message }; }
     const box = $("detail");
     box.hidden = false;
     $("detail-rid").textContent = rid;
-    if (r.status !== 200) {
+    if (r.status !== 200 || !r.body) {   // no other request's steps stay under this one's name
       state.requestCaptures = null; $("detail-captures-box").hidden = true;
-      $("detail-head").textContent = `could not load: HTTP ${r.status} ${(r.body && r.body.error) || ""}`; return;
+      $("steps").tHead.innerHTML = ""; $("steps").tBodies[0].innerHTML = ""; waterfall(null);
+      if (charts.steps) { charts.steps.destroy(); delete charts.steps; }
+      $("detail-head").textContent = "could not load: " +
+        (r.error || `HTTP ${r.status} ${(r.body && r.body.error) || (r.body ? "" : "(no JSON answer)")}`); return;
     }
     const q = r.body, rows = q.step_rows || [];
     $("detail-head").textContent = `prompt ${q.prompt_tokens ?? "-"} tokens, prefill ${f(q.prefill_ms, 1)} ms; ${q.steps} decode steps, ` +
@@ -360,7 +364,10 @@
     const key = $("admin-key").value;
     const headers = { "Content-Type": "application/json" };
     if (key) headers.Authorization = "Bearer " + key;
-    const r = await fetch(BASE + "/reset", { method: "POST", headers, body: "{}" });
+    let r;
+    try { r = await fetch(BASE + "/reset", { method: "POST", headers, body: "{}" }); } catch (e) {
+      message(`reset failed: ${e.message} (is the server up?)`, true); return;
+    }
     if (r.ok) { message("profile reset", false); state.rid = null; $("detail").hidden = true; refresh(); return; }
     let why = ""; try { why = (await r.json()).error || ""; } catch (e) { why = ""; }
     message(`reset refused: HTTP ${r.status} ${why}` + (r.status === 401 || r.status === 403 ? " (wrong or missing admin key)" : ""), true);
