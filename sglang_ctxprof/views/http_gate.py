@@ -24,10 +24,13 @@ estimate: the cool-down left plus, per waiting read, the last read's time and co
 
 A few reads are *standing* (the caller says which: a small fixed set, such as the live page's
 reads and a scraper's ``/ctx_profile``): one of them is admitted even when ``limit`` other reads
-wait, takes no place among them, and starts at the next turn, before the others waiting, so a
-client that keeps the queue full delays a dashboard or a scrape by one read and its cool-down, not
-by ``limit`` of them, and never has it refused.  Since a standing read is shared like any other,
-at most one per key waits: the queue holds at most ``limit`` plus the standing keys.
+wait and takes no place among them.  Standing and other reads take turns: after an other read's
+turn, the first standing read waiting goes next, and after a standing read's, the first other one.
+So a client that keeps the queue full delays a dashboard or a scrape by one other read per standing
+read ahead of it (at most one per standing key, since a standing read is shared like any other),
+not by ``limit`` of them, and never has it refused; and scrapers polling back to back delay an
+other read by one standing read per turn, never indefinitely.  The queue holds at most ``limit``
+plus the standing keys.
 
 ``share`` is ``CtxProfConfig.read_share`` (``SGLANG_CTXPROF_READ_SHARE``, default 0.1); ``1``
 disables the cool-down.  On an idle server a read starts at once.  The clock, the sleep and the
@@ -71,6 +74,7 @@ class ReadGate:
         self._ready_at = 0.0  # the earliest start of the next read's work
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._busy = False  # a read holds the turn (its cool-down wait, its work)
+        self._standing_turn = False  # the read holding the turn is a standing one
         self._lines: tuple[deque[asyncio.Future], deque[asyncio.Future]] = (deque(), deque())  # standing, others
         self._waiting: dict[Hashable, tuple[asyncio.Future, bool]] = {}  # per key: the read not yet started, standing
         self.runs = 0  # reads that asked and built
@@ -90,7 +94,7 @@ class ReadGate:
         anyway, and started before the others waiting)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._busy, self._waiting = loop, False, {}
+            self._loop, self._busy, self._standing_turn, self._waiting = loop, False, False, {}
             self._lines = (deque(), deque())
         pending = self._waiting.get(key)
         if pending is not None:
@@ -138,7 +142,7 @@ class ReadGate:
         """Take the turn: at once when free, else after every standing read that waits for it (and,
         for any other read, every other read that came before)."""
         if not self._busy:
-            self._busy = True
+            self._busy, self._standing_turn = True, standing
             return
         assert self._loop is not None
         fut: asyncio.Future = self._loop.create_future()
@@ -154,11 +158,14 @@ class ReadGate:
             raise
 
     def _release(self) -> None:
-        """Hand the turn to the first standing read waiting, else to the first other one."""
-        for line in self._lines:
+        """Hand the turn on: to the first read waiting in the line whose turn it is (standing after an
+        other read, other after a standing one), else to the first in the other line."""
+        standing, others = self._lines
+        for line in ((others, standing) if self._standing_turn else (standing, others)):
             while line:
                 fut = line.popleft()
                 if not fut.done():
+                    self._standing_turn = line is standing
                     fut.set_result(None)
                     return
         self._busy = False

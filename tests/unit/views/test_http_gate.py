@@ -165,17 +165,18 @@ def test_distinct_reads_waiting_are_bounded_and_one_beyond_the_bound_is_refused_
 
 def test_standing_reads_are_admitted_to_a_full_queue_and_run_before_the_reads_waiting_there():
     """One client keeps 16 distinct reads waiting: the standing reads (the live page's, a scraper's)
-    are still admitted, and each runs at the next turn, not after the 16."""
+    are still admitted, and they take turns with the 16: each runs after one of them, not after all."""
     r = Rig(0.5)
     keys = [("diagnosis", n, "json") for n in range(500)]
     standing = [("profile", "json"), ("profile", "prometheus")]
     flood, late = _flood(r, keys, standing + [("diagnosis", 600, "json")], standing=frozenset(standing))
-    assert late[:2] == ["late ('profile', 'json')@2", "late ('profile', 'prometheus')@3"]
+    assert late[:2] == ["late ('profile', 'json')@2", "late ('profile', 'prometheus')@4"]
     assert isinstance(late[2], http_gate.GateFull)  # any other read is still refused at a full queue
-    assert r.runs == ["a"] + [f"late {k}" for k in standing] + [str(k) for k in keys[:16]]
+    assert r.runs == ["a", f"late {standing[0]}", str(keys[0]), f"late {standing[1]}"] + [str(k) for k in keys[1:16]]
     assert r.gate.refused == 500 - 16 + 1
     # A standing read waiting is shared like any other, and takes no place among the 16.
-    assert [x for x in flood if isinstance(x, str)] == [f"{k}@{i}" for i, k in enumerate(keys[:16], 4)]
+    ran = [x for x in flood if isinstance(x, str)]
+    assert ran == [f"{keys[0]}@3"] + [f"{k}@{i}" for i, k in enumerate(keys[1:16], 5)]
 
 
 def test_the_pages_periodic_reads_are_never_refused():
@@ -230,3 +231,46 @@ def test_a_read_cancelled_while_it_waits_for_its_turn_wedges_nothing():
         return await first, await after, await r.gate.run("s", r.work("s2", cost=0.0), standing=True)
 
     assert asyncio.run(go()) == ("a@1", "b@2", "s2@3") and r.gate.others_waiting() == 0
+
+
+def test_standing_reads_polled_back_to_back_take_turns_with_the_others():
+    """Two scrapers read standing keys back to back: a trace read that arrived first still runs
+    after one standing read, not after all of them (standing and other reads take turns)."""
+    r = Rig(1.0)
+    hold = asyncio.Event()
+
+    async def go():
+        first = asyncio.create_task(r.gate.run(("profile", "json"), r.work("s0", cost=0.0, hold=hold), standing=True))
+        await asyncio.sleep(0)
+        trace = asyncio.create_task(r.gate.run(("trace", 8), r.work("trace", cost=0.0)))
+        await asyncio.sleep(0)
+
+        async def scraper(fmt: str):
+            for i in range(20):
+                await r.gate.run(("profile", fmt), r.work(f"{fmt}{i}", cost=0.0), standing=True)
+
+        scrapers = [asyncio.create_task(scraper(f)) for f in ("text", "prometheus")]
+        await asyncio.sleep(0)
+        hold.set()
+        await asyncio.gather(first, trace, *scrapers)
+
+    asyncio.run(go())
+    assert r.runs.index("trace") <= 2, r.runs[:6]
+
+
+def test_a_read_cancelled_just_after_it_was_handed_the_turn_hands_it_on():
+    """Cancelled between being handed the turn and resuming: the next read still gets the turn."""
+    gate = ReadGate(1.0)
+
+    async def go():
+        gate._loop = asyncio.get_running_loop()
+        await gate._acquire(False)  # this task holds the turn
+        b = asyncio.create_task(gate._acquire(False))
+        c = asyncio.create_task(gate._acquire(True))
+        await asyncio.sleep(0)  # both wait
+        gate._release()  # handed to c (standing first)
+        c.cancel()  # ... which is cancelled before it resumes
+        await asyncio.wait_for(b, 5)  # liveness only: b gets the turn
+        return gate._busy
+
+    assert asyncio.run(go()) is True
