@@ -22,10 +22,10 @@ import urllib.request
 from typing import Any, Iterator
 
 from ..model import names
+from ..model.rids import valid_rid
 from .main import CliError
 
 MAX_SLOWEST = names.MAX_SLOWEST
-RID_RE = re.compile(names.RID_PATTERN)
 RID_PLAIN_RE = re.compile(names.RID_PLAIN)
 CAPTURE_ID_RE = re.compile(names.CAPTURE_ID_PATTERN)
 
@@ -180,7 +180,7 @@ class ServerClient:
 
     def require_request(self, rid: str) -> dict:
         """One request's step-by-step story; a malformed rid is refused before any network call."""
-        if not RID_RE.match(rid):
+        if not valid_rid(rid):
             raise ClientError(names.RID_MALFORMED)
         return self._require(request_path(rid))
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..model.names import CACHED_TOKENS, LEAF_PHASES, Phase
+from ..model.names import CACHED_TOKENS, FORWARD_SPLIT, LEAF_PHASES, Phase
 from ..model.records import step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
+_SPLIT_OF = {q: parts for parts in FORWARD_SPLIT.values() for q in parts}  # a forward's part -> all its parts
 BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.DECODE.value, Phase.STEP.value)
 NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
 
@@ -37,7 +38,9 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance
     (from the buckets' exact counts).  A phase's ms per step is each bucket's mean over the steps that
     timed it (as the live profile's: under CUDA graphs the verify split is read on sampled steps
-    only), weighted by the bucket's steps; a bucket without the phase adds 0."""
+    only), weighted by the bucket's steps; a bucket without the phase adds 0, except to the parts of
+    a forward (``FORWARD_SPLIT``) whose split it never read: those are the split of the buckets that
+    read one, so the leaves still add up to the step."""
     if not body or not body.get("buckets"):
         return None
     prof = Profile.from_dict(body)
@@ -49,7 +52,9 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     ms = {}
     for p in BREAKDOWN_PHASES:
         if any(p in b.phases for b in buckets):
-            ms[p] = sum(b.steps * b.phases[p].mean_ms for b in buckets if p in b.phases) / steps
+            parts = _SPLIT_OF.get(p, ())  # p a forward's part: the buckets that read that forward's split
+            basis = [b for b in buckets if any(q in b.phases for q in parts)] if parts else buckets
+            ms[p] = sum(b.steps * b.phases[p].mean_ms for b in basis if p in b.phases) / sum(b.steps for b in basis)
     acc = sum(b.accepted for b in buckets) / req_steps
     com = sum(b.committed for b in buckets) / req_steps
     step_s = ms.get(Phase.STEP.value, 0.0) / 1e3

@@ -64,9 +64,9 @@ def _with_server_facts(meta: dict, results: list[dict]) -> dict:
     before any point, when the profile may not know them yet; each point's breakdown carries them."""
     out = dict(meta)
     for key in ("timing", "hw"):
-        if out.get(key) is None:
-            out[key] = next((b[key] for b in (r.get("breakdown") or {} for r in results) if b.get(key) is not None),
-                            None)
+        if not out.get(key):  # an empty hw ({}: a CPU server's, or not read yet) says nothing either
+            out[key] = next((b[key] for b in (r.get("breakdown") or {} for r in results) if b.get(key)),
+                            out.get(key))
     return out
 
 

@@ -52,7 +52,8 @@ def perfetto(ns) -> int:
     """Fetch ``/ctx_profile/trace.json`` and write it to ``ns.perfetto``."""
     import urllib.parse
 
-    from .client import RID_RE, ClientError, ServerClient
+    from ..model.rids import valid_rid
+    from .client import ClientError, ServerClient
     from .main import CliError
 
     if ns.slowest is not None:
@@ -61,7 +62,7 @@ def perfetto(ns) -> int:
         raise CliError("give either a RID or --last N, not both")
     client = ServerClient(ns.url, ns.api_key, timeout=120)
     if ns.rid is not None:
-        if not RID_RE.match(ns.rid):
+        if not valid_rid(ns.rid):
             raise ClientError(names.RID_MALFORMED)
         query = "rid=" + urllib.parse.quote(ns.rid, safe="")
     else:

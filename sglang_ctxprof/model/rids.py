@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import hashlib
 
+from .names import RID_MAX
+
 RID_KEEP = 128
 DIGEST_HEX = 16  # hex digits of the digest after ``..``
 _CACHE_MAX = 4096
 _HEX = frozenset("0123456789abcdef")
 _cache: dict[tuple[int, int], str] = {}
+
+
+def valid_rid(rid: str) -> bool:
+    """Whether the routes accept ``rid`` (``names.RID_MAX`` printable characters at most: no control,
+    format or line-separator character, which a log line or a terminal would act on)."""
+    return 0 < len(rid) <= RID_MAX and rid.isprintable()
 
 
 def short_rid(rid: object) -> str:

@@ -32,7 +32,7 @@ from ..model.noise import compare, pct_text
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
 from .diagnosis_evidence import (HOST_GAP, MIN_POINT_STEPS, Evidence, Point,  # noqa: F401 - re-exported
-                                 evidence_from_profile, evidence_from_sweep, leaves, ledger_points)
+                                 evidence_from_profile, evidence_from_sweep, leaves, ledger_points, solid)
 from .diagnosis_flags import ACCEPT_TOL, BUBBLE_SHARE, flags as _flags  # noqa: F401 - re-exported
 from .diagnosis_whatif import whatif
 
@@ -106,9 +106,9 @@ def _rows(ev: Evidence, paired: Optional[Evidence] = None) -> list[dict[str, Any
     point of the same bucket label whose mean context is within :data:`PAIR_CTX` of the baseline's
     takes the baseline's context, so the two are compared as measured: two runs of one workload fill
     a bucket to means a few tokens apart, which the noise model would otherwise read off A's line."""
-    near = {p.label: p.ctx for p in paired.points} if paired is not None else {}
+    near = {p.label: p.ctx for p in solid(paired.points)} if paired is not None else {}
     out = []
-    for p in ev.points:
+    for p in solid(ev.points):
         ph = {q: {"min": v, "second": v + p.noise.get(q, 0.0)} for q, v in leaves(p.phases).items()}
         ph[_STEP] = {"min": p.step_ms, "second": p.step_ms + p.noise.get(_STEP, 0.0)}
         ctx = near.get(p.label, p.ctx)

@@ -9,7 +9,8 @@ acceptance by position, host time, the loss counters and the buckets with outlie
 Every per-bucket number of a profile is its **robust** mean: the mean over the bucket's steps
 without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A bucket
 of fewer than :data:`MIN_POINT_STEPS` steps has no median to hold a slow step against, so its point
-is ``thin``: the verdict compares the others (``diagnosis``).  A few warm-up steps therefore cannot
+is ``thin``: the verdict compares the others (:func:`solid`: the decomposition, the baseline, the
+ledger and the what-if alike).  A few warm-up steps therefore cannot
 flip the verdict.  :func:`ledger_points` hands the points to
 ``aggregate.ledger``.  Pure: imports nothing of SGLang, torch or OTel.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from ..model.names import LEAF_PHASES, Phase
 from ..model.records import leaf_ms
@@ -114,7 +115,7 @@ def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], 
         pts.append(Point(str(r["ctx"]), float(r["ctx"]), float(r["ctx"]), int(r.get("repeats", 1)), float(al),
                          float(ph[_STEP]), ph, noise))
     fits = {}
-    for p in LEAF_PHASES + (_STEP, _V):
+    for p in LEAF_PHASES + (_STEP, _V, _DEC):  # a whole forward too: it is a leaf where its split is missing
         xy = [(pt.ctx_sum / 1e3, pt.phases[p]) for pt in pts if p in pt.phases]
         ts = theil_sen(xy) if len(xy) >= 2 else None
         if ts is not None:
@@ -123,8 +124,21 @@ def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], 
 
 
 
+def solid(points: Sequence[Point]) -> tuple[Point, ...]:
+    """The points that are not thin, or every point when all of them are (better than nothing)."""
+    kept = tuple(p for p in points if not p.thin)
+    return kept or tuple(points)
+
+
+def solid_acceptance(ev: Evidence) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+    """Acceptance by position of the own-context buckets with at least ``MIN_POINT_STEPS`` steps, or
+    all of them when none has."""
+    kept = tuple((lbl, v) for lbl, v in ev.acceptance if v and v.get("n_steps", 0) >= MIN_POINT_STEPS)
+    return kept or ev.acceptance
+
+
 def ledger_points(ev: Evidence) -> list[dict[str, Any]]:
-    """The evidence's points in the shape of ``aggregate.ledger``."""
+    """The evidence's points (:func:`solid`) in the shape of ``aggregate.ledger``."""
     return [{"ctx": p.ctx, "label": p.label, "al": p.al, "phases": {**p.phases, _STEP: p.step_ms}}
-            for p in ev.points]
+            for p in solid(ev.points)]
 

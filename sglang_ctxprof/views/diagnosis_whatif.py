@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from ..model.names import Phase
 from ..model.records import leaf_phases
-from .diagnosis_evidence import HOST_GAP, Evidence
+from .diagnosis_evidence import HOST_GAP, Evidence, solid, solid_acceptance
 
 _STEP, _VA, _V = Phase.STEP.value, Phase.VERIFY_ATTN.value, Phase.VERIFY.value
 
@@ -31,7 +31,7 @@ def _predict_step(ev: Evidence, ctx: float) -> Optional[float]:
 
 def whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any],
             led: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
-    pts = sorted(ev.points, key=lambda p: p.ctx)
+    pts = sorted(solid(ev.points), key=lambda p: p.ctx)
     if not pts:
         return {"available": False, "reason": "no decode steps yet"}
     lo, hi = min(p.ctx_sum for p in pts), max(p.ctx_sum for p in pts)
@@ -45,7 +45,7 @@ def whatif(ev: Evidence, ctx: Optional[int], phys: Mapping[str, Any],
                      "note": ("within the measured range" if lo <= ctx <= hi else
                               f"extrapolation: the data covers {round(lo)}-{round(hi)} tokens per step")}
     if phys.get("available"):
-        b = ([p for p in pts if not p.thin] or pts)[-1]  # the longest context with data (as the decomposition's)
+        b = pts[-1]  # the longest context with data
         attn = b.phases.get(_VA)
         if attn:
             roof = phys["roofline_ms_per_1k"] * b.ctx_sum / 1e3
@@ -62,10 +62,11 @@ def budget_advice(ev: Evidence, led: Optional[Mapping[str, Any]] = None) -> list
     (assumed): a draft position costs the draft phase / k plus verify / (k + 1) of the step, and the
     host time between steps is paid by every budget alike."""
     rows = (led or {}).get("rows") or [] if (led or {}).get("available") else []
-    by_label = {p.label: p for p in ev.points}
+    pts = solid(ev.points)
+    by_label = {p.label: p for p in pts}
     out = []
-    for label, v in ev.acceptance:
-        pt = by_label.get(label) or (min(ev.points, key=lambda p: abs(p.ctx - _lo_of(label))) if ev.points else None)
+    for label, v in solid_acceptance(ev):
+        pt = by_label.get(label) or (min(pts, key=lambda p: abs(p.ctx - _lo_of(label))) if pts else None)
         if pt is None or not v or not v.get("p"):
             continue
         k = len(v["p"])

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from typing import Any, Callable, Optional
 
 from starlette.requests import Request
@@ -54,7 +53,7 @@ from ..control.client import NoAnswer
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
-from ..model.rids import lookup_rid
+from ..model.rids import lookup_rid, valid_rid
 from ..model.config import CtxProfConfig
 from ..model.stats import FitMemo
 from .http_body import BodyTexts, served_json
@@ -70,7 +69,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("json", "text", "prometheus", names.FORMAT_STATE)
 MAX_SLOWEST = names.MAX_SLOWEST
 DEFAULT_SLOWEST, PAGE_SLOWEST = 10, 20  # /requests with no ?slowest=, the live page's (app.js SLOWEST)
-_RID_RE = re.compile(names.RID_PATTERN)
 
 
 def _built(payloads: list[dict[str, Any]], fits: Optional[FitMemo] = None) -> tuple[list[Any], Profile, BodyTexts]:
@@ -293,7 +291,7 @@ async def get_request(rc: ReadContext, request: Request):
 
 
 async def _request(rc: ReadContext, rid: str):
-    if not _RID_RE.match(rid):
+    if not valid_rid(rid):
         return _error(400, names.RID_MALFORMED)
     payloads = await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(rid))
     rows = [r for p in payloads for r in p.get("requests", [])]

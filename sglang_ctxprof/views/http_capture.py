@@ -22,11 +22,10 @@ from typing import Any
 from starlette.requests import Request
 
 from ..model import names
-from ..model.rids import lookup_rid
+from ..model.rids import lookup_rid, valid_rid
 from .http_build import off_loop
 from .http_context import ReadContext, Route
 
-_RID_RE = re.compile(names.RID_PATTERN)
 _CAPTURE_ID_RE = re.compile(names.CAPTURE_ID_PATTERN)
 TIMELINE_MAX_BYTES = 64 * 2**20  # a trace file merged into a timeline here (its JSON is ~10x in memory)
 
@@ -64,7 +63,7 @@ async def post_capture(rc: ReadContext, request: Request):
         except ValueError:
             return _error(400, f"steps must be an integer, got {qp['steps']!r}")
     if "rid" in qp:
-        if not _RID_RE.match(qp["rid"]):
+        if not valid_rid(qp["rid"]):
             return _error(400, names.RID_MALFORMED)
         args["rid"] = lookup_rid(qp["rid"])  # as the ranks keep it (model.rids)
     payloads = await rc.ask(names.CMD_CAPTURE, **args)

@@ -13,19 +13,17 @@ The policy: ``GET`` shows it, ``POST`` (admin; a JSON object of ``mode``, ``slow
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from ..model import names
-from ..model.rids import lookup_rid
+from ..model.rids import lookup_rid, valid_rid
 from .http_context import ReadContext, Route
 from .http_guard import MAX_POLICY_BODY, command_failed, error as _error, json_body
 from .trace_json import TraceWriter
 
-_RID_RE = re.compile(names.RID_PATTERN)
 TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
 
 
@@ -47,7 +45,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
     if "rid" in qp:
         if "last" in qp:
             return _error(400, "give either last=N or rid=RID, not both")
-        if not _RID_RE.match(qp["rid"]):
+        if not valid_rid(qp["rid"]):
             return _error(400, names.RID_MALFORMED)
         rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(qp["rid"])) for r in p.get("requests", [])]
         if not rows:

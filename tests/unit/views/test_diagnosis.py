@@ -245,3 +245,16 @@ def test_when_the_speed_barely_changes_acceptance_and_step_time_are_not_shared_o
     assert "decode is about as fast as at 1002" in h
     assert "acceptance rises 4.00 -> 5.00 and the step time grows with it (" in h and "they about cancel" in h
     assert "shares of the change: none" in render_text(d)
+
+
+def test_a_thin_bucket_is_left_out_of_the_baseline_the_ledger_and_the_advice_too():
+    """The bucket the headline calls too few to compare is compared nowhere else either: its one slow
+    step is no regression against a baseline, and no speculation row of the ledger."""
+    now = evidence_from_profile(run(n=30, then=((9000, 250.0),)))
+    base = diagnose(now, evidence_from_profile(run(n=30)))["baseline"]
+    assert base["regressions"] == [] and all(c["ctx"] < 8192 for c in base["checks"])
+    spec = evidence_from_profile(run(accept=lambda c: 3, n=30, ctxs=(1500, 3000, 6000), then=((20000, 250.0),)))
+    plain = evidence_from_profile(run(accept=lambda c: 1, n=30, ctxs=(1500, 3000, 6000, 20000)))
+    d = diagnose(spec, plain=plain)
+    assert "16384-32767" not in [r["label"] for r in d["ledger"]["rows"]] and "16384-32767: 1 step" in d["headline"]
+    assert all(not a["bucket"].startswith("16384") for a in d["whatif"]["draft_budget"])

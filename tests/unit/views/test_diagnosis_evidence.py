@@ -39,3 +39,16 @@ def test_a_bucket_without_acceptance_is_no_point_and_the_diagnosis_stands():
     assert body["buckets"][0]["label"] not in [p.label for p in ev.points] and len(ev.points) == 2
     assert all(p.al > 0 for p in ev.points)
     diagnose(ev)
+
+
+def test_a_plain_sweeps_whole_decode_is_fitted_and_predicted():
+    """A plain-decode sweep with no attention/MoE split: the what-if predicts its whole forward."""
+    from sglang_ctxprof.views.diagnosis import diagnose, evidence_from_sweep
+
+    rows = [{"ctx": c, "repeats": 1,
+             "phases_ms": {"decode": {"median": 14.0 + c / 1e3, "spread": 0.0},
+                           "overhead": {"median": 0.5, "spread": 0.0}, "step": {"median": 14.5 + c / 1e3, "spread": 0.0}}}
+            for c in (1000, 2000, 4000)]
+    ev = evidence_from_sweep(rows, {})
+    assert "decode" in ev.fits
+    assert diagnose(ev, ctx=3000)["whatif"]["at"]["step_ms"] == pytest.approx(17.5)

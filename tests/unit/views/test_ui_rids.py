@@ -85,7 +85,9 @@ def test_the_rid_query_and_the_path_agree_and_bad_input_is_a_400(monkeypatch):
     r = c.get(names.ROUTE_REQUESTS + "/%2E%2E")  # a client that sends %2E as it is (not a browser)
     assert r.status_code == 404 and "request '..' not found" in r.json()["error"], r.text
     for q, why in (("rid=a%01b", "malformed rid"), ("rid=ab&slowest=3", "not both"), ("rid=", "malformed rid"),
-                   ("rid=zz", "not found"), ("rid=a%20b", "not found"), ("rid=" + "x" * 257, "malformed rid")):
+                   ("rid=zz", "not found"), ("rid=a%20b", "not found"), ("rid=" + "x" * 257, "malformed rid"),
+                   ("rid=a%C2%85b", "malformed rid"), ("rid=a%C2%9B2J", "malformed rid"),  # C1 controls: NEL, CSI
+                   ("rid=a%E2%80%AEb", "malformed rid"), ("rid=a%E2%80%A8b", "malformed rid")):  # bidi, line sep
         r = c.get(f"{names.ROUTE_REQUESTS}?{q}")
         assert r.status_code in (400, 404) and why in r.json()["error"], (q, r.text)
 
