@@ -25,8 +25,9 @@ ADMIN_OPTIONAL like SGLang's own admin endpoints: ``--admin-api-key`` protects t
 
 The four read routes above that build (profile, diagnosis, slowest requests, trace) run through
 ``views.http_gate``: their builds take at most a set share of this process, and concurrent readers
-share one.  Eight reads are standing there (never refused, turn about with the others): every format of
-``/ctx_profile``, ``/diagnosis`` with no ``ctx``, ``/requests`` without steps at N = 10 or 20.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
+share one.  Eight reads are standing there (never refused, turn about with the others): every
+format of ``/ctx_profile``, ``/diagnosis`` with no ``ctx``, ``/requests`` without steps at N = 10 or
+20.  Bad input gets a 4xx with ``{"error": ...}``.  Every handler runs under the ``http`` fault guard
 (``views.http_guard``): replies are serialized inside it; a failure of ours gets a 500 JSON error
 with ``degraded`` and one warning with the traceback, and only repeated failures disable the routes
 (503 from then on); a cross-origin write is refused (403).  SGLang's own routes are untouched.
