@@ -89,8 +89,8 @@ def accepted_drafts_sum(accepted: Sequence[int], non_draft_tokens: int, total: O
 
 # LEAF_PHASES with each target forward (FORWARD_SPLIT) just before its parts: the order leaves are listed in.
 _WHOLE_BEFORE = {parts[0]: whole for whole, parts in FORWARD_SPLIT.items()}
-_LEAF_ORDER = tuple(q for p in LEAF_PHASES for q in ((_WHOLE_BEFORE[p], p) if p in _WHOLE_BEFORE else (p,)))
-assert len(_LEAF_ORDER) == len(LEAF_PHASES) + len(FORWARD_SPLIT)  # every forward's parts are leaves
+LEAF_ORDER = tuple(q for p in LEAF_PHASES for q in ((_WHOLE_BEFORE[p], p) if p in _WHOLE_BEFORE else (p,)))
+assert len(LEAF_ORDER) == len(LEAF_PHASES) + len(FORWARD_SPLIT)  # every forward's parts are leaves
 
 
 def leaf_phases(names: Iterable[str]) -> tuple[str, ...]:
@@ -99,7 +99,7 @@ def leaf_phases(names: Iterable[str]) -> tuple[str, ...]:
     speculative step's verify, a plain step's decode) whole where none of its attention / MoE / rest
     parts is present (it ran in a CUDA graph whose split was not read), else by its parts."""
     have = set(names)
-    return tuple(p for p in _LEAF_ORDER
+    return tuple(p for p in LEAF_ORDER
                  if p in have and not (p in FORWARD_SPLIT and any(c in have for c in FORWARD_SPLIT[p])))
 
 

@@ -7,7 +7,8 @@ Under the header, what the profiler says it costs (the ``cost`` its ranks report
 
 from __future__ import annotations
 
-from ..model.names import LEAF_PHASES, Phase
+from ..model.names import Phase
+from ..model.records import LEAF_ORDER, leaf_phases
 from .profile import Profile
 
 _SHORT = {
@@ -51,7 +52,8 @@ def cost_line(ranks) -> str:
 
 def render(profile: Profile) -> str:
     buckets = profile.buckets
-    present = [p for p in LEAF_PHASES if any(p in b.phases for b in buckets)]
+    leaves = [set(leaf_phases(b.phases)) for b in buckets]  # a forward whole where its split was not read
+    present = [p for p in LEAF_ORDER if any(p in lv for lv in leaves)]
     lines = [
         f"sglang-ctxprof  schema v{profile.schema_version}  timing={profile.timing}  "
         f"algorithms={','.join(profile.algorithms) or '-'}  "
@@ -69,11 +71,11 @@ def render(profile: Profile) -> str:
     headers = ["ctx", "steps", "bs", "acc/step", "tok/s", "step ms"] + [f"{_SHORT[p]} ms" for p in present]
     headers += ["attn %HBM"] if roof else []
     rows = []
-    for b in buckets:
+    for b, lv in zip(buckets, leaves):
         rows.append([
             b.label, str(b.steps), f"{b.mean_batch_size:.1f}", f"{b.accepted_per_step:.2f}",
             f"{b.decode_tok_s:.1f}", f"{b.mean_ms(Phase.STEP.value) or 0.0:.2f}",
-            *[f"{b.phases[p].mean_ms:.2f}" if p in b.phases else "-" for p in present],
+            *[f"{b.phases[p].mean_ms:.2f}" if p in lv else "-" for p in present],
         ] + ([f"{b.roofline['pct']:.1f}" if b.roofline.get("available") else "-"] if roof else []))
     lines.append("")
     lines.append("decode steps by context bucket (mean ms per step)")

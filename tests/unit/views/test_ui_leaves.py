@@ -41,6 +41,14 @@ def test_the_page_stacks_the_phases_the_server_adds_up():
     assert [sum(s[p] for p in leaf_phases(s)) for s in STEPS] == [s["step"] for s in STEPS]
 
 
+def test_the_pages_phase_order_is_the_servers():
+    from sglang_ctxprof.model.records import LEAF_ORDER
+
+    js = ui.read("app.js").decode()
+    order = re.search(r"const LEAF_ORDER = \[([^\]]*)\]", js).group(1)
+    assert tuple(re.findall(r'"([a-z_]+)"', order)) == LEAF_ORDER
+
+
 def test_the_page_reads_acceptance_by_the_requests_own_context():
     js = ui.read("app.js").decode()
     body = js[js.index("function positionChart(p)"):]
