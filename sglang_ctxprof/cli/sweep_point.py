@@ -25,7 +25,7 @@ import time
 from typing import Any, Mapping
 
 from ..model.names import CACHED_TOKENS, FORWARD_SPLIT, LEAF_PHASES, Phase
-from ..model.records import step_end_ns
+from ..model.records import leaf_phases, step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
@@ -75,7 +75,7 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
                      "accepted_per_step": b.accepted_per_step,
                      "step_ms": b.mean_ms(Phase.STEP.value),
-                     "phases_ms": {p: b.phases[p].mean_ms for p in LEAF_PHASES if p in b.phases}}
+                     "phases_ms": {p: b.phases[p].mean_ms for p in leaf_phases(b.phases)}}
                     for b in buckets],
     }
 
