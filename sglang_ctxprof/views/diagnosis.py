@@ -46,15 +46,13 @@ NOT_LEAVES = (_STEP, "accept_per_step", "decode_tok_s")  # the compared quantiti
 
 # ---- parts of the verdict -------------------------------------------------------------------------
 def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
-    """Between the lowest and the highest context of the points that are not thin (all of them when
-    fewer than two are not); ``left_out`` names the thin ones beyond those ends."""
-    every = sorted(ev.points, key=lambda p: p.ctx)
-    solid = [p for p in every if not p.thin]
-    pts = solid if len(solid) >= 2 else every
+    """Between the lowest and the highest context of the :func:`solid` points (None with fewer than
+    two); ``left_out`` names the thin points it left out (none when every point is thin)."""
+    pts = sorted(solid(ev.points), key=lambda p: p.ctx)
     if len(pts) < 2:
         return None
     a, b = pts[0], pts[-1]
-    left = [p.label for p in every if p.ctx < a.ctx or p.ctx > b.ctx]
+    left = [p.label for p in ev.points if p not in pts]
     acc_term = math.log(b.al / a.al)
     time_term = -math.log(b.step_ms / a.step_ms)
     total = acc_term + time_term
@@ -70,8 +68,7 @@ def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
             # shares of a change too small to share out (tok/s within SHARE_MIN_PCT) would read thousands of %
             "acceptance_share": acc_term / total if abs(total) >= _SHARE_MIN else None,
             "step_time_share": time_term / total if abs(total) >= _SHARE_MIN else None,
-            "step_delta_ms": dt, "phases": per_phase, "left_out": left,
-            "left_out_steps": {p.label: p.steps for p in every if p.label in left}}
+            "step_delta_ms": dt, "phases": per_phase, "left_out": left, "thin": a.thin}
 
 
 def _phases(ev: Evidence) -> dict[str, Any]:
@@ -180,10 +177,21 @@ def diagnose(ev: Evidence, baseline: Optional[Evidence] = None, ctx: Optional[in
     return out
 
 
+def _thin(ev: Evidence) -> list[str]:
+    """The thin points the verdict left out (none when every point is thin), said in one part."""
+    left = [p for p in ev.points if p.thin and p not in solid(ev.points)]
+    if not left:
+        return []
+    return [", ".join(f"{p.label}: {p.steps} step{'s' if p.steps != 1 else ''}" for p in left)
+            + f", too few to compare (under {MIN_POINT_STEPS})"]
+
+
 def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, flags: list) -> str:
     if dec is None:
-        return (f"one context bucket with data ({ev.points[0].label}): nothing to compare across context yet"
-                if ev.points else "no decode steps recorded yet")
+        if not ev.points:
+            return "no decode steps recorded yet"
+        return "; ".join([f"one context bucket with enough steps ({solid(ev.points)[0].label}): nothing to "
+                          "compare across context yet"] + _thin(ev))
     lo, hi = dec["lo"], dec["hi"]
     parts = []
     drop = dec["drop_pct"]
@@ -217,9 +225,9 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
                  f"no downgrade ({', '.join(modes)})" if modes else "execution mode unknown")
     if phys.get("available"):
         parts.append(phys["verdict"])
-    if dec["left_out"]:
-        parts.append(", ".join(f"{lbl}: {n} step{'s' if n != 1 else ''}" for lbl, n in dec["left_out_steps"].items())
-                     + f", too few to compare (under {MIN_POINT_STEPS})")
+    parts += _thin(ev)
+    if dec["thin"]:
+        parts.append(f"every bucket has fewer than {MIN_POINT_STEPS} steps so far: early figures")
     if ev.outliers:
         n = sum(len(r["outliers"]) for _, r in ev.outliers)
         warm = all(o["warmup"] for _, r in ev.outliers for o in r["outliers"])

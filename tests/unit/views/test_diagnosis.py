@@ -157,7 +157,7 @@ def test_a_bucket_of_fewer_than_five_steps_is_no_end_of_the_comparison():
     which thin bucket it left out."""
     d = diagnose(evidence_from_profile(run(n=30, then=((9000, 250.0),))))
     dec = d["decomposition"]
-    assert dec["hi"]["label"] == "4096-8191" and dec["left_out"] == ["8192-16383"]
+    assert dec["hi"]["label"] == "4096-8191" and dec["left_out"] == ["128-255", "8192-16383"]  # 2 and 1 steps
     assert d["headline"].startswith("at 6014 context decode is")
     assert "verify_attn grows" in d["headline"] and "overhead" not in d["headline"].split(";")[2]
     assert "8192-16383: 1 step, too few to compare" in d["headline"]
@@ -258,3 +258,14 @@ def test_a_thin_bucket_is_left_out_of_the_baseline_the_ledger_and_the_advice_too
     d = diagnose(spec, plain=plain)
     assert "16384-32767" not in [r["label"] for r in d["ledger"]["rows"]] and "16384-32767: 1 step" in d["headline"]
     assert all(not a["bucket"].startswith("16384") for a in d["whatif"]["draft_budget"])
+
+
+def test_one_bucket_with_enough_steps_and_a_thin_one_is_nothing_to_compare_yet():
+    """With one bucket of enough steps, a thin one beside it is no second end: the headline says so
+    and names the thin one, as every other part of the verdict leaves it out."""
+    d = diagnose(evidence_from_profile(run(n=20, ctxs=(600,), then=((20000, 250.0),))))
+    assert d["decomposition"] is None
+    assert d["headline"].startswith("one context bucket with enough steps (512-1023): nothing to compare")
+    assert "16384-32767: 1 step, too few to compare" in d["headline"]
+    early = diagnose(evidence_from_profile(run(n=2)))
+    assert "every bucket has fewer than 5 steps so far" in early["headline"]
