@@ -29,7 +29,6 @@ from ..model.records import leaf_phases, step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
-_SPLIT_OF = {q: parts for parts in FORWARD_SPLIT.values() for q in parts}  # a forward's part -> all its parts
 BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.DECODE.value, Phase.STEP.value)
 NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
 
@@ -39,8 +38,8 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     (from the buckets' exact counts).  A phase's ms per step is each bucket's mean over the steps that
     timed it (as the live profile's: under CUDA graphs the verify split is read on sampled steps
     only), weighted by the bucket's steps; a bucket without the phase adds 0, except to the parts of
-    a forward (``FORWARD_SPLIT``) whose split it never read: those are the split of the buckets that
-    read one, so the leaves still add up to the step."""
+    a forward (``FORWARD_SPLIT``) whose split it never read: its forward is shared out as the buckets
+    that read one split theirs, so the leaves still add up to the step."""
     if not body or not body.get("buckets"):
         return None
     prof = Profile.from_dict(body)
@@ -52,9 +51,14 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     ms = {}
     for p in BREAKDOWN_PHASES:
         if any(p in b.phases for b in buckets):
-            parts = _SPLIT_OF.get(p, ())  # p a forward's part: the buckets that read that forward's split
-            basis = [b for b in buckets if any(q in b.phases for q in parts)] if parts else buckets
-            ms[p] = sum(b.steps * b.phases[p].mean_ms for b in basis if p in b.phases) / sum(b.steps for b in basis)
+            ms[p] = _pooled(buckets, p)
+    for whole, parts in FORWARD_SPLIT.items():  # the split of the buckets that read it, to the whole forward
+        basis = [b for b in buckets if any(q in b.phases for q in parts)]
+        share = _pooled(basis, whole) if basis else 0.0
+        if share > 0 and ms.get(whole):
+            for q in parts:
+                if q in ms:
+                    ms[q] = _pooled(basis, q) * ms[whole] / share
     acc = sum(b.accepted for b in buckets) / req_steps
     com = sum(b.committed for b in buckets) / req_steps
     step_s = ms.get(Phase.STEP.value, 0.0) / 1e3
@@ -78,6 +82,11 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
                      "phases_ms": {p: b.phases[p].mean_ms for p in leaf_phases(b.phases)}}
                     for b in buckets],
     }
+
+
+def _pooled(buckets: list, phase: str) -> float:
+    """``phase``'s ms per step over ``buckets``: each one's mean over its timed steps, by its steps."""
+    return sum(b.steps * b.phases[phase].mean_ms for b in buckets if phase in b.phases) / sum(b.steps for b in buckets)
 
 
 def _req_info(meta: Mapping[str, Any], wall_s: float, max_new: int) -> dict[str, Any]:

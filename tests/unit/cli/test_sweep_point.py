@@ -66,12 +66,14 @@ def test_a_generation_that_stopped_early_is_an_error(stub, msg):
         sustained(stub, 16, 12, 3, _plan(), has_profile=True)
 
 
-@pytest.mark.parametrize("unsplit", [0, 8], ids=["one-bucket", "crossing-into-an-unsplit-bucket"])
-def test_a_breakdown_averages_each_phase_over_the_steps_that_timed_it(unsplit):
+@pytest.mark.parametrize("unsplit,slower", [(0, 0.0), (8, 0.0), (64, 8.0)],
+                         ids=["one-bucket", "crossing-into-an-unsplit-bucket", "an-unsplit-bucket-slower"])
+def test_a_breakdown_averages_each_phase_over_the_steps_that_timed_it(unsplit, slower):
     """Under CUDA graphs the verify split is read on sampled steps only: its parts are means over
     those steps (as the live profile's), so the leaves add up to the step, not to a 16th of it.  A
     point whose decode then crosses into a bucket where no split was read (``unsplit`` steps there)
-    leaves the parts to the buckets that read it: the leaves still add up."""
+    shares the parts out as the buckets that read it split theirs (``slower``: its verify takes that
+    much longer): the leaves still add up."""
     from sglang_ctxprof.aggregate.aggregator import Aggregator
     from sglang_ctxprof.cli.sweep_point import breakdown
     from sglang_ctxprof.model.records import RankId, StepRecord, leaf_ms
@@ -79,14 +81,16 @@ def test_a_breakdown_averages_each_phase_over_the_steps_that_timed_it(unsplit):
 
     agg, t = Aggregator(), 1_700_000_000 * 10**9
     for k in range(64 + unsplit):
-        ph = {"draft": 3.0, "verify": 8.0, "draft_extend": 1.0, "overhead": 0.5}
+        ph = {"draft": 3.0, "verify": 8.0 + (slower if k >= 64 else 0.0), "draft_extend": 1.0, "overhead": 0.5}
         if k < 64 and k % 16 == 0:
             ph.update({"verify_attn": 5.0, "verify_moe": 2.0, "verify_rest": 1.0})
         ctx = 4000 + k if k < 64 else 4100 + k
+        step = 12.5 + (slower if k >= 64 else 0.0)
         agg.observe(StepRecord(k + 1, "decode", "EAGLE", RankId(), ("r",), (ctx,), (3,), (3,), (False,), 4,
-                               12.5, ph, t_start_ns=t, timing="cuda_graph_events", t_end_ns=t + 12_500_000,
+                               step, ph, t_start_ns=t, timing="cuda_graph_events", t_end_ns=t + int(step * 1e6),
                                exec_mode="graph", attn_backend="fa3", draft_depth=3))
-        t += 12_600_000
+        t += 12_600_000 + int(slower * 1e6)
     ms = breakdown(build_profile(agg.snapshot()).to_dict())["phases_ms"]
-    assert (ms["verify_attn"], ms["verify_moe"], ms["verify_rest"]) == pytest.approx((5.0, 2.0, 1.0))
+    scale = ms["verify"] / 8.0  # the pooled forward over the split one's
+    assert (ms["verify_attn"], ms["verify_moe"], ms["verify_rest"]) == pytest.approx((5.0 * scale, 2.0 * scale, scale))
     assert sum(leaf_ms(ms).values()) == pytest.approx(ms["step"])
