@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..model.records import LEAF_ORDER, leaf_phases
 from .sweep_results import SHORT
 
-COLORS = {"draft": "#4C72B0", "verify_attn": "#DD8452", "verify_moe": "#55A868", "verify_rest": "#C44E52",
-          "draft_extend": "#8172B3", "overhead": "#937860", "unattributed": "#BBBBBB"}
+COLORS = {"draft": "#4C72B0", "verify": "#D4A373", "verify_attn": "#DD8452", "verify_moe": "#55A868",
+          "verify_rest": "#C44E52", "draft_extend": "#8172B3", "overhead": "#937860", "unattributed": "#BBBBBB",
+          "decode": "#64B5CD", "decode_attn": "#E5AE38", "decode_moe": "#6D904F", "decode_rest": "#8B8B8B"}
 
 
 def model_title(model_path: str | None) -> str:
@@ -62,8 +64,9 @@ def _tok_s(ax, rows: list[dict]) -> None:
 def _phases(ax, rows: list[dict], present: list[str]) -> None:
     labels = [str(r["ctx"]) for r in rows]
     bottom = [0.0] * len(rows)
+    leaves = [set(leaf_phases(r["phases_ms"])) for r in rows]  # a forward whole where its split is missing
     for p in present:
-        vals = [r["phases_ms"][p]["median"] if p in r["phases_ms"] else 0.0 for r in rows]
+        vals = [r["phases_ms"][p]["median"] if p in lv else 0.0 for r, lv in zip(rows, leaves)]
         ax.bar(labels, vals, bottom=bottom, color=COLORS[p], label=SHORT[p])
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xlabel("context length (tokens)")
@@ -97,7 +100,7 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
     plt = _plt()
     out = Path(out_dir)
     suffix = f" - {title}" if title else ""
-    present = [p for p in COLORS if any(p in r["phases_ms"] for r in rows)]
+    present = [p for p in LEAF_ORDER if any(p in leaf_phases(r["phases_ms"]) for r in rows)]
     paths = []
 
     def save(fig, name):

@@ -19,13 +19,14 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..model.names import CACHED_TOKENS, LEAF_PHASES
+from ..model.names import CACHED_TOKENS
+from ..model.records import LEAF_ORDER, leaf_phases
 from .main import CliError, read_json_object, write_atomic
 
-SHORT = {"draft": "draft", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
-         "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step",
+SHORT = {"draft": "draft", "verify": "verify", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
+         "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step", "decode": "dec",
          "decode_attn": "dec.attn", "decode_moe": "dec.moe", "decode_rest": "dec.rest"}
-TABLE_PHASES = LEAF_PHASES + ("step",)
+TABLE_PHASES = LEAF_ORDER + ("step",)  # a row shows its leaves (records.leaf_phases) and the step
 
 
 def point_name(ctx: int, repeat: int) -> str:
@@ -170,7 +171,7 @@ def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[s
         pts = by_ctx.get(ctx, [])
         bds = [p["breakdown"] for p in pts if p.get("breakdown")]
         phases = {}
-        for ph in TABLE_PHASES + ("verify", "decode"):
+        for ph in TABLE_PHASES:
             st = _stat(b["phases_ms"].get(ph) for b in bds)
             if st:
                 phases[ph] = st
@@ -249,7 +250,8 @@ def _table(rows: list[dict], full: bool):
     flagged on the context."""
     from rich.table import Table
 
-    present = [p for p in TABLE_PHASES if any(p in r["phases_ms"] for r in rows)]
+    leaves = [set(leaf_phases(r["phases_ms"])) | {"step"} for r in rows]  # a forward whole where its split is missing
+    present = [p for p in TABLE_PHASES if any(p in lv and p in r["phases_ms"] for r, lv in zip(rows, leaves))]
     has_sus = any(r["sustained"] for r in rows)
     has_srv = full and any(r["server_tok_s"] for r in rows)
     if full:
@@ -262,13 +264,13 @@ def _table(rows: list[dict], full: bool):
         heads = ["ctx", "tok/s", "±", "acc/step"] + [SHORT[p] for p in present] + ["sust tok/s"] * has_sus
     for h in heads:
         t.add_column(h, justify="right")
-    for r in rows:
+    for r, lv in zip(rows, leaves):
         d = r["decode_tok_s"]
         pt = "/".join(str(x) for x in r["prompt_tokens"]) or "-"
         bad = " (!)" if r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]] else ""
         tok = [_f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}")]
         acc = _f(_med(r["accept_per_step"]))
-        phases = [_f(_med(r["phases_ms"].get(p))) for p in present]
+        phases = [_f(_med(r["phases_ms"].get(p)) if p in lv else None) for p in present]
         s = r["sustained"] or {}
         if full:
             cells = [str(r["ctx"]), pt + bad, *tok, _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), acc]

@@ -285,3 +285,18 @@ def test_a_gpu_sweep_is_diagnosed_with_its_servers_timing_and_hardware(tmp_path)
     res.write_json(tmp_path / res.point_name(1000, 0), bad)
     with pytest.raises(Exception, match="hw"):
         res.load_run(tmp_path)
+
+
+def test_the_tables_show_a_verify_that_ran_whole(tmp_path):
+    """A CUDA-graph sweep whose split was never read: the table and the CSV show the whole verify, so
+    the phases shown add up to the step (as the live page and the text view)."""
+    pts = [{"ctx": c, "repeat": 0, "decode_tok_s": 100.0,
+            "breakdown": {"accepted_per_step": 3.0, "phases_ms": {"draft": 3.0, "verify": 8.0, "draft_extend": 1.0,
+                                                                  "overhead": 0.5, "step": 12.5}}}
+           for c in (1024, 4096)]
+    rows = res.summarize(pts)
+    res.write_summary(tmp_path, {}, rows)
+    table = (tmp_path / "table.txt").read_text()
+    assert "verify" in table and "8.00" in table
+    data = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert float(data[0]["ms_verify"]) == 8.0
