@@ -11,7 +11,7 @@ build thread's CPU, the next one starts no earlier than ``c * (1 - share) / shar
 it ended.  A read arriving during that cool-down waits for it asynchronously (the event loop keeps
 serving), then asks and builds anew, so a reply is never older than its request.  Readers of the
 same route and query that arrive while one such read is waiting to start share it (one build, the
-same reply).  Reads run one at a time, as the one build thread would run them anyway.
+same reply); if the reader whose run they share hangs up, they ask anew, never cancelled with it.  Reads run one at a time, as the one build thread would run them anyway.
 
 At most ``limit`` distinct reads (:data:`MAX_WAITING` by default) wait to start at a time: a reader
 whose route and query differ from every waiting one while that many wait is refused at once
@@ -61,6 +61,10 @@ class GateFull(Exception):
         self.waiting, self.retry_after_s = waiting, retry_after_s
 
 
+class _Gone(Exception):
+    """A run whose own reader was cancelled (it hung up): its sharers ask anew."""
+
+
 class ReadGate:
     def __init__(self, share: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -97,9 +101,13 @@ class ReadGate:
             self._loop, self._busy, self._standing_turn, self._waiting = loop, False, False, {}
             self._lines = (deque(), deque())
         pending = self._waiting.get(key)
-        if pending is not None:
+        while pending is not None:
             self.shared += 1
-            return await asyncio.shield(pending[0])
+            try:
+                return await asyncio.shield(pending[0])
+            except _Gone:  # the run's own reader hung up: this one did not, so it asks anew
+                self.shared -= 1
+                pending = self._waiting.get(key)
         if not standing and self.others_waiting() >= self.limit:
             self.refused += 1
             raise GateFull(len(self._waiting), self.retry_after_s())
@@ -110,11 +118,8 @@ class ReadGate:
         except BaseException as exc:  # noqa: BLE001 - handed to the sharers, then raised here
             if self._waiting.get(key, (None,))[0] is fut:
                 del self._waiting[key]
-            if isinstance(exc, asyncio.CancelledError):
-                fut.cancel()
-            else:
-                fut.set_exception(exc)
-                fut.exception()  # retrieved: no "never retrieved" warning when nobody shared
+            fut.set_exception(_Gone() if isinstance(exc, asyncio.CancelledError) else exc)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody shared
             raise
         fut.set_result(result)
         return result

@@ -274,3 +274,25 @@ def test_a_read_cancelled_just_after_it_was_handed_the_turn_hands_it_on():
         return gate._busy
 
     assert asyncio.run(go()) is True
+
+
+def test_a_sharer_whose_reads_owner_hangs_up_gets_its_own_answer():
+    """Two readers of one key wait; the first (whose run the second shares) hangs up before it starts.
+    The second is no hang-up: it is answered by a run of its own, not cancelled."""
+    r = Rig(1.0)
+    hold = asyncio.Event()
+
+    async def go():
+        first = asyncio.create_task(r.gate.run("p", r.work("a", cost=0.0, hold=hold)))
+        await asyncio.sleep(0)
+        owner = asyncio.create_task(r.gate.run("q", r.work("owner", cost=0.0)))
+        await asyncio.sleep(0)
+        sharer = asyncio.create_task(r.gate.run("q", r.work("sharer", cost=0.0)))
+        await asyncio.sleep(0)
+        owner.cancel()
+        await asyncio.sleep(0)
+        hold.set()
+        await first
+        return await asyncio.wait_for(sharer, 5), owner.cancelled()
+
+    assert asyncio.run(go()) == ("sharer@2", True) and "owner" not in r.runs
