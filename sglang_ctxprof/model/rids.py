@@ -19,6 +19,7 @@ request's rid is digested once, and the cache holds no reference to the long str
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 
 from .names import RID_MAX
 
@@ -29,10 +30,15 @@ _HEX = frozenset("0123456789abcdef")
 _cache: dict[tuple[int, int], str] = {}
 
 
+_ACTING = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})  # control, format (bidi, zero-width), line/paragraph separator, surrogate
+
+
 def valid_rid(rid: str) -> bool:
-    """Whether the routes accept ``rid`` (``names.RID_MAX`` printable characters at most: no control,
-    format or line-separator character, which a log line or a terminal would act on)."""
-    return 0 < len(rid) <= RID_MAX and rid.isprintable()
+    """Whether the routes accept ``rid``: 1 to ``names.RID_MAX`` characters, none of which a log line or
+    a terminal would act on (``_ACTING``).  Any other is taken, spaces of every kind, private use and
+    code points newer than this Python's Unicode table included (so a client and a server on two
+    Python versions agree)."""
+    return 0 < len(rid) <= RID_MAX and not any(unicodedata.category(c) in _ACTING for c in rid)
 
 
 def short_rid(rid: object) -> str:

@@ -49,3 +49,12 @@ def test_a_shown_id_is_looked_up_as_it_is_and_never_shares_an_entry_with_the_rid
     for other in ("p" * rids.RID_KEEP + ".." + "G" * 16, "p" * rids.RID_KEEP + "._" + "0" * 16,
                   "p" * rids.RID_KEEP + ".." + "ABCDEF0123456789", "p" * (rids.RID_KEEP + 18)):
         assert rids.lookup_rid(other) == rids.short_rid(other) != other
+
+
+def test_a_rid_is_valid_unless_a_character_would_act_on_a_log_or_a_terminal():
+    from sglang_ctxprof.model.rids import valid_rid
+
+    for ok in ("r0", "user@1", "a/b", "é ü", "a\u00a0b", "a\u3000b", "\ue000", "\U0001fae8", "x" * 256):
+        assert valid_rid(ok), repr(ok)  # spaces of any kind, private use, code points newer than this Python
+    for bad in ("", "x" * 257, "a\tb", "a\x1b[2J", "a\x85b", "a\x9b2J", "a\u202eb", "a\u2028b", "a\u200bb", "\ud800"):
+        assert not valid_rid(bad), repr(bad)
