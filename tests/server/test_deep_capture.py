@@ -196,7 +196,7 @@ def test_capture_without_the_admin_key_is_refused(server, key):
 
 
 def test_bad_capture_requests_are_400(server):
-    for q in ("?steps=0", "?steps=33", "?steps=x", "?rid=bad%20rid", "?color=red"):
+    for q in ("?steps=0", "?steps=33", "?steps=x", "?rid=bad%01rid", "?color=red"):
         status, body = http("POST", server.url + R + q, headers=ADMIN_H)
         assert status == 400 and "error" in body, (q, body)
 

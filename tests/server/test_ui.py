@@ -249,7 +249,7 @@ def test_trace_json_recent_steps(server, traffic):
     prof = _profile(server.url)
     assert sum(s["cat"] == "decode" for s in ss) == prof["totals"]["decode_steps"]  # all kept (< the bound)
     assert sum(s["cat"] == "prefill" for s in ss) == prof["totals"]["prefill_batches"]
-    for bad in ("last=0", f"last={names.MAX_TRACE_STEPS + 1}", "last=x", "rid=a&last=3", "rid=%20bad", "n=3"):
+    for bad in ("last=0", f"last={names.MAX_TRACE_STEPS + 1}", "last=x", "rid=a&last=3", "rid=%01bad", "n=3"):
         st, body = http("GET", server.url + f"{R}/trace.json?{bad}")
         assert st == 400 and "error" in body, (bad, body)
     assert http("GET", server.url + f"{R}/trace.json?rid=no-such-request")[0] == 404
