@@ -70,9 +70,14 @@ def _json(ns, status: int, raw: bytes, what: str) -> dict[str, Any]:
                        f"{names.CLI_FLAG} (HTTP 404)")
     if status != 200:
         raise CliError(f"{what}: HTTP {status}: {_why(body)}")
-    if not isinstance(body, dict) or set(body) == {"error"}:
+    if not _answered(body):
         raise CliError(f"{what}: {ns.url} did not answer a JSON object: is it SGLang with {names.CLI_FLAG}?")
     return body
+
+
+def _answered(body: Any) -> bool:
+    """Whether ``body`` is a JSON object the server sent (``_body`` makes an unreadable one an error)."""
+    return isinstance(body, dict) and set(body) != {"error"}
 
 
 def _why(body: Any) -> str:
@@ -132,7 +137,7 @@ def run(ns) -> int:
     print(f"trace: {trace}", flush=True)
     status, raw = _call(ns, "GET", f"{names.ROUTE_CAPTURE}/{cid}?format=timeline", ns.api_key)
     tl = _body(raw)
-    if status != 200 or not isinstance(tl, dict) or set(tl) == {"error"}:
+    if status != 200 or not _answered(tl):
         print(f"merged timeline: not written (HTTP {status}: {_why(tl)})")
         return 0
     tl_path = os.path.join(ns.out, f"{cid}.timeline.json")

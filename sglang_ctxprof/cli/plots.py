@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..model.records import LEAF_ORDER, leaf_phases
+from ..model.records import leaf_columns
 from .sweep_results import SHORT
 
 COLORS = {"draft": "#4C72B0", "verify": "#D4A373", "verify_attn": "#DD8452", "verify_moe": "#55A868",
@@ -61,10 +61,10 @@ def _tok_s(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
 
 
-def _phases(ax, rows: list[dict], present: list[str]) -> None:
+def _phases(ax, rows: list[dict]) -> None:
     labels = [str(r["ctx"]) for r in rows]
     bottom = [0.0] * len(rows)
-    leaves = [set(leaf_phases(r["phases_ms"])) for r in rows]  # a forward whole where its split is missing
+    leaves, present = leaf_columns(r["phases_ms"] for r in rows)  # a forward whole where its split is missing
     for p in present:
         vals = [r["phases_ms"][p]["median"] if p in lv else 0.0 for r, lv in zip(rows, leaves)]
         ax.bar(labels, vals, bottom=bottom, color=COLORS[p], label=SHORT[p])
@@ -100,7 +100,7 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
     plt = _plt()
     out = Path(out_dir)
     suffix = f" - {title}" if title else ""
-    present = [p for p in LEAF_ORDER if any(p in leaf_phases(r["phases_ms"]) for r in rows)]
+    present = leaf_columns(r["phases_ms"] for r in rows)[1]
     paths = []
 
     def save(fig, name):
@@ -115,7 +115,7 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
     save(fig, "decode_tok_s.png")
     if present:
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        _phases(ax, rows, present)
+        _phases(ax, rows)
         ax.set_title("where a decode step's time goes" + suffix)
         save(fig, "phase_ms.png")
     if any(r["accept_per_step"] for r in rows):
@@ -127,7 +127,7 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
         _tok_s(a1, rows)
         a1.set_title("decode tok/s vs context")
-        _phases(a2, rows, present)
+        _phases(a2, rows)
         a2.set_title("ms per decode step, by phase (server)")
         if title:
             fig.suptitle(title, fontsize=10)

@@ -24,12 +24,12 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..model.names import CACHED_TOKENS, FORWARD_SPLIT, LEAF_PHASES, Phase
-from ..model.records import leaf_phases, step_end_ns
+from ..model.names import CACHED_TOKENS, FORWARD_SPLIT, Phase
+from ..model.records import LEAF_ORDER, leaf_phases, step_end_ns
 from ..views.profile import Profile
 
 SCHEMA = "ctxprof-sweep/1"
-BREAKDOWN_PHASES: tuple[str, ...] = LEAF_PHASES + (Phase.VERIFY.value, Phase.DECODE.value, Phase.STEP.value)
+BREAKDOWN_PHASES: tuple[str, ...] = LEAF_ORDER + (Phase.STEP.value,)  # each leaf, each whole forward, the step
 NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)"
 
 

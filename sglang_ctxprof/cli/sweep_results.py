@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..model.names import CACHED_TOKENS
-from ..model.records import LEAF_ORDER, leaf_phases
+from ..model.records import LEAF_ORDER, leaf_columns
 from .main import CliError, read_json_object, write_atomic
 
 SHORT = {"draft": "draft", "verify": "verify", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
@@ -250,8 +250,8 @@ def _table(rows: list[dict], full: bool):
     flagged on the context."""
     from rich.table import Table
 
-    leaves = [set(leaf_phases(r["phases_ms"])) | {"step"} for r in rows]  # a forward whole where its split is missing
-    present = [p for p in TABLE_PHASES if any(p in lv and p in r["phases_ms"] for r, lv in zip(rows, leaves))]
+    leaves, present = leaf_columns(r["phases_ms"] for r in rows)  # a forward whole where its split is missing
+    present += ("step",) * any("step" in r["phases_ms"] for r in rows)
     has_sus = any(r["sustained"] for r in rows)
     has_srv = full and any(r["server_tok_s"] for r in rows)
     if full:
@@ -270,7 +270,7 @@ def _table(rows: list[dict], full: bool):
         bad = " (!)" if r["prompt_tokens"] and r["prompt_tokens"] != [r["ctx"]] else ""
         tok = [_f(_med(d), "{:.1f}"), _f(d and d["spread"], "{:.1f}")]
         acc = _f(_med(r["accept_per_step"]))
-        phases = [_f(_med(r["phases_ms"].get(p)) if p in lv else None) for p in present]
+        phases = [_f(_med(r["phases_ms"].get(p)) if p in lv or p == "step" else None) for p in present]
         s = r["sustained"] or {}
         if full:
             cells = [str(r["ctx"]), pt + bad, *tok, _f(_med(r["t_a"]), "{:.3f}"), _f(_med(r["t_b"]), "{:.3f}"), acc]

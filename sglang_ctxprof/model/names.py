@@ -193,8 +193,8 @@ DEFAULT_TRACE_STEPS = 256
 # reaches logs and terminals).  Only a plain one goes in a URL path as it is (RID_PLAIN, and not "."
 # nor holding ".."); clients ask ``/requests?rid=`` for any other.
 RID_MAX = 256
-RID_PLAIN = r"^[A-Za-z0-9_.:\-]{1,256}\Z"
-RID_MALFORMED = "malformed rid: use 1-256 characters, none a control, format or line-separator character"
+RID_PLAIN = rf"^[A-Za-z0-9_.:\-]{{1,{RID_MAX}}}\Z"
+RID_MALFORMED = f"malformed rid: use 1-{RID_MAX} characters, none a control, format or line-separator character"
 CAPTURE_ID_PATTERN = RID_PLAIN  # a capture id names a file and goes into URL paths
 MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
 MAX_WHATIF_CTX = 10**9  # the largest context the diagnosis's what-if (?ctx=N) answers for

@@ -103,6 +103,13 @@ def leaf_phases(names: Iterable[str]) -> tuple[str, ...]:
                  if p in have and not (p in FORWARD_SPLIT and any(c in have for c in FORWARD_SPLIT[p])))
 
 
+def leaf_columns(items: Iterable[Iterable[str]]) -> tuple[list[frozenset[str]], tuple[str, ...]]:
+    """Each item's leaf phases (``leaf_phases`` of its phase names), and the leaves any item has, in
+    ``LEAF_ORDER``: the phase columns of a table (or the stack of a chart) of such items."""
+    leaves = [frozenset(leaf_phases(names)) for names in items]
+    return leaves, tuple(p for p in LEAF_ORDER if any(p in lv for lv in leaves))
+
+
 def leaf_ms(phases: Mapping[str, float]) -> dict[str, float]:
     """A step's leaf phases (``leaf_phases``) and their times: what adds up to the step."""
     return {p: float(phases[p]) for p in leaf_phases(phases)}

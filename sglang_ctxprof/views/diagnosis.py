@@ -32,7 +32,8 @@ from ..model.noise import compare, pct_text
 from ..aggregate.acceptance import describe_exec
 from ..aggregate.ledger import ledger
 from .diagnosis_evidence import (HOST_GAP, MIN_POINT_STEPS, Evidence, Point,  # noqa: F401 - re-exported
-                                 evidence_from_profile, evidence_from_sweep, leaves, ledger_points, solid)
+                                 evidence_from_profile, evidence_from_sweep, leaves, ledger_points, left_out,
+                                 solid)
 from .diagnosis_flags import ACCEPT_TOL, BUBBLE_SHARE, flags as _flags  # noqa: F401 - re-exported
 from .diagnosis_whatif import whatif
 
@@ -52,7 +53,6 @@ def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
     if len(pts) < 2:
         return None
     a, b = pts[0], pts[-1]
-    left = [p.label for p in ev.points if p not in pts]
     acc_term = math.log(b.al / a.al)
     time_term = -math.log(b.step_ms / a.step_ms)
     total = acc_term + time_term
@@ -68,7 +68,8 @@ def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
             # shares of a change too small to share out (tok/s within SHARE_MIN_PCT) would read thousands of %
             "acceptance_share": acc_term / total if abs(total) >= _SHARE_MIN else None,
             "step_time_share": time_term / total if abs(total) >= _SHARE_MIN else None,
-            "step_delta_ms": dt, "phases": per_phase, "left_out": left, "thin": a.thin}
+            "step_delta_ms": dt, "phases": per_phase, "left_out": [p.label for p in left_out(ev.points)],
+            "thin": a.thin}
 
 
 def _phases(ev: Evidence) -> dict[str, Any]:
@@ -178,8 +179,8 @@ def diagnose(ev: Evidence, baseline: Optional[Evidence] = None, ctx: Optional[in
 
 
 def _thin(ev: Evidence) -> list[str]:
-    """The thin points the verdict left out (none when every point is thin), said in one part."""
-    left = [p for p in ev.points if p.thin and p not in solid(ev.points)]
+    """The thin points the verdict left out (``left_out``), said in one part of the headline."""
+    left = left_out(ev.points)
     if not left:
         return []
     return [", ".join(f"{p.label}: {p.steps} step{'s' if p.steps != 1 else ''}" for p in left)

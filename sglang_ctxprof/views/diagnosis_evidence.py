@@ -10,9 +10,9 @@ Every per-bucket number of a profile is its **robust** mean: the mean over the b
 without those slower than ``OUTLIER_FACTOR`` x its median step, which are reported apart.  A bucket
 of fewer than :data:`MIN_POINT_STEPS` steps has no median to hold a slow step against, so its point
 is ``thin``: the verdict compares the others (:func:`solid`: the decomposition, the baseline, the
-ledger and the what-if alike).  A few warm-up steps therefore cannot
-flip the verdict.  :func:`ledger_points` hands the points to
-``aggregate.ledger``.  Pure: imports nothing of SGLang, torch or OTel.
+ledger and the what-if alike).  A few warm-up steps therefore cannot flip the verdict.
+:func:`ledger_points` hands the points to ``aggregate.ledger``.  Pure: imports nothing of SGLang,
+torch or OTel.
 """
 
 from __future__ import annotations
@@ -128,6 +128,11 @@ def solid(points: Sequence[Point]) -> tuple[Point, ...]:
     """The points that are not thin, or every point when all of them are (better than nothing)."""
     kept = tuple(p for p in points if not p.thin)
     return kept or tuple(points)
+
+
+def left_out(points: Sequence[Point]) -> tuple[Point, ...]:
+    """The thin points :func:`solid` leaves out (none when every point is thin)."""
+    return tuple(p for p in points if p.thin) if any(not p.thin for p in points) else ()
 
 
 def solid_acceptance(ev: Evidence) -> tuple[tuple[str, Mapping[str, Any]], ...]:

@@ -11,7 +11,8 @@ build thread's CPU, the next one starts no earlier than ``c * (1 - share) / shar
 it ended.  A read arriving during that cool-down waits for it asynchronously (the event loop keeps
 serving), then asks and builds anew, so a reply is never older than its request.  Readers of the
 same route and query that arrive while one such read is waiting to start share it (one build, the
-same reply); if the reader whose run they share hangs up, they ask anew, never cancelled with it.  Reads run one at a time, as the one build thread would run them anyway.
+same reply); if the reader whose run they share hangs up, they ask anew, never cancelled with it.
+Reads run one at a time, as the one build thread would run them anyway.
 
 At most ``limit`` distinct reads (:data:`MAX_WAITING` by default) wait to start at a time: a reader
 whose route and query differ from every waiting one while that many wait is refused at once
@@ -95,7 +96,7 @@ class ReadGate:
         """``await work()``, within the share; a reader of ``key`` arriving while a run of ``key``
         waits to start gets that run's result (or its exception).  Raises :class:`GateFull` when
         ``limit`` reads of other keys wait to start, unless this read is ``standing`` (admitted
-        anyway, and started before the others waiting)."""
+        anyway; standing and other reads take turns, :meth:`_release`)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop, self._busy, self._standing_turn, self._waiting = loop, False, False, {}
@@ -144,8 +145,8 @@ class ReadGate:
         return sum(1 for _, standing in self._waiting.values() if not standing)
 
     async def _acquire(self, standing: bool) -> None:
-        """Take the turn: at once when free, else after every standing read that waits for it (and,
-        for any other read, every other read that came before)."""
+        """Take the turn: at once when free, else when :meth:`_release` hands it to this read (in its
+        line, standing or other, after every read of that line that came before)."""
         if not self._busy:
             self._busy, self._standing_turn = True, standing
             return

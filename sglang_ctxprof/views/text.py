@@ -8,7 +8,7 @@ Under the header, what the profiler says it costs (the ``cost`` its ranks report
 from __future__ import annotations
 
 from ..model.names import Phase
-from ..model.records import LEAF_ORDER, leaf_phases
+from ..model.records import leaf_columns
 from .profile import Profile
 
 _SHORT = {
@@ -52,8 +52,7 @@ def cost_line(ranks) -> str:
 
 def render(profile: Profile) -> str:
     buckets = profile.buckets
-    leaves = [set(leaf_phases(b.phases)) for b in buckets]  # a forward whole where its split was not read
-    present = [p for p in LEAF_ORDER if any(p in lv for lv in leaves)]
+    leaves, present = leaf_columns(b.phases for b in buckets)  # a forward whole where its split was not read
     lines = [
         f"sglang-ctxprof  schema v{profile.schema_version}  timing={profile.timing}  "
         f"algorithms={','.join(profile.algorithms) or '-'}  "
