@@ -15,11 +15,12 @@ after the request history has taken it, and counts each broken invariant
   as a phase never seen before;
 * at a request's finish, against SGLang's own numbers carried by the record (``books``):
   ``verify_ct``: our decode steps == ``spec_verify_ct``; ``completion_tokens``:
-  ``1 + committed == completion_tokens``; ``accept_metric``: our accepted drafts
-  (``records.accepted_drafts`` of each of the request's steps, summed) == SGLang's
-  ``spec_num_correct_drafts``, the count behind its ``spec_accept_rate`` and ``spec_accept_length``
-  metrics.  A request the history does not hold whole (evicted, or (re)created after its prefill:
-  ``RequestLog.tally``) is checked for none of them.
+  ``1 + committed == completion_tokens`` (no first token for a request that kept no output,
+  ``max_new_tokens=0``: prompt scoring, and SGLang's own warm-up before an n>1 request);
+  ``accept_metric``: our accepted drafts (``records.accepted_drafts`` of each of the request's
+  steps, summed) == SGLang's ``spec_num_correct_drafts``, the count behind its ``spec_accept_rate``
+  and ``spec_accept_length`` metrics.  A request the history does not hold whole (evicted, or
+  (re)created after its prefill: ``RequestLog.tally``) is checked for none of them.
 
 A record costs a few dict lookups and one sum over its leaf phases (its phase-name tuple is looked up
 once); a finished request a few C-level sums over its kept rows.  ``status()`` lists the counts, what
@@ -113,8 +114,9 @@ class Audit:
                 continue  # not held whole (evicted, or back without its prefill): nothing to check against
             steps, _, committed, ours = books  # what was folded plus its kept rows (C sums)
             self.checked["requests"] += 1
-            if 1 + committed != out:
-                self._bad("completion_tokens", rec, rid, f"1 + committed = {1 + committed}, "
+            first = 1 if out else 0  # a request that keeps no output (max_new_tokens=0) keeps no first token
+            if first + committed != out:
+                self._bad("completion_tokens", rec, rid, f"{first} + committed = {first + committed}, "
                                                          f"SGLang completion_tokens = {out}")
             if vct < 0:
                 continue  # no speculative decoding (or a request that finished at its prefill)

@@ -18,7 +18,9 @@ were dropped, summed in C when the request is read (``request_entry.totals_of``)
 An entry (re)created by a decode step or a retracted request's re-prefill never saw the request's
 prefill (it was evicted, or ran before the history was cleared), and one running while profiling
 stopped (``interrupt``) misses steps: its totals are partial, so it is served as any other but
-``tally`` does not hand it to the self-audit.
+``tally`` does not hand it to the self-audit.  A rid seen again is a new use (``_reuse``) when its
+use had finished and a prefill comes, or any step after profiling stopped and started; and when a
+prefill of its prompt alone follows decode steps (it ended while profiling was off).
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -108,13 +110,14 @@ class RequestLog:
         step's ``meta`` goes into the table under ``key`` before the first row that refers to it, and
         only then: a step whose requests are all past ``max_steps`` stores none."""
         reqs, rids = self._reqs, rec.rids[lo:hi]
-        new = list(filterfalse(reqs.__contains__, rids))
+        new = list(filterfalse(self._cells.__contains__, rids))  # new, or a new use (``interrupt``)
         if new and len(reqs) + len(new) > self.capacity:
             over = len(reqs) + len(new) - self.capacity
             if over > len(reqs) - len(rids) or any(map(set(rec.rids).__contains__, islice(reqs, over))):
                 return self._decode_rows_one_by_one(rec, lo, hi, key, meta)  # it would evict one of this step's
         for rid in new:
-            self._add(rid, rec)
+            old = reqs.get(rid)
+            self._add(rid, rec) if old is None else self._reuse(rid, old, rec)
         _drain(map(reqs.move_to_end, rids))
         rows = list(map(self._cells.__getitem__, rids))
         lens = list(map(len, rows))  # cells: W per kept row
@@ -152,6 +155,8 @@ class RequestLog:
             r = reqs.get(rid)
             if r is None:
                 r = self._add(rid, rec)
+            elif rid not in self._cells:  # a new use (``interrupt``)
+                r = self._reuse(rid, r, rec)
             else:
                 reqs.move_to_end(rid)
             rows = r["step_rows"]
@@ -213,10 +218,13 @@ class RequestLog:
     def _observe_prefill(self, rec: StepRecord) -> None:
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
-            created = r is None or r["finished"]
+            com = rec.committed[i] if rec.committed else 0
+            # a finished use, or one that decoded and now prefills from its prompt alone (its end
+            # went unseen: it ended while profiling was off): a new request under a rid used before
+            created = r is None or r["finished"] or not com and bool(r["steps"] or r["step_rows"])
             if r is None:
                 r = self._add(rid, rec)
-            elif r["finished"]:  # a new request under a rid used before: keep the two apart
+            elif created:  # keep the two apart
                 r = self._reuse(rid, r, rec)
             else:
                 self._reqs.move_to_end(rid)
@@ -225,7 +233,6 @@ class RequestLog:
             if rec.finished[i]:
                 finish(r, rec.end_ns)
             r["prefill_ms"] += rec.step_ms
-            com = rec.committed[i] if rec.committed else 0
             if com:  # the re-prefill of a retracted request: its prompt was prompt + output so far
                 r["committed"] += com
                 r["retractions"] += 1
@@ -313,10 +320,16 @@ class RequestLog:
         return rows.tally(r)
 
     def interrupt(self) -> None:
-        """Profiling stops: every request not finished yet misses the steps until it starts again, so
-        it is partial (``tally`` hands it to no audit)."""
-        for r in self._reqs.values():
-            r["partial"] = r["partial"] or not r["finished"]
+        """Profiling stops (or a step went unrecorded): every request not finished yet misses steps, so
+        it is partial (``tally`` hands it to no audit); a finished one's rid leaves ``_cells``, so a
+        step of the rid after this is a new use (``_reuse``) whose prefill went unseen, not more steps
+        of the finished one (a repeated finishing row, which overlap may send, stays with it)."""
+        cells = self._cells
+        for key, r in self._reqs.items():
+            if not r["finished"]:
+                r["partial"] = True
+            elif cells.get(key) is r["step_rows"].cells:
+                del cells[key]
 
     def pop(self, rid: str) -> dict[str, Any] | None:
         """Remove one request and return its summary with steps (tail-based trace sinks)."""

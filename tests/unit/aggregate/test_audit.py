@@ -163,3 +163,32 @@ def test_accept_metric_counts_accepted_drafts_step_by_step_as_the_records_do():
     st = agg.audit.status()
     assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0), st
     assert st["checked"]["requests"] == 1
+
+
+def test_a_request_that_keeps_no_output_at_its_prefill_reconciles():
+    """``max_new_tokens=0`` (prompt scoring, and the prefix warm-up SGLang's tokenizer sends before
+    every n>1 request) finishes at its prefill with ``completion_tokens`` 0: the prefill's token is
+    not kept.  No violation; one that also counted decode tokens still is one."""
+    agg = Aggregator()
+    agg.observe(_prefill("zero", 0, fin=True, books=((-1, 0, 0),)))
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0) and st["checked"]["requests"] == 1
+    agg.observe(_prefill("z2", 1))
+    agg.observe(_decode("z2", 2, fin=True, books=((1, 0, 2),)))  # 3 committed, SGLang says 0
+    assert agg.audit.status()["violations"]["completion_tokens"] == 1
+
+
+def test_a_reused_rid_whose_prefill_went_unseen_is_a_new_use_and_not_checked():
+    """The rid's first use finished; its second use's prefill ran while profiling was off (or its
+    step was lost), so its first record is a decode step: a new use, partial (not summed into the
+    finished one, which the audit would then check against the second use's books)."""
+    agg = _run(rid="again")
+    agg.requests.interrupt()  # profiling off, then on again
+    for i in (20, 21):
+        agg.observe(_decode("again", i, fin=i == 21, books=((5, 16, 10),) if i == 21 else ()))
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0), st
+    assert st["checked"]["requests"] == 1
+    new = agg.requests.get("again")
+    assert new["use"] == 1 and new["steps"] == 2 and agg.requests.tally("again") is None
+    assert agg.requests.finished("again", _decode("again", 5).end_ns)["steps"] == 5

@@ -111,3 +111,23 @@ def test_an_abort_while_waiting_ends_the_request():
     assert log.get("r")["use"] == 1 and log.get("r")["aborted"] == ""
     log.end(RequestEnd("r"))  # the new use aborted between prefill chunks: it had been prefilled
     assert log.get("r")["aborted"] == "queued"
+
+
+def test_a_rid_whose_end_went_unseen_prefills_again_as_a_new_use():
+    """Profiling stopped while ``r`` decoded, and it ended unseen; the rid comes back with a prefill
+    of its prompt alone (nothing committed): a new use, not more of the old one.  A decode step of
+    a finished rid after profiling stopped and started is a new use too; before that, a repeated
+    finishing row stays with the use it finished."""
+    log = RequestLog()
+    for rec in (prefill(1, "r", 100), decode(2, "r", 101, 2)):
+        log.observe(rec)
+    log.interrupt()
+    log.observe(prefill(3, "r", 40))
+    r = log.get("r")
+    assert (r["use"], r["prompt_tokens"], r["steps"], r["committed"]) == (1, 40, 0, 0)
+    log.observe(decode(4, "r", 41, 1, fin=True))
+    log.observe(decode(5, "r", 42, 1, fin=True))  # repeated finishing row: the same use
+    assert (log.get("r")["use"], log.get("r")["steps"]) == (1, 2)
+    log.interrupt()
+    log.observe(decode(6, "r", 60, 1))
+    assert (log.get("r")["use"], log.get("r")["steps"]) == (2, 1) and log.tally("r") is None
