@@ -28,6 +28,8 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import not_
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
@@ -167,7 +169,9 @@ class Aggregator:
         else:
             self._stat(b, _PREFILL).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens
-            b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
+            # re-prefills after a retraction: one token each (not a mixed batch's decode rows: accepted)
+            b.committed += sum(compress(rec.committed, map(not_, rec.accepted))) if any(rec.accepted) \
+                else sum(rec.committed)
         yield
         yield from self.requests.stages(rec)
         if self.audit is not None:

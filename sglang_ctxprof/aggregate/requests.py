@@ -19,8 +19,7 @@ An entry (re)created by a decode step or a retracted request's re-prefill never 
 prefill (it was evicted, or ran before the history was cleared), and one running while profiling
 stopped (``interrupt``) misses steps: its totals are partial, so it is served as any other but
 ``tally`` does not hand it to the self-audit.  A rid seen again is a new use (``_reuse``) when its
-use had finished and a prefill comes, or any step after profiling stopped and started; and when a
-prefill of its prompt alone follows decode steps (it ended while profiling was off).
+use had finished and a prefill comes, or any step after profiling stopped and started.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -219,12 +218,10 @@ class RequestLog:
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
             com = rec.committed[i] if rec.committed else 0
-            # a finished use, or one that decoded and now prefills from its prompt alone (its end
-            # went unseen: it ended while profiling was off): a new request under a rid used before
-            created = r is None or r["finished"] or not com and bool(r["steps"] or r["step_rows"])
+            created = r is None or r["finished"]
             if r is None:
                 r = self._add(rid, rec)
-            elif created:  # keep the two apart
+            elif created:  # a new request under a rid used before: keep the two apart
                 r = self._reuse(rid, r, rec)
             else:
                 self._reqs.move_to_end(rid)
@@ -232,10 +229,12 @@ class RequestLog:
             r["rows_at_end"] = len(r["step_rows"])
             if rec.finished[i]:
                 finish(r, rec.end_ns)
-            r["prefill_ms"] += rec.step_ms
-            if com:  # the re-prefill of a retracted request: its prompt was prompt + output so far
+            decoded = rec.accepted[i]  # a running request's decode riding a mixed batch (its token)
+            if not decoded:
+                r["prefill_ms"] += rec.step_ms
+            if com:  # that token, or the re-prefill of a retracted request (prompt + output so far)
                 r["committed"] += com
-                r["retractions"] += 1
+                r["retractions"] += not decoded
                 r["partial"] = r["partial"] or created  # its first prefill and steps went unseen
             elif r["prompt_tokens"] is None:
                 r["prompt_tokens"] = rec.ctx_lens[i]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, is_not, or_
+from operator import attrgetter, is_not
 from typing import Any, Optional
 
 from ..model.names import CACHED_TOKENS
@@ -25,7 +25,7 @@ from ..model.records import RankId
 from ..model.rids import short_rid
 from . import adapter_ends as _ends
 from . import block_adapter as _block
-from .adapter_ends import ended_request  # noqa: F401
+from .adapter_ends import FINISHED_REASON, done_rows, ended_request, mixed_decode_rows, req_finished  # noqa: F401
 from .block_adapter import CALL_ORDER, block_size, is_draft_runner, non_draft_tokens  # noqa: F401
 from .adapter_releases import _FROZEN_DRAFT, _RB, _S  # noqa: F401
 from .adapter_releases import (  # noqa: F401
@@ -149,13 +149,6 @@ def step_id(batch: Any) -> int:
     return int(getattr(batch, "forward_iter", 0) or 0)
 
 
-def req_finished(req: Any) -> bool:
-    try:
-        return bool(req.finished())
-    except Exception:  # noqa: BLE001
-        return False
-
-
 def req_tracing(req: Any) -> bool:
     """Whether SGLang traces this request (``--enable-trace``; ``/set_trace_level`` can change it)."""
     tc = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
@@ -191,9 +184,7 @@ def req_trace_parent(req: Any) -> str:
 # only with finished_reason and never changes; spec_verify_ct moves exactly on the rows SGLang counts.
 _OUT = attrgetter("output_ids")
 _VCT = attrgetter("spec_verify_ct")
-_FIN = attrgetter("finished_reason")
 _RID = attrgetter("rid")
-_RETRACTED = attrgetter("is_retracted")
 _PROMPT = attrgetter("origin_input_ids")
 
 
@@ -211,23 +202,12 @@ def reqs_before(reqs: Any, with_vct: bool, with_done: bool = False
     those, ``spec_verify_ct`` per request or None when ``with_vct`` is false, and with ``with_done``
     whether each request had already finished or been retracted, else None).  A non-speculative decode
     under overlap carries such a request for one more step, and SGLang skips its row
-    (``process_batch_result_decode``: ``req.finished() or req.is_retracted``)."""
+    (``process_batch_result_decode``: ``req.finished() or req.is_retracted``); so does a prefill
+    (``process_batch_result_prefill``): a running request in a mixed batch that finished at the step
+    before, or a chunk in flight when its request was aborted."""
     reqs = tuple(reqs)
     outs = list(map(_OUT, reqs))
-    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None, _done(reqs) if with_done else None
-
-
-def _done(reqs: tuple) -> Optional[list[bool]]:
-    """Finished or retracted, per request; None when none is (the common case: one list, no copy)."""
-    try:
-        done = list(map(is_not, map(_FIN, reqs), repeat(None)))
-        retracted = list(map(_RETRACTED, reqs))
-    except AttributeError:
-        done = [req_finished(r) for r in reqs]
-        retracted = [bool(getattr(r, "is_retracted", False)) for r in reqs]
-    if True in retracted:
-        done = list(map(or_, done, retracted))
-    return done if True in done else None
+    return reqs, outs, list(map(len, outs)), _vct(reqs) if with_vct else None, done_rows(reqs) if with_done else None
 
 
 def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Optional[list[int]], list[bool]]:
@@ -236,7 +216,7 @@ def reqs_after(reqs: tuple, outs: list, with_vct: bool) -> tuple[list[int], Opti
     emitted = list(map(len, outs))
     vct = _vct(reqs) if with_vct else None
     try:
-        fin = list(map(is_not, map(_FIN, reqs), repeat(None)))
+        fin = list(map(is_not, map(FINISHED_REASON, reqs), repeat(None)))
     except AttributeError:  # an object without SGLang's finished_reason: ask finished() itself
         fin = [req_finished(r) for r in reqs]
     if True in fin:  # finished_len is set only on finished requests: visit those alone

@@ -12,12 +12,20 @@ else calls it.  The hook (``hooks.request_end``) turns each call into a
 
 ``req.is_retracted`` stays True from the retraction until the request is prefilled again
 (``ScheduleBatch.prepare_for_extend``), so it tells a retracted-then-aborted request apart.
+
+A request that ended before a step can still ride it (the overlap scheduler launches the next batch
+before it processes the last one's results): a finished or retracted request in the next decode, or
+in the next prefill when it decoded in a mixed batch (``--enable-mixed-chunk``), or a prompt chunk
+in flight when its request was aborted.  SGLang skips those rows (``done_rows`` tells them), and the
+running requests that decode inside a mixed prefill batch are ``mixed_decode_rows``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from itertools import repeat
+from operator import attrgetter, is_not, or_
+from typing import Any, Optional
 
 from ..model.records import RequestEnd
 from ..model.rids import short_rid
@@ -34,3 +42,38 @@ def ended_request(req: Any) -> RequestEnd:
     """The end of ``req`` as the history records it (the rid the profiler keeps, whether it was
     waiting to be prefilled again after a retraction, and now on the host clock of step records)."""
     return RequestEnd(short_rid(req.rid), getattr(req, "is_retracted", False) is True, time.time_ns())
+
+
+FINISHED_REASON = attrgetter("finished_reason")
+_RETRACTED = attrgetter("is_retracted")
+
+
+def req_finished(req: Any) -> bool:
+    try:
+        return bool(req.finished())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def done_rows(reqs: tuple) -> Optional[list[bool]]:
+    """Finished or retracted, per request; None when none is (the common case: one list, no copy)."""
+    try:
+        done = list(map(is_not, map(FINISHED_REASON, reqs), repeat(None)))
+        retracted = list(map(_RETRACTED, reqs))
+    except AttributeError:
+        done = [req_finished(r) for r in reqs]
+        retracted = [bool(getattr(r, "is_retracted", False)) for r in reqs]
+    if True in retracted:
+        done = list(map(or_, done, retracted))
+    return done if True in done else None
+
+
+def mixed_decode_rows(batch: Any, reqs: tuple) -> Optional[list[int]]:
+    """1 for each row of a mixed batch (``--enable-mixed-chunk``: running requests decode inside a
+    prefill step, ``batch.decoding_reqs``) that is such a decode, 0 for the others; None for a batch
+    with none (every other prefill)."""
+    decoding = getattr(batch, "decoding_reqs", None)
+    if not decoding:
+        return None
+    ids = set(map(id, decoding))
+    return [1 if id(r) in ids else 0 for r in reqs]

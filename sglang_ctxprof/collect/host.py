@@ -131,7 +131,7 @@ class HostFacts:
         self.exec_mode = self.exec_reason = self.attn_backend = ""  # decode: adapter.exec_mode
         self.draft_depth = 0
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
-        self.done_pre: Optional[list] = None  # non-spec decode: finished/retracted before the step
+        self.done_pre: Optional[list] = None  # finished/retracted before the step (not spec decode)
         self.read: Optional[tuple[tuple[str, ...], tuple[int, ...]]] = None  # rids, prompt lengths (build)
 
     def counted(self) -> bool:

@@ -233,7 +233,7 @@ class Profiler:
         if b is not None:
             decode = b.kind == KIND_DECODE
             spec = self.serving.spec
-            b.pre = adapter.reqs_before(batch.reqs, spec and decode, decode and not spec)
+            b.pre = adapter.reqs_before(batch.reqs, spec and decode, not (spec and decode))
         return b
 
     def after_result(self, b: StepBuilder, batch: Any, result: Any) -> None:
@@ -319,6 +319,7 @@ class Profiler:
                 host.block_size, host.denoise_steps = adapter.block_size(result), b.denoise
         else:
             host.cached_lens = tuple(map(adapter.req_cached_tokens, reqs))
+            host.accepts = adapter.mixed_decode_rows(batch, reqs)
         return host if host.counted() else None
 
     # ---- control commands ----------------------------------------------------------------------------

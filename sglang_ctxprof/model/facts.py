@@ -95,9 +95,10 @@ class StepFacts:
         n = len(self.rids)
         ctx = tuple(map(add, self.prompt_lens, self.lens_pre))
         fin = tuple(self.fin)
-        if self.kind != KIND_DECODE:
+        if self.kind != KIND_DECODE:  # accepts: the decode rows of a mixed batch (1), or None
             acc = (0,) * n
-            return ctx, acc, reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc, fin
+            com = reprefill_tokens(self.lens_pre, self.emitted) if any(self.lens_pre) else acc
+            return ctx, tuple(self.accepts) if self.accepts else acc, com, fin
         al = self.accepts
         if al is None:
             acc = (1,) * n
@@ -114,16 +115,15 @@ class StepFacts:
         """The record of the rows SGLang counted (decode: the overshoot filter), or None."""
         rids, books = self.rids, self.books
         ctx, acc, com, fin = columns
-        if self.kind == KIND_DECODE:
-            post, pre = self.vct_post, self.vct_pre
-            keep: Optional[list] = None
-            if self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
-                keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
-            elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
-                keep = [not d for d in self.done_pre]
-            if keep is not None:
-                rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
-                books = tuple(compress(books, keep)) if books else ()
+        post, pre = self.vct_post, self.vct_pre
+        keep: Optional[list] = None
+        if self.kind == KIND_DECODE and self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
+            keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
+        elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
+            keep = [not d for d in self.done_pre]
+        if keep is not None:
+            rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
+            books = tuple(compress(books, keep)) if books else ()
         if not rids:
             return None
         return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,

@@ -113,21 +113,31 @@ def test_an_abort_while_waiting_ends_the_request():
     assert log.get("r")["aborted"] == "queued"
 
 
-def test_a_rid_whose_end_went_unseen_prefills_again_as_a_new_use():
-    """Profiling stopped while ``r`` decoded, and it ended unseen; the rid comes back with a prefill
-    of its prompt alone (nothing committed): a new use, not more of the old one.  A decode step of
-    a finished rid after profiling stopped and started is a new use too; before that, a repeated
-    finishing row stays with the use it finished."""
+def test_a_finished_rid_stepping_after_profiling_stopped_is_a_new_use():
+    """A decode step of a finished rid after profiling stopped and started is a new use (its prefill
+    went unseen), partial; before that, a repeated finishing row stays with the use it finished."""
     log = RequestLog()
-    for rec in (prefill(1, "r", 100), decode(2, "r", 101, 2)):
+    for rec in (prefill(1, "r", 40), decode(2, "r", 41, 1, fin=True), decode(3, "r", 42, 1, fin=True)):
         log.observe(rec)
+    assert (log.get("r")["use"], log.get("r")["steps"]) == (0, 2)
     log.interrupt()
-    log.observe(prefill(3, "r", 40))
-    r = log.get("r")
-    assert (r["use"], r["prompt_tokens"], r["steps"], r["committed"]) == (1, 40, 0, 0)
-    log.observe(decode(4, "r", 41, 1, fin=True))
-    log.observe(decode(5, "r", 42, 1, fin=True))  # repeated finishing row: the same use
-    assert (log.get("r")["use"], log.get("r")["steps"]) == (1, 2)
-    log.interrupt()
-    log.observe(decode(6, "r", 60, 1))
-    assert (log.get("r")["use"], log.get("r")["steps"]) == (2, 1) and log.tally("r") is None
+    log.observe(decode(4, "r", 60, 1))
+    assert (log.get("r")["use"], log.get("r")["steps"]) == (1, 1) and log.tally("r") is None
+
+
+def test_a_decode_row_riding_a_mixed_batch_commits_its_token_and_is_no_retraction():
+    """``--enable-mixed-chunk``: a running request decodes inside another's prefill step.  Its row
+    (``accepted`` 1) commits its token; it is neither a retraction (in the request or the prefill
+    bucket) nor prefill time of the request."""
+    agg = Aggregator()
+    for rec in (prefill(1, "r", 100), decode(2, "r", 101, 2)):
+        agg.observe(rec)
+    mixed = StepRecord(3, "prefill", "EAGLE", RankId(), ("new", "r"), (50, 103), (0, 1), (0, 1), (False, False),
+                       0, 4.0, t_start_ns=3 * 10**6)
+    agg.observe(mixed)
+    agg.observe(decode(4, "r", 104, 1, fin=True))
+    r = agg.requests.get("r")
+    assert (r["retractions"], r["committed"], r["prompt_tokens"], r["prefill_ms"]) == (0, 4, 100, 1.0)
+    assert agg.requests.get("new")["prompt_tokens"] == 50
+    p = build_profile(agg.snapshot())
+    assert p.totals.retractions == 0

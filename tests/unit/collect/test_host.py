@@ -145,3 +145,32 @@ def test_id_cache_reads_unhashable_requests_whole():
 
     a, b = Unhashable("a", 3), Unhashable("b", 4)
     assert IdCache().get((a, b)) == (("a", "b"), (3, 4))
+
+
+def test_a_prefill_skips_requests_done_before_it_and_marks_decode_rows_of_a_mixed_batch():
+    """``--enable-mixed-chunk``: running requests decode inside a prefill batch.  Their rows append one
+    token on top of earlier output (as a retracted request's re-prefill does), so they carry
+    ``accepted`` 1 (a token decoded, not a re-prefill); a request that finished before the step
+    (overlap: an abort, or one that finished at the last step) rides along and SGLang skips its row,
+    as does ours; a prefill whose rows are all such has no record."""
+    reqs = [Req("new", 64), Req("dec", 32), Req("gone", 32)]
+    f = facts(reqs, lens_pre=[0, 9, 20], emitted=[1, 10, 20], fin=[False, False, True], kind=KIND_PREFILL,
+              spec=False, accepts=[0, 1, 1])
+    f.done_pre = [False, False, True]
+    assert f.counted()
+    r = f.record()
+    assert (r.rids, r.ctx_lens, r.accepted, r.committed, r.finished) == (
+        ("new", "dec"), (64, 41), (0, 1), (0, 1), (False, False))
+    f.done_pre = [True, True, True]
+    assert not f.counted() and f.record() is None
+
+
+def test_mixed_decode_rows_are_the_batch_decoding_requests():
+    class Batch:
+        def __init__(self, reqs, decoding):
+            self.reqs, self.decoding_reqs = reqs, decoding
+
+    a, b, c = Req("a", 1), Req("b", 1), Req("c", 1)
+    assert adapter.mixed_decode_rows(Batch([a, b, c], [c, a]), (a, b, c)) == [1, 0, 1]
+    assert adapter.mixed_decode_rows(Batch([a, b], None), (a, b)) is None
+    assert adapter.mixed_decode_rows(Batch([a, b], []), (a, b)) is None

@@ -1,0 +1,119 @@
+"""Exact accounting on a real CPU server with mixed chunked prefill and the overlap scheduler.
+
+``--enable-mixed-chunk`` runs the requests that are decoding inside another request's prefill step
+(a MIXED batch, SGLang's ``mix_with_running``): their rows append one token on top of earlier
+output, as a retracted request's re-prefill does, but they are no retraction.  With overlap on
+(SGLang's default) a request that finished at one step still rides the next one, and a chunk in flight
+when its request was aborted comes back after the abort: SGLang skips those rows, and so must we, or
+the rid gets a second "use" that hides the real one.  A request that keeps no output
+(``max_new_tokens=0``, and the warm-up SGLang's tokenizer sends before an n>1 request) finishes with
+``completion_tokens`` 0.  Every request reconciles, and the self-audit stays at 0.
+
+Tiny Qwen3-MoE, no speculative decoding, chunks of 64 tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import http, rand_ids, start_server, tiny
+from sglang_ctxprof.cli.server import cpu_args
+from sglang_ctxprof.model import names
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = cpu_args(tiny("qwen3-moe")["target"]) + [names.CLI_FLAG, "--enable-mixed-chunk",
+                                                    "--chunked-prefill-size", "64"]
+    srv = start_server("mixed-chunk", args)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _gen(url: str, out: dict, key: str, body: dict) -> threading.Thread:
+    t = threading.Thread(target=lambda: out.update({key: http("POST", url + "/generate", body)}))
+    t.start()
+    return t
+
+
+def _sp(n: int) -> dict:
+    return {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+
+
+def _ours(url: str, rid: str) -> dict:
+    status, body = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
+    assert status == 200, body
+    return body
+
+
+def _reconciles(url: str, meta: dict) -> dict:
+    r = _ours(url, meta["id"])
+    assert r["use"] == 0 and r["finished"], r
+    assert 1 + r["committed"] == meta["completion_tokens"], (r, meta)
+    assert r["prompt_tokens"] == meta["prompt_tokens"] and r["retractions"] == meta.get("num_retractions", 0)
+    return r
+
+
+@pytest.fixture(scope="module")
+def run(server):
+    """Decode beside chunked prefills; a client abort mid-decode and an abort mid-prefill beside them."""
+    url = server.url
+    assert http("POST", url + names.ROUTE_RESET)[0] == 200
+    out: dict = {}
+    a = _gen(url, out, "mix", {"input_ids": rand_ids(32, 1), "sampling_params": _sp(60), "rid": "mix-a"})
+    time.sleep(0.6)
+    b = _gen(url, out, "long", {"input_ids": rand_ids(700, 2), "sampling_params": _sp(4), "rid": "mix-b"})
+    a.join(120), b.join(120)
+    c = _gen(url, out, "cut", {"input_ids": rand_ids(32, 11), "sampling_params": _sp(400), "rid": "cut-a"})
+    time.sleep(0.5)
+    d = _gen(url, out, "beside", {"input_ids": rand_ids(2500, 12), "sampling_params": _sp(3), "rid": "cut-b"})
+    time.sleep(1.0)
+    assert http("POST", url + "/abort_request", {"rid": "cut-a"})[0] == 200
+    c.join(120), d.join(300)
+    e = _gen(url, out, "chunked", {"input_ids": rand_ids(4000, 4), "sampling_params": _sp(8), "rid": "chunk-ab"})
+    time.sleep(1.5)
+    assert http("POST", url + "/abort_request", {"rid": "chunk-ab"})[0] == 200
+    e.join(300)
+    out["zero"] = http("POST", url + "/generate", {"input_ids": rand_ids(40, 3), "rid": "zero",
+                                                   "sampling_params": {"max_new_tokens": 0}})
+    out["n2"] = http("POST", url + "/generate", {"text": "hello there friend",
+                                                 "sampling_params": {"max_new_tokens": 5, "n": 2, "temperature": 0.7}})
+    for key, (status, body) in out.items():
+        assert status == 200, (key, body)
+    time.sleep(1.0)  # the drain thread
+    return out
+
+
+def test_decode_rows_in_mixed_batches_are_no_retractions(server, run):
+    for key in ("mix", "long"):
+        _reconciles(server.url, run[key][1]["meta_info"])
+    status, body = http("GET", server.url + names.ROUTE)
+    assert status == 200 and body["totals"]["retractions"] == 0, body["totals"]
+
+
+def test_a_request_aborted_mid_decode_beside_a_chunked_prefill_keeps_its_one_use(server, run):
+    meta = run["cut"][1]["meta_info"]
+    _reconciles(server.url, meta)
+    assert meta["finish_reason"]["type"] == "abort"
+
+
+def test_a_request_aborted_mid_chunked_prefill_ends_once(server, run):
+    r = _ours(server.url, "chunk-ab")
+    assert r["use"] == 0 and r["finished"] and r["committed"] == 0, r
+
+
+def test_requests_that_keep_no_output_and_the_whole_run_leave_the_audit_clean(server, run):
+    assert run["zero"][1]["meta_info"]["completion_tokens"] == 0
+    assert _ours(server.url, "zero")["finished"]
+    status, st = http("GET", server.url + names.ROUTE_STATUS)
+    assert status == 200
+    audit = st["ranks"][0]["status"]["audit"]
+    assert audit["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), audit["latest"]
+    assert audit["checked"]["requests"] >= 6, audit
