@@ -54,7 +54,6 @@ from ..control.client import NoAnswer
 from ..model import names
 from ..aggregate.snapshot import Snapshot, merge
 from ..model.guard import COMPONENTS
-from ..model.rids import lookup_rid, valid_rid
 from ..model.config import CtxProfConfig
 from ..model.stats import FitMemo
 from .http_body import BodyTexts, served_json
@@ -292,16 +291,7 @@ async def get_request(rc: ReadContext, request: Request):
 
 
 async def _request(rc: ReadContext, rid: str):
-    if not valid_rid(rid):
-        return _error(400, names.RID_MALFORMED)
-    payloads = await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(rid))
-    rows = [r for p in payloads for r in p.get("requests", [])]
-    if not rows:
-        errors = [p["error"] for p in payloads if "error" in p]
-        if errors and len(errors) == len(payloads):
-            return _error(503, "; ".join(errors))
-        return _error(404, f"request {rid!r} not found in the recent-request ring")
-    return rows[0]
+    return await rc.request(rid, "request", _json)
 
 
 async def post_fault(rc: ReadContext, request: Request):

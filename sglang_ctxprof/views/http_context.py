@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol
 from starlette.requests import Request
 
 from ..model.config import CtxProfConfig
-from ..model.names import CMD_SNAPSHOT
+from ..model.names import CMD_REQUESTS, CMD_SNAPSHOT, RID_MALFORMED
+from ..model.rids import lookup_rid, valid_rid
 from .http_build import off_loop
 from .http_gate import ReadGate
+from .http_guard import error
 
 if TYPE_CHECKING:
     from .http_plain import PlainReference
@@ -108,6 +110,26 @@ class ReadContext:
     async def read(self, cmd: str, ask: dict[str, Any], reply: Callable[..., Any], *args: Any) -> Any:
         """Ask every DP group, then ``reply(payloads, *args)`` on the build thread (off the event loop)."""
         return await off_loop(reply, await self.ask(cmd, **ask), *args)
+
+    async def request(self, rid: str, key: str, build: Callable[[dict[str, Any]], Any]) -> Any:
+        """One request's summary with its step rows, ``build(summary)`` on the build thread; through
+        the read gate (``key`` names the view), as every read that costs the schedulers: a request
+        of thousands of steps is tens of ms there and a MB to serialize.  400 for a malformed rid, 404
+        when no rank holds it, 503 when none answered."""
+        if not valid_rid(rid):
+            return error(400, RID_MALFORMED)
+        return await self.gate.serve((key, rid), lambda: self.read(CMD_REQUESTS, {"rid": lookup_rid(rid)},
+                                                                   _one_request, rid, build))
+
+
+def _one_request(payloads: Payloads, rid: str, build: Callable[[dict[str, Any]], Any]) -> Any:
+    rows = [r for p in payloads for r in p.get("requests", [])]
+    if rows:
+        return build(rows[0])
+    errors = [p["error"] for p in payloads if "error" in p]
+    if errors and len(errors) == len(payloads):
+        return error(503, "; ".join(errors))
+    return error(404, f"request {rid!r} not found in the recent-request ring")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..model import names
-from ..model.rids import lookup_rid, valid_rid
 from .http_context import ReadContext, Route
-from .http_guard import MAX_POLICY_BODY, command_failed, error as _error, json_body
+from .http_guard import MAX_POLICY_BODY, command_failed, error as _error, json_body, json_response as _json
 from .trace_json import TraceWriter
 
 TRACE_WRITER = TraceWriter()  # used on the build thread only (http_build.off_loop)
@@ -45,12 +44,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
     if "rid" in qp:
         if "last" in qp:
             return _error(400, "give either last=N or rid=RID, not both")
-        if not valid_rid(qp["rid"]):
-            return _error(400, names.RID_MALFORMED)
-        rows = [r for p in await rc.ask(names.CMD_REQUESTS, rid=lookup_rid(qp["rid"])) for r in p.get("requests", [])]
-        if not rows:
-            return _error(404, f"request {qp['rid']!r} not found in the recent-request ring")
-        return request_trace(rows[0])
+        return await rc.request(qp["rid"], "request_trace", lambda row: _json(request_trace(row)))
     raw = qp.get("last", str(names.DEFAULT_TRACE_STEPS))
     try:
         n = int(raw)

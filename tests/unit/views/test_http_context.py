@@ -187,8 +187,12 @@ class _FullGate(http_gate.ReadGate):
 
 
 @pytest.mark.parametrize("path", [names.ROUTE_DIAGNOSIS + "?ctx=7", names.ROUTE_REQUESTS + "?slowest=3",
-                                  names.ROUTE_REQUESTS + "?slowest=20&steps=1", names.ROUTE_TRACE_JSON + "?last=2"])
+                                  names.ROUTE_REQUESTS + "?slowest=20&steps=1", names.ROUTE_TRACE_JSON + "?last=2",
+                                  names.ROUTE_REQUESTS + "/r1", names.ROUTE_REQUESTS + "?rid=r1",
+                                  names.ROUTE_TRACE_JSON + "?rid=r1"])
 def test_a_full_read_gate_is_a_429_json_error_on_every_gated_route(monkeypatch, path):
+    """Every read that builds on the schedulers or the build thread waits its turn at the gate: one
+    request's rows (thousands of steps: tens of ms on the scheduler, a MB to serialize) too."""
     monkeypatch.setattr(http_gate, "_GATE", _FullGate(1.0))
     rec = Recorder("one")
     r = TestClient(_app(rec), raise_server_exceptions=False).get(path)
