@@ -37,6 +37,7 @@ from starlette.responses import Response
 from ..control.client import NoAnswer
 from ..model.config import CtxProfConfig
 from ..model.guard import Guard
+from .http_build import off_loop
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ STRIKES = 3  # consecutive internal failures of the routes before they are switc
 _STRUCK = "_ctxprof_struck"  # set on an exception once it counted (readers sharing a read share it)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_POLICY_BODY = 4096  # bytes of a trace-policy (or fault-switch) body: a few short fields
+INLINE_BODY = 65536  # bytes of JSON parsed where the body arrives (the event loop); larger ones on the build thread
 
 _GUARD: Guard | None = None
 _strikes = 0
@@ -114,7 +116,8 @@ def _finite(text: str) -> float:
 async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Response | None]:
     """The request's JSON body, or an error reply: 413 above ``limit`` bytes, 400 (``hint`` says
     what the route takes) for a body that is not strict JSON (a number too large for a float is
-    not one either) or that the client stopped sending."""
+    not one either) or that the client stopped sending.  A body over ``INLINE_BODY`` bytes is parsed
+    on the build thread (``off_loop``), not on the event loop SGLang's tokenizer manager runs on."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None, error(413, f"body is {declared} bytes; this route takes at most {limit}")
@@ -127,10 +130,17 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
             chunks.append(chunk)
     except ClientDisconnect:  # the client hung up mid-body: its doing, not a failure of ours
         return None, error(400, "the client disconnected before sending the whole body")
+    raw = b"".join(chunks)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_no_constant, parse_float=_finite), None
+        if len(raw) <= INLINE_BODY:
+            return _parse(raw), None
+        return await off_loop(_parse, raw), None  # MBs: not on the loop that runs the tokenizer
     except (ValueError, RecursionError) as exc:
         return None, error(400, f"{hint} ({type(exc).__name__}: {str(exc)[:80]})")
+
+
+def _parse(raw: bytes) -> Any:
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
 
 
 def foreign_origin(request: Request) -> str | None:

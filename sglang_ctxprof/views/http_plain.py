@@ -18,8 +18,9 @@ What is kept is only what the ledger reads (``plain_evidence``): per bucket its 
 tokens per step and phase times, each a float within what a server measures, checked once at
 registration against every path of the ledger (a probe of speculative points at, between and far
 beyond the reference's contexts), so a reference that was accepted cannot make a later diagnosis
-fail.  The body is read and parsed on SGLang's event loop (at most :data:`MAX_BODY` bytes); reading
-it as a profile and checking it run on the build thread (``http_build.off_loop``).
+fail.  The body is read on SGLang's event loop (at most :data:`MAX_BODY` bytes) and parsed there only
+when small (``http_guard.json_body``); parsing a large one, reading it as a profile and checking it
+run on the build thread (``http_build.off_loop``).
 
 The reference lives in the HTTP process's memory (the read context's ``PlainStore``, one per
 installed app, ``views.http_context``): a restart forgets it, ``/ctx_profile/reset`` does

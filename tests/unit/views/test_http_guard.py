@@ -145,3 +145,31 @@ def test_a_body_over_the_limit_is_refused_by_its_declared_length_or_as_it_stream
 
     r = client.post("/body", content=chunks())
     assert r.status_code == 413, r.text
+
+
+def test_a_large_body_is_parsed_on_the_build_thread_not_the_event_loop(monkeypatch):
+    """The event loop also runs SGLang's tokenizer manager: a body of MBs (a plain reference may be
+    4 MiB, a float callback per number) is parsed on the build thread; a small one where it arrives."""
+    import threading
+
+    threads = []
+    finite = http_guard._finite
+
+    def spy(text):
+        threads.append(threading.current_thread().name)
+        return finite(text)
+
+    monkeypatch.setattr(http_guard, "_finite", spy)
+
+    async def body(request: Request):
+        got, bad = await http_guard.json_body(request, 1 << 22, "a JSON body")
+        return bad if bad is not None else {"n": len(got)}
+
+    app = fastapi.FastAPI()
+    app.add_api_route("/body", http_guard.guarded(body), methods=["POST"])
+    c = TestClient(app, raise_server_exceptions=False)
+    assert c.post("/body", content=b"[" + b",".join([b"1.5"] * 50_000) + b"]").json() == {"n": 50_000}
+    assert threads and all(t.startswith("ctxprof-build") for t in threads)
+    threads.clear()
+    assert c.post("/body", content=b"[1.5, 2.5]").json() == {"n": 2}
+    assert threads and not any(t.startswith("ctxprof-build") for t in threads)
