@@ -33,7 +33,7 @@ from operator import not_
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
-from ..model.names import ABORT_RETRACTED, KIND_DECODE, TIMING_RANK, Phase
+from ..model.names import ABORT_RETRACTED, AUDIT_INVARIANTS, KIND_DECODE, TIMING_RANK, Phase
 from ..model.records import PhaseShapes, RequestEnd, StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
@@ -91,6 +91,7 @@ class Aggregator:
         self._audit = audit
         self.resets = -1  # resets so far (the first is the one below): a state's version names it
         self.counts = acc.CountsMemo()  # each record's acceptance counts, kept for the live metrics' read
+        self._violations = dict.fromkeys(AUDIT_INVARIANTS, 0)  # the audit's counts, never reset
         self.reset()
 
     def reset(self) -> None:
@@ -108,13 +109,18 @@ class Aggregator:
         self.ring = RecentSteps()  # the one history of recent steps (waterfall and trace export)
         self._last_end_ns = 0
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
-        self.audit = Audit() if self._audit else None
+        self.audit = Audit(lifetime=self._violations) if self._audit else None
         self._shapes: PhaseShapes = {}  # phases_ms keys -> what ``reported_phases`` reads
         self._dicts = PartDicts()  # the state dicts of the buckets' copies, while they are unchanged
 
     def observe(self, rec: StepRecord) -> None:
         for _ in self.stages(rec):
             pass
+
+    def audit_lifetime(self) -> Mapping[str, int] | None:
+        """The audit's violations per invariant since start, across resets (a Prometheus counter's
+        count); None with the audit off.  ``audit.counts`` restart at each reset."""
+        return self._violations if self.audit is not None else None
 
     def stages(self, rec: StepRecord) -> Iterator[None]:
         """``observe`` in stages, yielding between two (a decode record's bucket counts, its acceptance

@@ -49,10 +49,12 @@ def _shape(keys: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 class Audit:
-    __slots__ = ("counts", "checked", "latest", "_shapes", "_expected")
+    __slots__ = ("counts", "lifetime", "checked", "latest", "_shapes", "_expected")
 
-    def __init__(self, latest: int = LATEST) -> None:
+    def __init__(self, latest: int = LATEST, lifetime: Optional[dict[str, int]] = None) -> None:
         self.counts: dict[str, int] = dict.fromkeys(AUDIT_INVARIANTS, 0)
+        # the same counts, never reset: the owner's, handed to each audit after a reset (a counter's)
+        self.lifetime = lifetime if lifetime is not None else dict.fromkeys(AUDIT_INVARIANTS, 0)
         self.checked = {"steps": 0, "requests": 0}
         self.latest: deque = deque(maxlen=latest)
         self._shapes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -60,6 +62,7 @@ class Audit:
 
     def _bad(self, inv: str, rec: StepRecord, rid: str, detail: str) -> None:
         self.counts[inv] += 1
+        self.lifetime[inv] += 1
         self.latest.append({"invariant": inv, "step_id": rec.step_id, "rid": rid, "detail": detail,
                             "t_ns": rec.t_start_ns})
 

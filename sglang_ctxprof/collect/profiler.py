@@ -167,16 +167,17 @@ class Profiler:
         return BindFacts(primary=rank is None or rank.tp == 0, model_name=adapter.served_model_name(sa),
                          metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
                          dropped=self.recorder.dropped_count, degraded=self.guard.status,
-                         audit=self.audit_counts, policy=self.trace_policy, counts=self.aggregator.counts,
+                         audit=self.audit_lifetime, policy=self.trace_policy, counts=self.aggregator.counts,
                          guarded=self.guard.run, watch_faults=self.guard.listen)
 
     def trace_policy(self) -> Optional[Policy]:
         """The exporters' trace policy as it is now (``ExporterSet.policy``), None without exporters."""
         return self.exporters.policy if self.exporters is not None else None
 
-    def audit_counts(self) -> Optional[Mapping[str, int]]:
-        """The live self-audit's violations per invariant (``aggregate.audit``), or None when off."""
-        return self.aggregator.audit.counts if self.aggregator.audit is not None else None
+    def audit_lifetime(self) -> Optional[Mapping[str, int]]:
+        """The live self-audit's violations per invariant since start, across resets (the live
+        counter's; ``aggregate.audit``), or None when off."""
+        return self.aggregator.audit_lifetime()
 
     def export_history(self, rid: str, with_steps: bool, stamp: int) -> Optional[dict[str, Any]]:
         """A finished request as the exporters read it, under the aggregator's lock: the use of ``rid``

@@ -127,12 +127,11 @@ class MetricsView:
             self.dropped.labels(self.model).inc(n - self._dropped_seen)
             self._dropped_seen = n
         self.refresh_degraded()
-        for inv, n in (self._audit_fn() or {}).items():
+        for inv, n in (self._audit_fn() or {}).items():  # counts since start: a reset restarts none
             seen = self._audit_seen.get(inv, 0)
-            if n != seen:
-                if n > seen:
-                    self.violations.labels(self.model, inv).inc(n - seen)
-                self._audit_seen[inv] = n  # a reset restarts the audit's counts, never this counter
+            if n > seen:
+                self.violations.labels(self.model, inv).inc(n - seen)
+                self._audit_seen[inv] = n
 
     def refresh_degraded(self) -> None:
         """The degraded gauge from the guard's status: as records drain, and when the guard says a

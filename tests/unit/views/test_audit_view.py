@@ -31,11 +31,10 @@ def test_live_counter_follows_the_audit_and_survives_a_reset():
     reg = CollectorRegistry()
     view = MetricsView(Bucketing.parse("pow2"), reg, model="m", audit=lambda: counts)
     assert _samples(generate_latest(reg).decode()) == dict.fromkeys(AUDIT_INVARIANTS, 0.0)
-    counts["verify_ct"] = 2
+    counts["verify_ct"] = 2  # the audit's counts since start (``Aggregator.audit_lifetime``): a reset
+    view.observe(_rec())     # restarts the audit's own counts, not these
     view.observe(_rec())
-    counts["verify_ct"] = 0  # /ctx_profile/reset restarts the audit
-    view.observe(_rec())
-    counts["verify_ct"] = 1
+    counts["verify_ct"] = 3
     view.observe(_rec())
     got = _samples(generate_latest(reg).decode())
     assert got["verify_ct"] == 3 and sum(got.values()) == 3

@@ -166,3 +166,34 @@ def test_the_degraded_gauge_shows_a_failure_that_stops_the_records():
         assert METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
         sink.end(RequestEnd("late", t_ns=1))  # a drain thread stuck past the stop: nothing registered again
         assert sink.view is None and METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
+
+
+def test_the_violations_counter_keeps_every_violation_across_resets():
+    """``POST /ctx_profile/reset`` restarts the audit's counts (status, diagnosis, ``?format=prometheus``);
+    the live counter never decreases and counts each violation once, also one the sink reads only
+    after a reset and the next violations (the sinks run after the aggregator)."""
+    agg = Aggregator()
+    reg = CollectorRegistry()
+    view = MetricsView(agg.bucketing, reg, model="m", audit=agg.audit_lifetime)
+    bad = [StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("x",), ctx_lens=(70,),
+                      accepted=(3,), committed=(3,), finished=(False,), draft_tokens=4, step_ms=5.0,
+                      phases_ms={**PH, "draft": 9.0}, t_start_ns=i) for i in range(9)]
+
+    def live():
+        return reg.get_sample_value("sglang_ctxprof_invariant_violations_total",
+                                    {"model_name": "m", "invariant": "leaf_sum"})
+
+    for rec in bad[:3]:
+        agg.observe(rec)
+        view.observe(rec)
+    agg.reset()
+    for rec in bad[3:6]:
+        agg.observe(rec)
+        view.observe(rec)
+    assert live() == 6 and agg.audit.counts["leaf_sum"] == 3
+    agg.reset()
+    for rec in bad[6:]:
+        agg.observe(rec)
+    for rec in bad[6:]:
+        view.observe(rec)
+    assert live() == 9 and agg.audit.counts["leaf_sum"] == 3
