@@ -166,12 +166,14 @@ class Capture:
     # ---- the state machine (scheduler thread) -------------------------------------------------------
     def tick(self, scheduler: Any, batch: Any) -> None:
         """At the start of every ``run_batch`` while armed.  A failure never fails the step, and
-        leaves the rest of the profiler running: a pending capture ends failed; a running one is
-        stopped now on one rank.  With several ranks it goes on, the failed step counted, and stops
-        with the others where its count still agrees with theirs (a failure on the step they stop
-        at, or on a prefill a rid capture passes over, still parts them).  A running capture
-        stops after :func:`most_ticks` steps whatever happens, on every rank alike: SGLang's
-        profiler is never left recording."""
+        leaves the rest of the profiler running: on one rank a pending capture ends failed, a running
+        one is stopped now.  With several ranks (SGLang's stop barrier spans them) the rank follows
+        the others' steps: a pending capture is taken as started by the others at that step (on a
+        real step they do) and followed unstarted to the barrier; a running one counts the failed
+        step, or stops where the others stop, by the count of steps (a failure on a prefill a rid
+        capture passes over, or on a step where its request left, still parts them).  A running
+        capture stops after :func:`most_ticks` steps whatever happens, on every rank alike:
+        SGLang's profiler is never left recording."""
         try:
             info = self.current
             if info is not None and info.state == names.CAPTURE_RUNNING:
@@ -185,14 +187,17 @@ class Capture:
             info, why = self.current, f"{type(exc).__name__}: {exc}"
             if info is None:
                 return
-            if info.state != names.CAPTURE_RUNNING:
+            if info.state != names.CAPTURE_RUNNING and self.ranks == 1:
                 self._end(info, names.CAPTURE_FAILED, why)
                 return
             info.error = info.error or why
             try:
                 step = adapter_capture.forward_ct(scheduler) + 1
-                if self.ranks == 1:
-                    self._stop(scheduler, info)
+                if info.state != names.CAPTURE_RUNNING:  # the others start theirs at this step (a
+                    info.state, info.start_ns, info._unstarted = names.CAPTURE_RUNNING, time.time_ns(), True
+                    info.step_ids.append(step)  # real one): follow their steps to the stop barrier
+                elif self.ranks == 1 or len(info.step_ids) >= info.steps:
+                    self._stop(scheduler, info)  # one rank: now; several: the step the others stop at
                 elif not info.step_ids or info.step_ids[-1] != step:
                     info.step_ids.append(step)  # counted as the others count it
             except Exception as again:  # noqa: BLE001 - never into SGLang's step

@@ -519,8 +519,8 @@ def test_ranks_accept_the_next_capture_alike_while_one_of_them_still_exports(tmp
 def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(tmp_path, monkeypatch, where):
     """One rank: the capture is stopped at once (its trace holds the steps before).  Several ranks:
     it goes on, the failed step counted as the others count it, and stops at the same step, at
-    SGLang's barrier (before, it ended failed there with the profiler on, and never came).  (A
-    failure on the very step the others stop at still parts them: not covered.)"""
+    SGLang's barrier (before, it ended failed there with the profiler on, and never came).  A
+    failure on the step the others start or stop at: the test after this one."""
     from sglang_ctxprof.collect import adapter_capture
 
     real, fail_at = getattr(adapter_capture, where), {"ct": None}
@@ -552,8 +552,9 @@ def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(t
 
 
 def test_a_capture_whose_ticks_always_fail_stops_after_its_most_steps_on_every_rank(tmp_path, monkeypatch):
-    """A failure at every tick counts no step: the capture still stops, after ``most_ticks`` steps,
-    the same on every rank (each ticks at every step), so no rank records for ever."""
+    """A failure at every tick, where the step cannot be counted either (SGLang's forward count reads
+    the same), counts no step: the capture still stops, after ``most_ticks`` steps, the same on every
+    rank (each ticks at every step), so no rank records for ever."""
     from sglang_ctxprof.collect import adapter_capture
     from sglang_ctxprof.collect.capture import most_ticks
 
@@ -572,6 +573,7 @@ def test_a_capture_whose_ticks_always_fail_stops_after_its_most_steps_on_every_r
         cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
         sched.step(cap)  # started, its first step counted
         broken["on"] = True  # from here on (one rank stops at its first failure)
+        monkeypatch.setattr(adapter_capture, "forward_ct", lambda scheduler: 0)
         ran = 0
         while sched.profiler_manager.profile_in_progress and ran < 1000:
             sched.step(cap)
@@ -628,3 +630,42 @@ def test_uninstrument_ends_the_labelling_of_a_capture_started_while_profiling_wa
     finally:
         hooks.label_phases(None)
         s.profiler_manager._stop_profile()
+
+
+@pytest.mark.parametrize("fail_ct", [0, 4])  # the step a capture starts at (pending), the one it stops at
+def test_a_rank_whose_tick_fails_on_the_start_or_stop_step_meets_the_others_at_the_barrier(tmp_path, monkeypatch,
+                                                                                           fail_ct):
+    """SGLang's stop barrier spans the TP group: a rank whose tick fails (a cause of its own) on the
+    step the others start at, or stop at, must still reach the barrier at the same step (else one
+    waits in the barrier while another runs a forward's collectives: a hang)."""
+    import torch.distributed as dist
+
+    from sglang_ctxprof.collect import adapter_capture
+
+    waits: list = []
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: waits.append(group))
+    real, fail = adapter_capture.batch_rids, {"on": False}
+
+    def failing(batch):
+        if fail["on"] and sched.forward_ct == fail_ct:
+            raise MemoryError("this rank's own")
+        return real(batch)
+
+    monkeypatch.setattr(adapter_capture, "batch_rids", failing)
+    seen = {}
+    for name in ("fails", "ok"):
+        waits.clear()
+        cap, sched = Capture(settings(tmp_path / name, steps=4)), CaptureScheduler()
+        sched.server_args.tp_size = 2
+        cap.bind(sched)
+        assert cap.request(names.TRIGGER_MANUAL)["accepted"]
+        fail["on"] = name == "fails"
+        trace = []
+        for _ in range(8):
+            sched.step(cap)
+            trace.append((sched.forward_ct, sched.profiler_manager.barriers + len(waits) > 0))
+        seen[name] = trace
+        assert not sched.profiler_manager.profile_in_progress
+    assert seen["fails"] == seen["ok"] and [ct for ct, met in seen["ok"] if met][0] == 5
