@@ -339,12 +339,25 @@ class RequestLog:
             return out
         return None
 
-    def slowest(self, n: int, with_steps: bool = True) -> list[dict[str, Any]]:
+    def slowest(self, n: int, with_steps: bool = True, max_rows: Optional[int] = None) -> list[dict[str, Any]]:
+        """The ``n`` requests of lowest decode tok/s, slowest first, with their step rows
+        (``with_steps``) up to ``max_rows`` in all, the slowest requests' first: one whose rows would
+        pass it comes without them, ``step_rows_left_out`` saying how many."""
         # Rank on the raw totals and summarize only the n kept (a snapshot stays cheap at 4096 requests).
         # Each request's totals are worked out once: ranked on, then reused for the n kept.
         ranked = ((r, totals_of(r)) for r in self._reqs.values() if r["steps"] or r["step_rows"])
         top = heapq.nsmallest(max(0, n), ranked, key=lambda rt: tok_s(rt[1]))
-        return [summarize(r, with_steps=with_steps, totals=t) for r, t in top]
+        if not with_steps or max_rows is None:
+            return [summarize(r, with_steps=with_steps, totals=t) for r, t in top]
+        out, left = [], max_rows
+        for r, t in top:
+            k = len(r["step_rows"])
+            out.append(summarize(r, with_steps=k <= left, totals=t))
+            if k <= left:
+                left -= k
+            else:
+                out[-1]["step_rows_left_out"] = k
+        return out
 
     def totals(self) -> list[dict[str, Any]]:
         return [summarize(r, with_steps=False) for r in self._reqs.values()]

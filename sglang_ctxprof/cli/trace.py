@@ -119,6 +119,9 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
     lost = int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
     if lost:
         out.append(f"  ({lost} step rows not kept: per-request or global row budget)")
+    if r.get("step_rows_left_out"):
+        out.append(f"  ({int(r['step_rows_left_out'])} step rows left out of this read, past its budget: "
+                   f"sglang-ctxprof trace {printable(r['rid'])} shows them)")
     shown = rows if max_steps <= 0 else rows[:max_steps]
     phases = [(p, name) for p, name in PHASE_COLS if any(p in (s.get("phases_ms") or {}) for s in shown)]
     cols = COLS + tuple((name, 8) for _, name in phases) + (("other", 8),)

@@ -26,8 +26,8 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..model.names import (CMD_CAPTURE, CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS,
-                           CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, TRIGGER_MANUAL,
-                           TRIGGER_RID)
+                           CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, MAX_READ_STEP_ROWS,
+                           TRIGGER_MANUAL, TRIGGER_RID)
 from .protocol import decode
 
 if TYPE_CHECKING:  # types only: the handler imports no collect/ module at run time
@@ -186,5 +186,6 @@ def _requests(p: Profiler, req: Json) -> Json:
         return {"requests": [r] if r else []}
     n = _int(req, "slowest", 10)
     steps = req.get("steps", False) is True  # step rows only when asked (the CLI's trace --slowest)
-    rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=steps))
+    budget = MAX_READ_STEP_ROWS if steps else None
+    rows = p.recorder.with_aggregator(lambda a: a.requests.slowest(n, with_steps=steps, max_rows=budget))
     return {"requests": rows}

@@ -197,6 +197,9 @@ RID_PLAIN = rf"^[A-Za-z0-9_.:\-]{{1,{RID_MAX}}}\Z"
 RID_MALFORMED = f"malformed rid: use 1-{RID_MAX} characters, none a control, format or line-separator character"
 CAPTURE_ID_PATTERN = RID_PLAIN  # a capture id names a file and goes into URL paths
 MAX_SLOWEST = 1000  # the most requests one ?slowest=N answers
+# step rows one ?slowest=N&steps=1 answer ships per rank, the slowest requests' first (they are built
+# on the scheduler thread: ~5-10 us a row); a request past it comes with ``step_rows_left_out``
+MAX_READ_STEP_ROWS = 4096  # as many as one request keeps (max_steps): no more than reading it by rid
 MAX_WHATIF_CTX = 10**9  # the largest context the diagnosis's what-if (?ctx=N) answers for
 ENV_SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 HTTP_APP_PATH = "sglang_ctxprof.http_app:app"

@@ -39,3 +39,9 @@ def test_a_speculative_steps_columns_are_as_before():
                                                       verify_rest=1.0, draft_extend=1.0, overhead=0.5)]}
     head = next(ln.split() for ln in render_request(r).splitlines() if "step_ms" in ln)
     assert head[8:] == ["draft", "verify", "v.attn", "v.moe", "v.rest", "d_ext", "other"]
+
+
+def test_a_request_whose_rows_a_slowest_read_left_out_says_how_to_read_them():
+    r = {"rid": "big", "steps": 9000, "step_rows_left_out": 4096}
+    out = render_request(r)
+    assert "4096 step rows left out of this read" in out and "sglang-ctxprof trace big" in out

@@ -144,3 +144,20 @@ def test_a_snapshot_the_reader_holds_is_answered_unchanged_until_the_state_moves
     assert reset["state"]["records"] == 0 and reset["version"] not in (v, moved["version"])
     bad = ask(session, names.CMD_SNAPSHOT, known="all")
     assert bad["bad_request"] and p.guard.ok("control")
+
+
+def test_slowest_requests_with_their_steps_ship_a_bounded_number_of_rows(session, monkeypatch):
+    """``?slowest=N&steps=1`` builds the rows on the scheduler thread: at most ``MAX_READ_STEP_ROWS``
+    rows per answer, the slowest requests' first; a request past the budget comes without its rows,
+    saying how many were left out (one request by rid still ships all of its own)."""
+    from sglang_ctxprof.control import handler
+
+    monkeypatch.setattr(handler, "MAX_READ_STEP_ROWS", 5)
+    p = session.profiler
+    for i in range(12):
+        p.recorder.submit(_rec(i, rid="abc"[i % 3]))
+    full = ask(session, names.CMD_REQUESTS, slowest=10, steps=True)["requests"]
+    shipped = [len(r.get("step_rows") or ()) for r in full]
+    assert sum(shipped) <= 5 and shipped[0] == 4 and all(r["steps"] == 4 for r in full)
+    assert [r.get("step_rows_left_out", 0) for r in full] == [0 if n else 4 for n in shipped]
+    assert len(ask(session, names.CMD_REQUESTS, rid="a")["requests"][0]["step_rows"]) == 4
