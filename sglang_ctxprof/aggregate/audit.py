@@ -10,9 +10,10 @@ after the request history has taken it, and counts each broken invariant
   (``StepRecord.draft_positions``: the chain or block behind its anchor) plus its non-draft tokens
   (the bonus token; UNO's clean root as well);
 * ``hook_once``: every hooked phase (draft, verify and its attention/MoE blocks, draft_extend, a plain
-  decode's forward and its blocks) that timed the first decode step of an (algorithm, timing) pair
-  times each later one: a hook that stops firing shows as its phase missing or at zero, a new one
-  as a phase never seen before;
+  decode's forward and its blocks) that timed the first decode step of an (algorithm, timing, draft
+  tokens) triple times each later one: a hook that stops firing shows as its phase missing or at
+  zero, a new one as a phase never seen before (adaptive speculation's depths apart: at 0 draft
+  steps SGLang runs no draft);
 * at a request's finish, against SGLang's own numbers carried by the record (``books``):
   ``verify_ct``: our decode steps == ``spec_verify_ct``; ``completion_tokens``:
   ``1 + committed == completion_tokens`` (no first token for a request that kept no output,
@@ -58,7 +59,8 @@ class Audit:
         self.checked = {"steps": 0, "requests": 0}
         self.latest: deque = deque(maxlen=latest)
         self._shapes: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
-        self._expected: dict[tuple[str, str], tuple[str, ...]] = {}  # (algorithm, timing) -> hooked phases
+        # (algorithm, timing, draft tokens) -> the hooked phases of its first decode step
+        self._expected: dict[tuple[str, str, int], tuple[str, ...]] = {}
 
     def _bad(self, inv: str, rec: StepRecord, rid: str, detail: str) -> None:
         self.counts[inv] += 1
@@ -94,12 +96,12 @@ class Audit:
             self._bad("accepted_bound", rec, rec.rids[i],
                       f"accepted {top} > {bound} (draft positions + non-draft tokens)")
         if hooked:
-            key = (rec.algorithm, rec.timing)
+            key = (rec.algorithm, rec.timing, rec.draft_tokens)
             want = self._expected.get(key)
             if want is None or not (want == hooked and min(map(get, hooked)) > 0):
                 self._hooks(rec, key, want, frozenset([k for k in hooked if get(k) > 0]))
 
-    def _hooks(self, rec: StepRecord, key: tuple[str, str], want: Optional[tuple[str, ...]],
+    def _hooks(self, rec: StepRecord, key: tuple[str, str, int], want: Optional[tuple[str, ...]],
                fired: frozenset[str]) -> None:
         """The slow path: the first decode step of ``key`` sets the hooks expected; a later one differs."""
         if want is None:

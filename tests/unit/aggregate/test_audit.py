@@ -192,3 +192,20 @@ def test_a_reused_rid_whose_prefill_went_unseen_is_a_new_use_and_not_checked():
     new = agg.requests.get("again")
     assert new["use"] == 1 and new["steps"] == 2 and agg.requests.tally("again") is None
     assert agg.requests.finished("again", _decode("again", 5).end_ns)["steps"] == 5
+
+
+def test_adaptive_speculation_that_skips_the_draft_at_zero_steps_is_no_missing_hook():
+    """``--speculative-adaptive`` picks the draft steps per batch, 0 among them at large batches: such a
+    step runs no draft (nor, optionally, draft_extend).  Its hooks are learned apart from the other
+    depths', whichever comes first; a hook that stops firing at one depth still counts."""
+    agg = Aggregator()
+    no_draft = {"verify": 3.0, "verify_attn": 1.5, "verify_moe": 1.0, "verify_rest": 0.5, "overhead": 1.0}
+    for i in range(1, 9):
+        if i % 2:
+            agg.observe(_decode("a", i, draft_tokens=1, phases_ms=dict(no_draft), step_ms=4.0, accepted=(1,),
+                                committed=(1,)))
+        else:
+            agg.observe(_decode("a", i))
+    assert agg.audit.status()["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0)
+    agg.observe(_decode("a", 9, phases_ms={**PH, "verify_moe": 0.0, "verify_rest": 1.5}))
+    assert agg.audit.status()["violations"]["hook_once"] == 1
