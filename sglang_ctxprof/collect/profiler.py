@@ -7,7 +7,7 @@ thread builds the :class:`StepRecord`.
 
 Under the overlap scheduler ``run_batch(N+1)`` runs before ``process_batch_result(N)``; the pending
 map is keyed by ``forward_iter`` so the two never mix.  The map is bounded: a builder whose result
-never arrives (an aborted batch) is evicted and counted.
+never arrives (an aborted batch) is evicted, counted and told to the recorder (``Recorder.lost``).
 
 GPU: marks are CUDA events on the current stream (``clocks.CudaEventClock``), read here after
 SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
@@ -221,6 +221,7 @@ class Profiler:
             _, old = self.pending.popitem(last=False)
             release(old, self.clock)
             self.pending_evicted += 1
+            self.recorder.lost()
 
     def drop_pending(self) -> None:
         """Forget the steps still waiting for their results, and the parked ones waiting for their device
@@ -256,6 +257,7 @@ class Profiler:
     def _evict(self, item: tuple[StepBuilder, HostFacts]) -> None:
         release(item[0], self.clock)
         self.unresolved += 1
+        self.recorder.lost()
 
     def timing_mode(self) -> str:
         """The best this process can do (status); each record carries its own step's label."""
@@ -292,9 +294,11 @@ class Profiler:
         """Host-side facts of the step, read now (they change with the next step); None: no record."""
         if b.span is None:
             self.unresolved += 1
+            self.recorder.lost()
             return None
         pre = b.pre
         if pre is None or len(pre[0]) != len(batch.reqs):
+            self.recorder.lost()
             return None
         reqs, outs, lens_pre, vct_pre, done_pre = pre
         decode = b.kind == KIND_DECODE
@@ -335,10 +339,8 @@ class Profiler:
             "drain": "running" if self.recorder.running() else "stopped",  # stopped while off
             "parked": len(self.parked), "submitted": self.recorder.submitted, "dropped": self.recorder.dropped,
             "sink_dropped": self.recorder.sink_dropped,  # aggregated, but a stalled sink never saw them
-            "pending": len(self.pending), "pending_evicted": self.pending_evicted,
-            "unresolved": self.unresolved,
-            "degraded": self.guard.status(),
-            "hooks": self.hook_report,
+            "pending": len(self.pending), "pending_evicted": self.pending_evicted, "unresolved": self.unresolved,
+            "degraded": self.guard.status(), "hooks": self.hook_report,
             "coverage": self._coverage(),
             "exporters": self.exporters.status() if self.exporters is not None else None,
             "cost": self.cost.to_dict(),

@@ -48,8 +48,18 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# a record; host facts or plain facts, built here in stages; an end; a record taken in part
-Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started"]
+
+
+class _Lost:
+    """A step lost before the aggregator (the queue full, or lost by the profiler: ``Recorder.lost``),
+    in its place in the queue: the requests running then miss a step."""
+
+    __slots__ = ()
+
+
+LOST = _Lost()
+# a record; host facts or plain facts, built here in stages; an end; a record taken in part; a loss
+Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started", _Lost]
 T = TypeVar("T")
 
 THREAD_NAME = "ctxprof-recorder"  # the drain thread's name (benches find its collections by it)
@@ -157,11 +167,21 @@ class Recorder:
         """Queue a :class:`StepRecord`, or host facts with a ``record()`` method (built when drained)."""
         if not self.guard.ok("recorder"):
             return
-        if len(self._q) >= self.maxsize:
+        q = self._q
+        if len(q) >= self.maxsize:
             self.dropped += 1
+            if q[-1] is not LOST:  # one mark per run of drops (the queue's only item past maxsize)
+                q.append(LOST)
             return
-        self._q.append(rec)
+        q.append(rec)
         self.submitted += 1
+
+    def lost(self) -> None:
+        """A step the profiler lost before submitting it (its device times never came, evicted while
+        pending, its batch changed under it): the requests running then are marked as missing steps
+        (``RequestLog.interrupt``), in queue order, so the self-audit checks them against nothing."""
+        if not self._q or self._q[-1] is not LOST:
+            self._q.append(LOST)
 
     def dropped_count(self) -> int:
         return self.dropped
@@ -232,6 +252,9 @@ class Recorder:
         if not self.guard.ok("recorder"):
             return None
         kind = type(item)
+        if kind is _Lost:
+            self.guard.run("aggregator", self.aggregator.requests.interrupt)
+            return None
         if kind is RequestEnd:
             self.guard.run("aggregator", self.aggregator.end_request, item)
             self._to_sinks(item)

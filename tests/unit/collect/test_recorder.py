@@ -563,3 +563,37 @@ def test_close_with_a_sink_stuck_for_good_returns_and_counts_what_it_never_saw()
         assert agg.records == 5 and r.sink_dropped == 4
     finally:
         sink.release.set()
+
+
+def _req(i: int, rid: str, kind: str = "decode", fin: bool = False, books=()) -> StepRecord:
+    return StepRecord(step_id=i, kind=kind, algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(100 + i,),
+                      accepted=(2,) if kind == "decode" else (0,), committed=(2,) if kind == "decode" else (0,),
+                      finished=(fin,), draft_tokens=4 if kind == "decode" else 0, step_ms=1.0,
+                      phases_ms={"draft": 0.5, "verify": 0.5} if kind == "decode" else {}, t_start_ns=10**18 + i,
+                      books=books)
+
+
+def test_a_step_lost_before_the_aggregator_leaves_the_requests_it_held_unchecked():
+    """A decode step the profiler lost (the queue full, a step whose device times never came, one
+    evicted while pending) is not in a running request's books: it is partial from then on, so the
+    self-audit checks it against nothing, rather than blame SGLang's books.  A request that
+    finished before the loss, or started after it, is checked as any other."""
+    r, agg, _, _ = _recorder(maxsize=3)
+    r.submit(_req(0, "a", "prefill"))
+    r.submit(_req(1, "a"))
+    r.submit(_req(2, "before", "prefill", fin=True, books=((-1, 1, 0),)))
+    r.submit(_req(3, "a"))  # the queue is full: lost
+    assert r.dropped == 1
+    r.flush()
+    r.submit(_req(4, "a", fin=True, books=((3, 7, 3),)))  # SGLang counted the 3 steps, 6 tokens
+    r.submit(_req(5, "b", "prefill"))
+    r.flush()
+    r.lost()  # the profiler lost b's next step (its device times never came)
+    r.submit(_req(7, "after", "prefill"))
+    r.flush()
+    r.submit(_req(8, "b", fin=True, books=((2, 5, 2),)))
+    r.submit(_req(9, "after", fin=True, books=((1, 3, 1),)))
+    r.flush()
+    st = agg.audit.status()
+    assert st["violations"] == dict.fromkeys(st["violations"], 0), st["latest"]
+    assert st["checked"]["requests"] == 2  # "before" and "after"; "a" and "b" missed steps
