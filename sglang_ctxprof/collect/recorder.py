@@ -4,7 +4,8 @@ The scheduler thread calls :meth:`Recorder.submit` with a finished record, or wi
 facts (``host.HostFacts``) whose record is built here in stages (their plain facts,
 ``model.facts.StepFacts``, then the record: ``build``, two stages each), or with a :class:`RequestEnd` (a request
 aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
-and counts a drop when ``maxsize`` items are waiting.  A daemon thread wakes every few
+and counts a drop when ``maxsize`` items are waiting, leaving a loss mark in its place (as
+:meth:`Recorder.lost` does for a step the profiler lost): the requests running then miss a step.  A daemon thread wakes every few
 milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is
 waiting into the aggregator (under ``_lock``) in bounded slices (``pacing.Pacer``: 0.05-0.2 ms of
 work, half a percent of the recent decode step, then the GIL handed to a waiting scheduler
