@@ -28,9 +28,12 @@ READ_ROUTES = (names.ROUTE, names.ROUTE_STATUS, names.ROUTE_REQUESTS, names.ROUT
 PREFIX_ROUTES = (names.ROUTE_REQUESTS + "/", names.ROUTE_UI + "/", names.ROUTE_CAPTURE + "/")
 WRITE_ROUTES = (names.ROUTE_RESET,)
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+MAX_FORWARDED_BODY = 65536  # bytes of a forwarded write's body (the page's writes send a few)
 
 
 def _route_ok(path: str, routes: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> bool:
+    if not path.startswith("/"):  # a target in absolute form would name the upstream host itself
+        return False
     p = urllib.parse.urlsplit(path).path
     if ".." in urllib.parse.unquote(p) or "//" in p:
         return False
@@ -67,7 +70,11 @@ def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTT
                 self.send_error(403 if self.command in ("GET", "POST") else 405,
                                 "only the page's reads (GET) and a write with its own key are forwarded")
                 return
-            n = int(self.headers.get("Content-Length") or 0)
+            length = self.headers.get("Content-Length") or "0"
+            if not (length.isascii() and length.isdigit()) or int(length) > MAX_FORWARDED_BODY:
+                self.send_error(400, f"Content-Length must be a number of bytes up to {MAX_FORWARDED_BODY}")
+                return
+            n = int(length)
             body = self.rfile.read(n) if n else None
             headers = {"Content-Type": self.headers.get("Content-Type") or "application/json", "Authorization": auth}
             req = urllib.request.Request(target + self.path, data=body, method=self.command, headers=headers)

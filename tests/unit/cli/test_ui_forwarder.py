@@ -103,3 +103,27 @@ def test_foreign_host_or_origin_is_refused(fw, headers):
     assert raw(port, "GET", "/ctx_profile", h) == 403
     assert raw(port, "POST", "/ctx_profile/reset", {**h, "Authorization": "Bearer typed"}) == 403
     assert Upstream.seen == []
+
+
+def _raw_cl(port: int, method: str, path: str, length: str) -> int:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.putrequest(method, path, skip_host=True)
+    c.putheader("Host", f"127.0.0.1:{port}")
+    c.putheader("Authorization", "Bearer typed")
+    c.putheader("Content-Length", length)
+    c.endheaders()
+    status = c.getresponse().status
+    c.close()
+    return status
+
+
+def test_a_request_target_that_is_not_a_path_and_a_bad_length_are_refused(fw):
+    """The upstream URL is the target plus the request's path: a target in absolute form (its scheme
+    and host the caller's) would change the host the lent key goes to; a length that is not a plain
+    number is a 400, not a handler crash or a read that waits for ever."""
+    base, port = fw
+    for target in ("a.evil.example://x/ctx_profile", "http://evil.example/ctx_profile", "ctx_profile"):
+        assert raw(port, "GET", target, {"Host": f"127.0.0.1:{port}"}) in (400, 403), target
+    for length in ("abc", "-1", "1e3"):
+        assert _raw_cl(port, "POST", "/ctx_profile/reset", length) == 400, length
+    assert Upstream.seen == []
