@@ -114,9 +114,12 @@ def parse_int(key: str, raw: Any, lo: int = 1) -> int:
 
 
 def parse_float(key: str, raw: Any, positive: bool = False) -> float:
-    """A finite number >= 0 (> 0 with ``positive``); bad input raises ValueError naming ``key``."""
+    """A finite number >= 0 (> 0 with ``positive``; -0 is 0); bad input (a boolean too) raises
+    ValueError naming ``key``."""
+    if isinstance(raw, bool):
+        raise ValueError(f"{key}={raw!r} is not a number")
     try:
-        v = float(raw)
+        v = float(raw) + 0.0
     except (TypeError, ValueError):
         raise ValueError(f"{key}={repr(raw)[:40]} is not a number") from None
     except OverflowError:

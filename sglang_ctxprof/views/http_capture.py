@@ -58,10 +58,13 @@ async def post_capture(rc: ReadContext, request: Request):
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
     args: dict[str, Any] = {"now": time.time()}
     if "steps" in qp:
+        most = rc.config.capture.max_steps  # the ranks check it too (their own settings)
         try:
-            args["steps"] = int(qp["steps"])
+            args["steps"] = int(qp["steps"]) if len(qp["steps"]) <= 12 else most + 1
         except ValueError:
-            return _error(400, f"steps must be an integer, got {qp['steps']!r}")
+            return _error(400, f"steps must be an integer, got {qp['steps'][:40]!r}")
+        if not 1 <= args["steps"] <= most:
+            return _error(400, f"steps must be between 1 and {most}, got {qp['steps'][:40]}")
     if "rid" in qp:
         if not valid_rid(qp["rid"]):
             return _error(400, names.RID_MALFORMED)

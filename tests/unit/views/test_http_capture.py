@@ -88,3 +88,10 @@ def test_a_full_read_gate_is_a_429_for_the_timeline(monkeypatch, trace_file):
     http.install_routes(app, FakeChannel(str(trace_file)), admin=lambda f: f)
     r = TestClient(app, raise_server_exceptions=False).get(URL)
     assert r.status_code == 429 and r.json()["retry_after_s"] == 1.0, r.text
+
+
+@pytest.mark.parametrize("steps", ["9" * 4000, "x" * 4000, "0", "-3"])
+def test_a_bad_number_of_steps_is_a_short_400_that_asks_no_rank(client, steps):
+    r = client.post(f"{names.ROUTE_CAPTURE}?steps={steps}")
+    assert r.status_code == 400 and "steps must" in r.json()["error"], r.text[:200]
+    assert len(r.text) < 300  # the value is not echoed whole

@@ -61,3 +61,11 @@ def test_runtime_update():
         p.updated({"speed": 1})
     with pytest.raises(ValueError):
         p.updated({"mode": "maybe"})
+
+
+def test_a_threshold_is_a_number_not_a_boolean_and_minus_zero_is_zero():
+    p = TracePolicy()
+    for bad in (True, False):
+        with pytest.raises(ValueError, match="not a number"):
+            p.updated({"slow_tok_s": bad})
+    assert str(p.updated({"slow_step_ms": -0.0}).slow_step_ms) == "0.0"
