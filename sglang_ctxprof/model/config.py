@@ -273,6 +273,7 @@ class CtxProfConfig:
     read_share: float = READ_SHARE
     control_timeout_s: float = CONTROL_TIMEOUT_S
     fault: str = ""
+    allowed_hosts: tuple[str, ...] = ()  # names besides addresses and this machine's a write may use
     trace: TraceSettings = field(default_factory=TraceSettings)
     logs: LogSettings = field(default_factory=LogSettings)
     export: ExportSettings = field(default_factory=ExportSettings)
@@ -303,6 +304,8 @@ class CtxProfConfig:
                                           _raw(env, names.ENV_CONTROL_TIMEOUT_S) or CONTROL_TIMEOUT_S,
                                           positive=True),
             fault=env.get(names.ENV_FAULT, "") or "",
+            allowed_hosts=tuple(h.strip().lower() for h in (_raw(env, names.ENV_ALLOWED_HOSTS) or "").split(",")
+                                if h.strip()),
             trace=TraceSettings(
                 mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),
                 slow_tok_s=_float(env, names.ENV_TRACE_SLOW_TOK_S, 20.0),

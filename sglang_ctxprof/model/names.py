@@ -119,6 +119,7 @@ ENV_QUEUE_SIZE = "SGLANG_CTXPROF_QUEUE_SIZE"
 ENV_REQUEST_RING = "SGLANG_CTXPROF_REQUEST_RING"
 ENV_TRACE = "SGLANG_CTXPROF_TRACE"
 ENV_READ_SHARE = "SGLANG_CTXPROF_READ_SHARE"  # the most of the HTTP process read builds may take
+ENV_ALLOWED_HOSTS = "SGLANG_CTXPROF_ALLOWED_HOSTS"  # host names a browser's write may come through
 ENV_CONTROL_TIMEOUT_S = "SGLANG_CTXPROF_CONTROL_TIMEOUT_S"  # how long a route waits for every scheduler
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
 ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"

@@ -16,17 +16,22 @@
 * A write (any method but GET/HEAD/OPTIONS) whose ``Origin`` header names another host than the one the
   request was sent to is refused with 403: SGLang allows CORS from any origin, and without a key
   (or with ``--tokenizer-worker-num > 1``, where SGLang installs no auth) a web page the operator
-  opens could otherwise post to reset/disable/trace_policy.  Clients that send no ``Origin``
-  (curl, scripts, the CLI) are unaffected.
+  opens could otherwise post to reset/disable/trace_policy.  So is one whose host is a name that is
+  not this server's (an IP address, ``localhost``, this machine's name or one of
+  ``SGLANG_CTXPROF_ALLOWED_HOSTS``): a page whose name was rebound to this server's address (DNS
+  rebinding) is same-origin to it.  Clients that send no ``Origin`` (curl, scripts, the CLI) are
+  unaffected.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import json
 import logging
 import math
+import socket
 import traceback
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
@@ -35,6 +40,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..control.client import NoAnswer
+from ..model import names
 from ..model.config import CtxProfConfig
 from ..model.guard import Guard
 from .http_build import off_loop
@@ -143,8 +149,30 @@ def _parse(raw: bytes) -> Any:
     return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
 
 
+_HOSTS: frozenset[str] | None = None  # own_hosts(), worked out at the first browser write
+
+
+def own_hosts() -> frozenset[str]:
+    """The host names a browser's write may come through besides an IP address: ``localhost``, this
+    machine's name, and those ``SGLANG_CTXPROF_ALLOWED_HOSTS`` adds (no DNS lookup)."""
+    global _HOSTS
+    if _HOSTS is None:
+        _HOSTS = frozenset({"localhost", socket.gethostname().lower(), *CtxProfConfig.from_env().allowed_hosts})
+    return _HOSTS
+
+
+def _own_name(hostname: str) -> bool:
+    try:
+        ipaddress.ip_address(hostname)
+        return True
+    except ValueError:
+        return hostname in own_hosts()
+
+
 def foreign_origin(request: Request) -> str | None:
-    """The ``Origin`` of a cross-origin write, or None when the write may pass."""
+    """The ``Origin`` of a write a browser sent from another origin, or through a name that is not
+    this server's (DNS rebinding: a page whose name now resolves here is same-origin to it), or None
+    when the write may pass (no ``Origin``: not a browser's)."""
     if request.method in SAFE_METHODS:
         return None
     origin = request.headers.get("origin")
@@ -153,7 +181,8 @@ def foreign_origin(request: Request) -> str | None:
     host = (request.headers.get("host") or "").lower()
     try:
         parts = urlsplit(origin)
-        same = parts.scheme in ("http", "https") and parts.netloc.lower() == host and bool(host)
+        same = (parts.scheme in ("http", "https") and parts.netloc.lower() == host and bool(host)
+                and _own_name((parts.hostname or "").lower()))
     except ValueError:
         same = False
     return None if same else origin
@@ -170,7 +199,8 @@ def guarded(handler: Callable[[Request], Awaitable[Any]]) -> Callable[[Request],
             return error(503, "ctx profile endpoint disabled after repeated failures", degraded=[g.status()])
         bad_origin = foreign_origin(request)
         if bad_origin is not None:
-            return error(403, f"cross-origin write refused (Origin {bad_origin!r} is not this server)")
+            return error(403, f"cross-origin write refused (Origin {bad_origin[:80]!r} is not this server by an "
+                              f"address or one of its names; {names.ENV_ALLOWED_HOSTS} adds names)")
         try:
             out = await handler(request)
             if not isinstance(out, Response):

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 def client(monkeypatch):
     monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
     monkeypatch.setattr(http_guard, "_strikes", 0)
+    monkeypatch.setattr(http_guard, "_HOSTS", frozenset({"localhost", "testserver"}))  # the test client's name
 
     async def inf_reply(request: Request):
         return {"at": {"step_ms": math.inf, "tok_s": float("nan"), "ok": 1.5}, "rows": [(-math.inf, 2)]}
@@ -173,3 +174,26 @@ def test_a_large_body_is_parsed_on_the_build_thread_not_the_event_loop(monkeypat
     threads.clear()
     assert c.post("/body", content=b"[1.5, 2.5]").json() == {"n": 2}
     assert threads and not any(t.startswith("ctxprof-build") for t in threads)
+
+
+@pytest.mark.parametrize("host,expect", [
+    ("evil.example:30000", 403),  # DNS rebinding: the attacker's name, resolved to this server
+    ("127.0.0.1:30000", 200), ("[::1]:30000", 200), ("localhost:30000", 200), ("10.1.2.3", 200),
+    ("testserver", 200),  # a name of this machine's, or one SGLANG_CTXPROF_ALLOWED_HOSTS adds
+])
+def test_a_same_origin_write_comes_through_an_address_or_a_name_of_this_server(client, host, expect):
+    """A page whose name was rebound to this server's address is same-origin to it: its write's Host
+    must also be an IP address, localhost, a name of this machine or one the operator allowed."""
+    r = client.post("/w", content=b"{}", headers={"Host": host, "Origin": f"http://{host}"})
+    assert r.status_code == expect, r.text
+    if expect == 403:
+        assert "SGLANG_CTXPROF_ALLOWED_HOSTS" in r.json()["error"]
+    assert client.post("/w", content=b"{}", headers={"Host": host}).status_code == 200  # no Origin: curl, the CLI
+
+
+def test_the_hosts_a_write_may_name_are_this_machines_and_the_allowed_ones(monkeypatch):
+    import socket
+
+    monkeypatch.setattr(http_guard, "_HOSTS", None)
+    monkeypatch.setenv("SGLANG_CTXPROF_ALLOWED_HOSTS", " Gpu-Box.example , other ")
+    assert http_guard.own_hosts() >= {"localhost", socket.gethostname().lower(), "gpu-box.example", "other"}
