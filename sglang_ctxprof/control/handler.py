@@ -23,11 +23,12 @@ which it still does.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..model.names import (CMD_CAPTURE, CMD_DISABLE, CMD_ENABLE, CMD_FAULT, CMD_RECENT, CMD_REQUESTS,
                            CMD_RESET, CMD_SNAPSHOT, CMD_STATUS, CMD_TRACE_POLICY, CONTROL_KEY, MAX_READ_STEP_ROWS,
-                           TRIGGER_MANUAL, TRIGGER_RID)
+                           PAYLOAD_SCHED_S, TRIGGER_MANUAL, TRIGGER_RID)
 from .protocol import decode
 
 if TYPE_CHECKING:  # types only: the handler imports no collect/ module at run time
@@ -70,7 +71,9 @@ def handle(rid: str, scheduler: object, session: CtxProfSession) -> Json:
                                   "degraded": p.guard.status()}}
         if p is None:
             return {CONTROL_KEY: {"error": "ctx profiler is not installed in this scheduler"}}
-        return {CONTROL_KEY: _handle(req, scheduler, session, p)}  # a failure is answered below
+        t0 = time.thread_time()
+        out = _handle(req, scheduler, session, p)  # a failure is answered below
+        return {CONTROL_KEY: {**out, PAYLOAD_SCHED_S: time.thread_time() - t0}}  # the read gate counts it
     except BadRequest as exc:
         return {CONTROL_KEY: {"error": str(exc), "bad_request": True}}
     except Exception as exc:  # noqa: BLE001 - always answer, never raise into SGLang

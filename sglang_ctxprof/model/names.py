@@ -168,6 +168,7 @@ CMD_FAULT = "fault"  # test only: break one component (needs SGLANG_CTXPROF_FAUL
 CMD_RECENT = "recent"  # the last N step records of a rank (the trace export)
 CMD_CAPTURE = "capture"  # request a deep capture (steps, rid) or read the captures
 CONTROL_KEY = "ctx_profile"  # key inside GetInternalStateReqOutput.internal_state
+PAYLOAD_SCHED_S = "sched_s"  # in each rank's answer: its scheduler thread's CPU seconds on the command
 
 # ---- HTTP routes on SGLang's port, and the app path multi-tokenizer workers import -----------
 ROUTE = "/ctx_profile"

@@ -45,11 +45,18 @@ def _executor() -> ThreadPoolExecutor:
 
 
 _BUSY = [0.0]  # the build thread's CPU seconds in jobs, in all (written by that thread only)
+_SCHED = [0.0]  # the schedulers' seconds answering reads, in all (written by the event loop only)
 
 
 def busy_s() -> float:
-    """The build thread's CPU time spent in :func:`off_loop` jobs so far (seconds)."""
-    return _BUSY[0]
+    """What the reads have cost so far (seconds): the build thread's CPU time in :func:`off_loop`
+    jobs, plus the schedulers' time answering them (:func:`charge_schedulers`)."""
+    return _BUSY[0] + _SCHED[0]
+
+
+def charge_schedulers(seconds: float) -> None:
+    """A read's time on the schedulers (the longest rank's: they answer at once), from the event loop."""
+    _SCHED[0] += max(0.0, seconds)
 
 
 def _timed(fn: Callable[[], T]) -> T:

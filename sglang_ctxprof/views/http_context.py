@@ -13,15 +13,16 @@ instrument.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional, Protocol
 
 from starlette.requests import Request
 
 from ..model.config import CtxProfConfig
-from ..model.names import CMD_REQUESTS, CMD_SNAPSHOT, RID_MALFORMED
+from ..model.names import CMD_REQUESTS, CMD_SNAPSHOT, PAYLOAD_SCHED_S, RID_MALFORMED
 from ..model.rids import lookup_rid, valid_rid
-from .http_build import off_loop
+from .http_build import charge_schedulers, off_loop
 from .http_gate import ReadGate
 from .http_guard import error
 
@@ -94,8 +95,11 @@ class ReadContext:
     states: KnownStates = field(default_factory=KnownStates)
 
     async def ask(self, cmd: str, **args: Any) -> Payloads:
-        """Send one control command to every DP group and return their ctx_profile payloads."""
-        return await self.client.ask(cmd, **args)
+        """Send one control command to every DP group and return their ctx_profile payloads; the
+        longest scheduler time among them counts toward the read gate's cool-down."""
+        payloads = await self.client.ask(cmd, **args)
+        charge_schedulers(max((_sched_s(p) for p in payloads), default=0.0))
+        return payloads
 
     async def snapshot(self) -> Payloads:
         """Every DP group's status and state (``snapshot``), naming the states held here so an
@@ -120,6 +124,12 @@ class ReadContext:
             return error(400, RID_MALFORMED)
         return await self.gate.serve((key, rid), lambda: self.read(CMD_REQUESTS, {"rid": lookup_rid(rid)},
                                                                    _one_request, rid, build))
+
+
+def _sched_s(payload: Any) -> float:
+    v = payload.get(PAYLOAD_SCHED_S) if isinstance(payload, dict) else None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else 0.0
 
 
 def _one_request(payloads: Payloads, rid: str, build: Callable[[dict[str, Any]], Any]) -> Any:

@@ -161,3 +161,12 @@ def test_slowest_requests_with_their_steps_ship_a_bounded_number_of_rows(session
     assert sum(shipped) <= 5 and shipped[0] == 4 and all(r["steps"] == 4 for r in full)
     assert [r.get("step_rows_left_out", 0) for r in full] == [0 if n else 4 for n in shipped]
     assert len(ask(session, names.CMD_REQUESTS, rid="a")["requests"][0]["step_rows"]) == 4
+
+
+def test_every_answer_says_how_long_the_scheduler_thread_spent_on_it(session):
+    """The HTTP process's read gate counts that time toward a read's cool-down (a read that built
+    thousands of rows on the scheduler waits longer before the next one)."""
+    for cmd, args in ((names.CMD_STATUS, {}), (names.CMD_REQUESTS, {"slowest": 3, "steps": True}),
+                      (names.CMD_SNAPSHOT, {})):
+        out = ask(session, cmd, **args)
+        assert isinstance(out[names.PAYLOAD_SCHED_S], float) and 0 <= out[names.PAYLOAD_SCHED_S] < 60, (cmd, out)

@@ -241,3 +241,22 @@ def test_the_id_a_route_shows_for_a_long_rid_is_found_when_looked_up():
     assert c.get(f"{names.ROUTE_TRACE_JSON}?rid={shown}").status_code == 200
     assert c.post(f"{names.ROUTE_CAPTURE}?rid={shown}").status_code == 200
     assert [rid for _, rid in asked] == [shown] * 3
+
+
+def test_the_schedulers_time_on_a_read_counts_toward_the_gates_cool_down():
+    """A rank's answer says how long its scheduler thread spent on it; the longest (the ranks run at
+    once) adds to what the read gate meters, so the next read waits in proportion to it too."""
+    import asyncio
+
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.views import http_build
+    from sglang_ctxprof.views.http_context import ReadContext
+
+    class Ranks:
+        async def ask(self, cmd: str, **args):
+            return [{names.PAYLOAD_SCHED_S: 0.25}, {names.PAYLOAD_SCHED_S: 0.5}, {"error": "x"}]
+
+    rc = ReadContext(Ranks(), http_gate.ReadGate(1.0), CtxProfConfig())
+    before = http_build.busy_s()
+    asyncio.run(rc.ask(names.CMD_STATUS))
+    assert http_build.busy_s() - before == pytest.approx(0.5)
