@@ -196,9 +196,12 @@ class Capture:
                 if info.state != names.CAPTURE_RUNNING:  # the others start theirs at this step (a
                     info.state, info.start_ns, info._unstarted = names.CAPTURE_RUNNING, time.time_ns(), True
                     info.step_ids.append(step)  # real one): follow their steps to the stop barrier
+                elif info.step_ids[-1:] == [step]:  # failed after counting this step: the others
+                    if self.ranks == 1:              # run it and stop at the next tick, if at all
+                        self._stop(scheduler, info)
                 elif self.ranks == 1 or len(info.step_ids) >= info.steps:
                     self._stop(scheduler, info)  # one rank: now; several: the step the others stop at
-                elif not info.step_ids or info.step_ids[-1] != step:
+                else:
                     info.step_ids.append(step)  # counted as the others count it
             except Exception as again:  # noqa: BLE001 - never into SGLang's step
                 self._end(info, names.CAPTURE_FAILED, f"{why}; then {type(again).__name__}: {again}")

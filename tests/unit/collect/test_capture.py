@@ -632,9 +632,12 @@ def test_uninstrument_ends_the_labelling_of_a_capture_started_while_profiling_wa
         s.profiler_manager._stop_profile()
 
 
-@pytest.mark.parametrize("fail_ct", [0, 4])  # the step a capture starts at (pending), the one it stops at
+# the step a capture starts at (pending), its last counted step, the step it stops at; failing before
+# the step is counted (batch_rids) or after (batch_ctx)
+@pytest.mark.parametrize("where", ["batch_rids", "batch_ctx"])
+@pytest.mark.parametrize("fail_ct", [0, 3, 4])
 def test_a_rank_whose_tick_fails_on_the_start_or_stop_step_meets_the_others_at_the_barrier(tmp_path, monkeypatch,
-                                                                                           fail_ct):
+                                                                                           fail_ct, where):
     """SGLang's stop barrier spans the TP group: a rank whose tick fails (a cause of its own) on the
     step the others start at, or stop at, must still reach the barrier at the same step (else one
     waits in the barrier while another runs a forward's collectives: a hang)."""
@@ -646,14 +649,14 @@ def test_a_rank_whose_tick_fails_on_the_start_or_stop_step_meets_the_others_at_t
     monkeypatch.setattr(dist, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "barrier", lambda group=None: waits.append(group))
-    real, fail = adapter_capture.batch_rids, {"on": False}
+    real, fail = getattr(adapter_capture, where), {"on": False}
 
     def failing(batch):
         if fail["on"] and sched.forward_ct == fail_ct:
             raise MemoryError("this rank's own")
         return real(batch)
 
-    monkeypatch.setattr(adapter_capture, "batch_rids", failing)
+    monkeypatch.setattr(adapter_capture, where, failing)
     seen = {}
     for name in ("fails", "ok"):
         waits.clear()
