@@ -175,9 +175,11 @@ class Aggregator:
         else:
             self._stat(b, _PREFILL).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens
-            # re-prefills after a retraction: one token each (not a mixed batch's decode rows: accepted)
-            b.committed += sum(compress(rec.committed, map(not_, rec.accepted))) if any(rec.accepted) \
-                else sum(rec.committed)
+            if any(rec.accepted):  # a mixed batch: its decode rows (accepted) decoded their tokens
+                b.committed += sum(compress(rec.committed, map(not_, rec.accepted)))
+                b.decoded += sum(compress(rec.committed, rec.accepted))
+            else:
+                b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
         yield
         yield from self.requests.stages(rec)
         if self.audit is not None:

@@ -169,6 +169,7 @@ class PrefillView:
     tokens = _count("ctx_sum", "Prompt tokens.")
     cached_tokens = _count("cached_sum", "Of ``tokens``, those found in the prefix cache (``names.CACHED_TOKENS``).")
     retractions = _count("committed", "Re-prefills of requests SGLang retracted (KV pressure): one token each.")
+    decoded = _count("decoded", "Tokens running requests decoded inside these batches (mixed chunked prefill).")
 
     def __eq__(self, other: object) -> bool:
         """Views are equal when they state the same body (the wrapped state may hold more)."""
@@ -190,4 +191,4 @@ class PrefillView:
 
 # A prefill bucket's public count names and the BucketState count each one is.
 _PREFILL_NAMES = {"batches": "steps", "requests": "req_steps", "tokens": "ctx_sum", CACHED_TOKENS: "cached_sum",
-                  "retractions": "committed"}
+                  "retractions": "committed", "decoded": "decoded"}

@@ -202,7 +202,8 @@ def build_profile(snap: Snapshot, fits: Optional[FitMemo] = None) -> Profile:
         decode_steps=sum(b.steps for b in snap.decode.values()),
         prefill_batches=sum(b.steps for b in snap.prefill.values()),
         accepted=sum(b.accepted for b in snap.decode.values()),
-        committed=sum(b.committed for b in snap.decode.values()) + sum(b.committed for b in snap.prefill.values()),
+        committed=sum(b.committed for b in snap.decode.values())
+        + sum(b.committed + b.decoded for b in snap.prefill.values()),
         retractions=sum(b.committed for b in snap.prefill.values()),
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,

@@ -140,4 +140,5 @@ def test_a_decode_row_riding_a_mixed_batch_commits_its_token_and_is_no_retractio
     assert (r["retractions"], r["committed"], r["prompt_tokens"], r["prefill_ms"]) == (0, 4, 100, 1.0)
     assert agg.requests.get("new")["prompt_tokens"] == 50
     p = build_profile(agg.snapshot())
-    assert p.totals.retractions == 0
+    assert p.totals.retractions == 0 and p.totals.committed == 2 + 1 + 1  # 1 + committed == completion_tokens
+    assert [(b.retractions, b.decoded) for b in p.prefill] in ([(0, 1)], [(0, 0), (0, 1)], [(0, 1), (0, 0)])
