@@ -19,7 +19,8 @@ An entry (re)created by a decode step or a retracted request's re-prefill never 
 prefill (it was evicted, or ran before the history was cleared), and one running while profiling
 stopped (``interrupt``) misses steps: its totals are partial, so it is served as any other but
 ``tally`` does not hand it to the self-audit.  A rid seen again is a new use (``_reuse``) when its
-use had finished and a prefill comes, or any step after profiling stopped and started.
+use had finished and a prefill comes, or any step once profiling stopped and started (or a step was
+lost) after it finished.
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a

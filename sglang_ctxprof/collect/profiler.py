@@ -298,6 +298,7 @@ class Profiler:
             return None
         pre = b.pre
         if pre is None or len(pre[0]) != len(batch.reqs):
+            self.unresolved += 1  # its requests changed under it: the step is lost
             self.recorder.lost()
             return None
         reqs, outs, lens_pre, vct_pre, done_pre = pre

@@ -5,10 +5,10 @@ asks the schedulers and then builds its reply on the build thread (``http_build`
 shares the GIL with SGLang's event loop, which also streams every response, so a loop of reads
 back to back would hold the GIL for much of the time and delay every streamed chunk.
 
-:class:`ReadGate` runs each read (its control round trip and its build) so that the build thread's
-busy time stays at most ``share`` of the time: after a read whose build took ``c`` seconds of the
-build thread's CPU, the next one starts no earlier than ``c * (1 - share) / share`` seconds after
-it ended.  A read arriving during that cool-down waits for it asynchronously (the event loop keeps
+:class:`ReadGate` runs each read (its control round trip and its build) so that its cost stays at
+most ``share`` of the time: after a read that took ``c`` seconds of the build thread's CPU and of the
+schedulers' (the longest rank's answer, ``http_build.busy_s``), the next one starts no earlier than
+``c * (1 - share) / share`` seconds after it ended.  A read arriving during that cool-down waits for it asynchronously (the event loop keeps
 serving), then asks and builds anew, so a reply is never older than its request.  Readers of the
 same route and query that arrive while one such read is waiting to start share it (one build, the
 same reply); if the reader whose run they share hangs up, they ask anew, never cancelled with it.

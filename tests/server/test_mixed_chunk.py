@@ -61,24 +61,35 @@ def _reconciles(url: str, meta: dict) -> dict:
     return r
 
 
+def _until(url: str, rid: str, ok, limit_s: float = 120.0) -> None:
+    """Wait until the profiler's entry of ``rid`` satisfies ``ok`` (polled every 20 ms)."""
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        status, body = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
+        if status == 200 and ok(body):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{rid}: not reached in {limit_s} s")
+
+
 @pytest.fixture(scope="module")
 def run(server):
     """Decode beside chunked prefills; a client abort mid-decode and an abort mid-prefill beside them."""
     url = server.url
     assert http("POST", url + names.ROUTE_RESET)[0] == 200
     out: dict = {}
-    a = _gen(url, out, "mix", {"input_ids": rand_ids(32, 1), "sampling_params": _sp(60), "rid": "mix-a"})
-    time.sleep(0.6)
+    a = _gen(url, out, "mix", {"input_ids": rand_ids(32, 1), "sampling_params": _sp(200), "rid": "mix-a"})
+    _until(url, "mix-a", lambda r: r["steps"] >= 3)  # decoding: the next prefill mixes it in
     b = _gen(url, out, "long", {"input_ids": rand_ids(700, 2), "sampling_params": _sp(4), "rid": "mix-b"})
-    a.join(120), b.join(120)
+    a.join(300), b.join(300)
     c = _gen(url, out, "cut", {"input_ids": rand_ids(32, 11), "sampling_params": _sp(400), "rid": "cut-a"})
-    time.sleep(0.5)
+    _until(url, "cut-a", lambda r: r["steps"] >= 3)
     d = _gen(url, out, "beside", {"input_ids": rand_ids(2500, 12), "sampling_params": _sp(3), "rid": "cut-b"})
-    time.sleep(1.0)
+    _until(url, "cut-b", lambda r: not r["finished"])  # its first chunk ran: cut-a now rides mixed batches
     assert http("POST", url + "/abort_request", {"rid": "cut-a"})[0] == 200
-    c.join(120), d.join(300)
+    c.join(300), d.join(300)
     e = _gen(url, out, "chunked", {"input_ids": rand_ids(4000, 4), "sampling_params": _sp(8), "rid": "chunk-ab"})
-    time.sleep(1.5)
+    _until(url, "chunk-ab", lambda r: not r["finished"] and r["steps"] == 0)  # between two of its chunks
     assert http("POST", url + "/abort_request", {"rid": "chunk-ab"})[0] == 200
     e.join(300)
     out["zero"] = http("POST", url + "/generate", {"input_ids": rand_ids(40, 3), "rid": "zero",
@@ -92,10 +103,12 @@ def run(server):
 
 
 def test_decode_rows_in_mixed_batches_are_no_retractions(server, run):
-    for key in ("mix", "long"):
-        _reconciles(server.url, run[key][1]["meta_info"])
+    mixed = _reconciles(server.url, run["mix"][1]["meta_info"])
+    assert mixed["steps"] < mixed["committed"]  # tokens decoded inside mix-b's prefill batches: no steps of ours
+    _reconciles(server.url, run["long"][1]["meta_info"])
     status, body = http("GET", server.url + names.ROUTE)
     assert status == 200 and body["totals"]["retractions"] == 0, body["totals"]
+    assert sum(b["decoded"] for b in body["prefill"]) >= mixed["committed"] - mixed["steps"]  # and others'
 
 
 def test_a_request_aborted_mid_decode_beside_a_chunked_prefill_keeps_its_one_use(server, run):
