@@ -169,9 +169,11 @@ class Capture:
         leaves the rest of the profiler running: on one rank a pending capture ends failed, a running
         one is stopped now.  With several ranks (SGLang's stop barrier spans them) the rank follows
         the others' steps: a pending capture is taken as started by the others at that step (on a
-        real step they do) and followed unstarted to the barrier; a running one counts the failed
-        step, or stops where the others stop, by the count of steps (a failure on a prefill a rid
-        capture passes over, or on a step where its request left, still parts them).  A running
+        real step they do, but not on an idle batch, nor on one without a rid capture's request) and
+        followed unstarted to the barrier; a running one counts the failed step, or stops where the
+        others stop, by the count of steps (a failure on a prefill a rid capture passes over, or on a
+        step where its request left, still parts them: each needs the batch this rank failed to
+        read).  A running
         capture stops after :func:`most_ticks` steps whatever happens, on every rank alike:
         SGLang's profiler is never left recording."""
         try:
@@ -198,11 +200,13 @@ class Capture:
                     info.step_ids.append(step)  # real one): follow their steps to the stop barrier
                 elif info.step_ids[-1:] == [step]:  # failed after counting this step: the others
                     if self.ranks == 1:              # run it and stop at the next tick, if at all
+                        info.step_ids.pop()  # one rank stops now: that step's forward is not in it
                         self._stop(scheduler, info)
                 elif self.ranks == 1 or len(info.step_ids) >= info.steps:
                     self._stop(scheduler, info)  # one rank: now; several: the step the others stop at
                 else:
                     info.step_ids.append(step)  # counted as the others count it
+                    info._passed = 0
             except Exception as again:  # noqa: BLE001 - never into SGLang's step
                 self._end(info, names.CAPTURE_FAILED, f"{why}; then {type(again).__name__}: {again}")
 

@@ -69,7 +69,8 @@ class Totals:
     decode_steps: int = 0
     prefill_batches: int = 0
     accepted: int = 0
-    committed: int = 0  # decode steps' plus re-prefills' (1 + committed == completion_tokens)
+    # decode steps', re-prefills' and mixed batches' decode rows' (1 + committed == completion_tokens)
+    committed: int = 0
     retractions: int = 0
     requests_tracked: int = 0
     requests_evicted: int = 0

@@ -672,3 +672,61 @@ def test_a_rank_whose_tick_fails_on_the_start_or_stop_step_meets_the_others_at_t
         seen[name] = trace
         assert not sched.profiler_manager.profile_in_progress
     assert seen["fails"] == seen["ok"] and [ct for ct, met in seen["ok"] if met][0] == 5
+
+
+def test_a_rank_whose_tick_fails_on_a_rid_step_after_passed_over_prefills_passes_as_many_as_the_others(
+        tmp_path, monkeypatch):
+    """A rid capture passes over a few other requests' prefills between two of its steps (and counts
+    them anew after each step of its own).  A rank whose tick fails on such a step counts it as the
+    others do, and starts that count anew too, or a later run of prefills stops it a step early."""
+    import torch.distributed as dist
+
+    from sglang_ctxprof.collect import adapter_capture
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "barrier", lambda group=None: None)
+    real, fail = adapter_capture.batch_rids, {"on": False}
+
+    def failing(batch):
+        if fail["on"] and sched.forward_ct == 2:
+            raise MemoryError("this rank's own")
+        return real(batch)
+
+    monkeypatch.setattr(adapter_capture, "batch_rids", failing)
+    batches = [(("a",), False), (("b",), True), (("a", "b"), False)] + [((f"c{i}",), True) for i in range(18)] \
+        + [(("a",), False)] * 4
+    stopped = {}
+    for name in ("fails", "ok"):
+        cap, sched = Capture(settings(tmp_path / name, steps=8)), CaptureScheduler()
+        sched.server_args.tp_size = 2
+        cap.bind(sched)
+        assert cap.request(names.TRIGGER_RID, rid="a")["accepted"]
+        fail["on"] = name == "fails"
+        for rids, prefill in batches:
+            sched.step(cap, rids=rids, prefill=prefill)
+            if not sched.profiler_manager.profile_in_progress and name not in stopped and cap.current is None:
+                stopped[name] = sched.forward_ct
+    assert stopped["fails"] == stopped["ok"], stopped
+
+
+def test_one_rank_stopped_by_a_failure_after_counting_a_step_does_not_claim_that_step(tmp_path, monkeypatch):
+    """The profiler stops before that step's forward runs: the capture's steps (its step records, the
+    spans and the live page's rows that name it) are the ones its trace holds."""
+    from sglang_ctxprof.collect import adapter_capture
+
+    real = adapter_capture.batch_ctx
+
+    def failing(batch):
+        if sched.forward_ct == 1:
+            raise MemoryError("this rank's own")
+        return real(batch)
+
+    monkeypatch.setattr(adapter_capture, "batch_ctx", failing)
+    cap, sched = Capture(settings(tmp_path, steps=3)), CaptureScheduler()
+    cap.bind(sched)
+    cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
+    for _ in range(4):
+        sched.step(cap)
+    c = wait_state(cap, cid)
+    assert c.step_ids == [1] and "MemoryError" in c.error, c
