@@ -93,4 +93,5 @@ def aborted_summary(end: RequestEnd) -> dict[str, Any]:
     r = new_entry(end.rid, end.t_ns)
     finish(r, end.t_ns)
     r["aborted"] = end.kind
+    r["retractions"] = end.retractions
     return summarize(r, with_steps=True)

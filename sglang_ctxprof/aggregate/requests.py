@@ -182,6 +182,7 @@ class RequestLog:
             return
         finish(r, end.t_ns)
         r["aborted"] = end.kind
+        r["retractions"] = max(r["retractions"], end.retractions)  # SGLang's: its unseen ones too
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = new_entry(rid, rec.t_start_ns)

@@ -41,7 +41,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {f"{_S}.send_abort_output": ("self", "a
 def ended_request(req: Any) -> RequestEnd:
     """The end of ``req`` as the history records it (the rid the profiler keeps, whether it was
     waiting to be prefilled again after a retraction, and now on the host clock of step records)."""
-    return RequestEnd(short_rid(req.rid), getattr(req, "is_retracted", False) is True, time.time_ns())
+    return RequestEnd(short_rid(req.rid), getattr(req, "is_retracted", False) is True, time.time_ns(),
+                      int(getattr(req, "retraction_count", 0) or 0))
 
 
 FINISHED_REASON = attrgetter("finished_reason")

@@ -278,11 +278,13 @@ class RequestEnd:
     (before its first step, after a retraction, or between prefill chunks).  No step record will
     say it finished, so this does (``aggregate.requests.RequestLog.end``).  ``retracted``: it was
     waiting to be prefilled again after SGLang retracted it; ``t_ns``: host clock (``time.time_ns``)
-    when SGLang aborted it, 0 = unknown."""
+    when SGLang aborted it, 0 = unknown; ``retractions``: SGLang's count of its retractions (what the
+    client's ``num_retractions`` says; a retraction aborted before its re-prefill has no other trace)."""
 
     rid: str
     retracted: bool = False
     t_ns: int = 0
+    retractions: int = 0
 
     @property
     def kind(self) -> str:

@@ -230,6 +230,7 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
     assert all(r["finished"] is True for r in reqs.values()), reqs
     retracted = [rid for rid, r in reqs.items() if r["aborted"] == "retracted"]
     assert len(retracted) >= 1, reqs  # 3 decoding at once, a retraction every 3 steps: 2 wait
+    assert all(reqs[rid]["retractions"] >= 1 for rid in retracted), reqs  # SGLang's count, at the end
     assert _req(url, queued) is None
     totals = http("GET", url + names.ROUTE)[1]["totals"]
     print("requests_aborted:", totals["requests_aborted"], "retracted then aborted:", len(retracted))

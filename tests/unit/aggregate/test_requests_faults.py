@@ -142,3 +142,19 @@ def test_a_decode_row_riding_a_mixed_batch_commits_its_token_and_is_no_retractio
     p = build_profile(agg.snapshot())
     assert p.totals.retractions == 0 and p.totals.committed == 2 + 1 + 1  # 1 + committed == completion_tokens
     assert [(b.retractions, b.decoded) for b in p.prefill] in ([(0, 1)], [(0, 0), (0, 1)], [(0, 1), (0, 0)])
+
+
+def test_a_request_retracted_then_aborted_counts_its_retractions_as_sglang_does():
+    """Retracted (twice), then aborted before it was prefilled again: no re-prefill ever said so, so
+    the end carries SGLang's own count (``req.retraction_count``, the client's ``num_retractions``);
+    one aborted before its first step says it in its summary too."""
+    from sglang_ctxprof.aggregate.request_entry import aborted_summary
+    from sglang_ctxprof.model.records import RequestEnd
+
+    log = RequestLog()
+    log.observe(prefill(1, "r", 100))
+    log.observe(decode(2, "r", 101, 2))
+    log.observe(prefill(3, "r", 103, com=1))  # its first retraction's re-prefill
+    log.end(RequestEnd("r", retracted=True, retractions=2))
+    assert (log.get("r")["retractions"], log.get("r")["aborted"]) == (2, "retracted")
+    assert aborted_summary(RequestEnd("q", retracted=True, retractions=1))["retractions"] == 1
