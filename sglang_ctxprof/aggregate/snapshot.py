@@ -28,8 +28,9 @@ class BucketState:
     """Exact counts of one bucket.  For prefill buckets ``steps`` counts batches, ``req_steps``
     requests, ``ctx_sum`` prompt tokens and ``cached_sum`` the part of them found in the prefix cache,
     ``committed`` the tokens re-prefills appended (one per retraction) and ``decoded`` those running
-    requests decoded inside its batches (mixed chunked prefill); the acceptance counts stay 0.  ``step_bs1`` holds the decode steps that ran at batch size 1 (the
-    baseline of batch sharing) and ``exec`` the execution-mode counts (``acceptance``)."""
+    requests decoded inside its batches (mixed chunked prefill); the acceptance counts stay 0.
+    ``step_bs1`` holds the decode steps that ran at batch size 1 (the baseline of batch sharing)
+    and ``exec`` the execution-mode counts (``acceptance``)."""
 
     steps: int = 0
     req_steps: int = 0

@@ -2,29 +2,33 @@
 
 The scheduler thread calls :meth:`Recorder.submit` with a finished record, or with a step's host
 facts (``host.HostFacts``) whose record is built here in stages (their plain facts,
-``model.facts.StepFacts``, then the record: ``build``, two stages each), or with a :class:`RequestEnd` (a request
-aborted while it waited: the aggregator's request history ends it); it never blocks (a deque append, no lock)
-and counts a drop when ``maxsize`` items are waiting, leaving a loss mark in its place (as
-:meth:`Recorder.lost` does for a step the profiler lost): the requests running then miss a step.  A daemon thread wakes every few
-milliseconds (at the steps' pace, longer while nothing comes: :class:`Looks`) and drains what is
-waiting into the aggregator (under ``_lock``) in bounded slices (``pacing.Pacer``: 0.05-0.2 ms of
-work, half a percent of the recent decode step, then the GIL handed to a waiting scheduler
-thread); a record is taken in stages (its build, then ``Aggregator.stages``: a large batch's record is several), and a
-record taken in part stays first in the queue, so a read finishes it before anything else.  Then,
-outside that lock and in slices too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of
-:attr:`Recorder.sinks` (OTel, logs, metrics, capture triggers), each under its own fault-guard
-component, in submission order, each sink's turn a piece of its own (a :class:`RequestEnd` goes
-to the sinks that have an ``end`` at once);
-it times each pass over the queue, and each wait for work, as a whole (``cost.Cost``: this thread's
-CPU time, so waiting for the GIL while the scheduler thread runs is not counted as our cost, but a
-wake-up's own is; a read of it is a system call, so not one per piece).
+``model.facts.StepFacts``, then the record: ``build``, two stages each), or with a
+:class:`RequestEnd` (a request aborted while it waited: the aggregator's request history ends it);
+it never blocks (a deque append, no lock) and counts a drop when ``maxsize`` items are waiting,
+leaving a loss mark in its place (as :meth:`Recorder.lost` does for a step the profiler lost): the
+requests running then miss a step.
+
+A daemon thread wakes every few milliseconds (at the steps' pace, longer while nothing comes:
+:class:`Looks`) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
+(``pacing.Pacer``: 0.05-0.2 ms of work, half a percent of the recent decode step, then the GIL
+handed to a waiting scheduler thread); a record is taken in stages (its build, then
+``Aggregator.stages``: a large batch's record is several), and a record taken in part stays first
+in the queue, so a read finishes it before anything else.  Then, outside that lock and in slices
+too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of :attr:`Recorder.sinks` (OTel,
+logs, metrics, capture triggers), each under its own fault-guard component, in submission order,
+each sink's turn a piece of its own (a :class:`RequestEnd` goes to the sinks that have an ``end``
+at once).  It times each pass over the queue, and each wait for work, as a whole (``cost.Cost``:
+this thread's CPU time, so waiting for the GIL while the scheduler thread runs is not counted as
+our cost, but a wake-up's own is; a read of it is a system call, so not one per piece).
+
 :meth:`with_aggregator` (a control read, on the scheduler thread) first catches the aggregator up
 with the queue, so a snapshot includes every submitted record, but runs no sink: the records it
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
 them, counted in ``sink_dropped``), so a stalled sink (a blocked log pipe) delays only the sinks,
 never a read nor the scheduler.  :meth:`flush` drains both synchronously; :meth:`close` stops the
 thread, drains, and stops each sink.  :meth:`park` (profiling switched off at run time) lets the
-thread end once it has drained both, so an off profiler runs no thread; :meth:`start` brings it back.
+thread end once it has drained both, so an off profiler runs no thread; :meth:`start` brings it
+back.
 """
 
 from __future__ import annotations
@@ -171,8 +175,7 @@ class Recorder:
         q = self._q
         if len(q) >= self.maxsize:
             self.dropped += 1
-            if q[-1] is not LOST:  # one mark per run of drops (the queue's only item past maxsize)
-                q.append(LOST)
+            self.lost()  # one mark per run of drops: the queue's only item past maxsize
             return
         q.append(rec)
         self.submitted += 1

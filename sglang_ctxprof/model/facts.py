@@ -34,7 +34,8 @@ from .records import StepRecord
 PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
 CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in PER_REQUEST)
 Books = tuple[tuple[int, int, int], ...]
-Columns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]  # ctx, accepted, committed, finished
+# ctx, accepted, committed, finished
+Columns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
 
 
 def reprefill_tokens(lens_pre: list, emitted: list) -> tuple[int, ...]:
@@ -117,7 +118,8 @@ class StepFacts:
         ctx, acc, com, fin = columns
         post, pre = self.vct_post, self.vct_pre
         keep: Optional[list] = None
-        if self.kind == KIND_DECODE and self.spec and post is not None and pre is not None and any(map(eq, post, pre)):
+        spec = self.kind == KIND_DECODE and self.spec and post is not None and pre is not None
+        if spec and any(map(eq, post, pre)):
             keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
         elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
             keep = [not d for d in self.done_pre]
