@@ -33,6 +33,8 @@ from .records import StepRecord
 # attribute of the same name, carried over as it is.
 PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
 CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in PER_REQUEST)
+# Carried fields aligned with the rows when not empty (a prefill's): the rows left out take theirs along.
+ALIGNED = ("trace_parents", "cached_lens")
 Books = tuple[tuple[int, int, int], ...]
 # ctx, accepted, committed, finished
 Columns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]
@@ -123,11 +125,14 @@ class StepFacts:
             keep = list(map(ne, post, pre))  # rows SGLang counted (not overshoot)
         elif self.done_pre is not None:  # rows SGLang skipped (already finished or retracted)
             keep = [not d for d in self.done_pre]
+        carried = {name: getattr(self, name) for name in CARRIED}
         if keep is not None:
             rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
             books = tuple(compress(books, keep)) if books else ()
+            for name in ALIGNED:
+                if carried[name]:
+                    carried[name] = tuple(compress(carried[name], keep))
         if not rids:
             return None
         return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
-                          books=books if True in fin else (),
-                          **{name: getattr(self, name) for name in CARRIED})
+                          books=books if True in fin else (), **carried)

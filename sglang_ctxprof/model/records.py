@@ -331,7 +331,7 @@ _SHAPE = tuple(_shape(f) for f in fields(StepRecord))
 
 
 def validate(rec: StepRecord) -> None:
-    """Raise ValueError if a record is inconsistent (used by tests and the recorder's debug path)."""
+    """Raise ValueError if a record is inconsistent (tests check the records they build with it)."""
     n = len(rec.rids)
     if rec.kind not in (KIND_DECODE, KIND_PREFILL):
         raise ValueError(f"unknown kind {rec.kind!r}")

@@ -12,7 +12,7 @@ from fakes import Req
 from sglang_ctxprof.collect.host import HostFacts, IdCache
 from sglang_ctxprof.model.facts import CARRIED, StepFacts
 from sglang_ctxprof.model.names import KIND_DECODE, KIND_PREFILL
-from sglang_ctxprof.model.records import RankId
+from sglang_ctxprof.model.records import RankId, validate
 
 
 def host(kind=KIND_DECODE, fin=(False, True, False)) -> HostFacts:
@@ -88,3 +88,18 @@ def test_a_step_with_no_counted_row_builds_no_record_at_the_last_stage():
     h.vct_post = list(h.vct_pre)  # no verify count moved: SGLang counted no row
     seen = _stages(h)
     assert len(seen) == 5 and seen[-1] is None and h.record() is None
+
+
+def test_a_prefill_row_sglang_skips_takes_its_cache_hit_and_trace_context_with_it():
+    """Under overlap a request that finished at the step before rides the next prefill batch and
+    SGLang skips its row (``done_pre``): the row's prompt cache hit and trace context leave with it,
+    so the rows kept keep their own."""
+    h = host(KIND_PREFILL, fin=(False, False, False))
+    h.done_pre = [True, False, False]
+    f = h.facts()
+    f.cached_lens = (64, 0, 16)
+    f.trace_parents = ("00-a-01", "00-b-01", "00-c-01")  # read from the requests by ``facts()``
+    rec = f.record()
+    assert rec.rids == ("b", "c")
+    assert rec.cached_lens == (0, 16) and rec.trace_parents == ("00-b-01", "00-c-01")
+    validate(rec)
