@@ -217,6 +217,7 @@ class RequestLog:
                 r["trace_parent"] = tp
 
     def _observe_prefill(self, rec: StepRecord) -> None:
+        prompts = rec.prompt_lens or (None,) * len(rec.rids)  # None: a record saved without them
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
             com = rec.committed[i] if rec.committed else 0
@@ -237,9 +238,12 @@ class RequestLog:
             if com:  # that token, or the re-prefill of a retracted request (prompt + output so far)
                 r["committed"] += com
                 r["retractions"] += not decoded
-                r["partial"] = r["partial"] or created  # its first prefill and steps went unseen
-            elif r["prompt_tokens"] is None:
-                r["prompt_tokens"] = rec.ctx_lens[i]
+            prompt = prompts[i]
+            if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
+                r["partial"] = True  # it had output (a re-prefill's chunk, or a mixed decode row):
+                # its first prefill and steps went unseen
+            if r["prompt_tokens"] is None and (prompt is not None or not com):
+                r["prompt_tokens"] = rec.ctx_lens[i] if prompt is None else prompt
         if rec.trace_parents:
             self._trace_parents(rec)
 

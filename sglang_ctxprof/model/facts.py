@@ -31,7 +31,7 @@ from .records import StepRecord
 
 # Record fields computed from the per-request facts; every other StepRecord field is a StepFacts
 # attribute of the same name, carried over as it is.
-PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books")
+PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books", "prompt_lens")
 CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in PER_REQUEST)
 # Carried fields aligned with the rows when not empty (a prefill's): the rows left out take theirs along.
 ALIGNED = ("trace_parents", "cached_lens")
@@ -117,6 +117,7 @@ class StepFacts:
     def _record(self, columns: Columns) -> Optional[StepRecord]:
         """The record of the rows SGLang counted (decode: the overshoot filter), or None."""
         rids, books = self.rids, self.books
+        prompts = tuple(self.prompt_lens) if self.kind != KIND_DECODE else ()
         ctx, acc, com, fin = columns
         post, pre = self.vct_post, self.vct_pre
         keep: Optional[list] = None
@@ -129,10 +130,11 @@ class StepFacts:
         if keep is not None:
             rids, ctx, acc, com, fin = (tuple(compress(x, keep)) for x in (rids, ctx, acc, com, fin))
             books = tuple(compress(books, keep)) if books else ()
+            prompts = tuple(compress(prompts, keep)) if prompts else ()
             for name in ALIGNED:
                 if carried[name]:
                     carried[name] = tuple(compress(carried[name], keep))
         if not rids:
             return None
         return StepRecord(rids=rids, ctx_lens=ctx, accepted=acc, committed=com, finished=fin,
-                          books=books if True in fin else (), **carried)
+                          books=books if True in fin else (), prompt_lens=prompts, **carried)

@@ -193,6 +193,9 @@ class StepRecord:
     # none did): (``spec_verify_ct`` or -1 without speculative decoding, ``completion_tokens``,
     # ``spec_num_correct_drafts`` or -1 where SGLang keeps none); (-1, -1, -1) for a running request.
     books: tuple[tuple[int, int, int], ...] = ()
+    # Prefill records: each request's prompt tokens (SGLang's ``prompt_tokens``; aligned with rids).
+    # ``ctx_lens`` is the prompt plus the output so far: more for a retracted request's re-prefill.
+    prompt_lens: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -342,8 +345,9 @@ def validate(rec: StepRecord) -> None:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
     if rec.books and len(rec.books) != n:
         raise ValueError(f"books has {len(rec.books)} entries for {n} requests")
-    if rec.cached_lens and len(rec.cached_lens) != n:
-        raise ValueError(f"cached_lens has {len(rec.cached_lens)} entries for {n} requests")
+    for name in ("cached_lens", "prompt_lens"):
+        if getattr(rec, name) and len(getattr(rec, name)) != n:
+            raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):
         raise ValueError("negative duration")
     if rec.block_size < 0 or rec.denoise_steps < 0 or rec.non_draft_tokens < 1:

@@ -3,12 +3,13 @@ retraction test switch.
 
 ``SGLANG_TEST_RETRACT=1`` makes SGLang retract one running request every 3 forward steps (the path it
 takes when the KV cache runs out): the request goes back to the queue and is prefilled again with
-its prompt plus what it generated so far, and that prefill appends one token.  Every finished request
-must still reconcile with its ``meta_info``: prompt tokens as SGLang reports them, decode steps ==
-``spec_verify_ct`` (speculative) or one per plain decode step, ``1 + committed == completion_tokens``,
-and our retraction count == ``num_retractions``; the profile counts the retractions per prefill bucket.
-A rid used again after its request ended is a new request, and a client that hangs up mid-stream
-leaves a finished request with its steps.
+its prompt plus what it generated so far, and that prefill appends one token.  Every finished
+request must still reconcile with its ``meta_info``: prompt tokens as SGLang reports them, decode
+steps == ``spec_verify_ct`` (speculative) or one per plain decode step, ``1 + committed ==
+completion_tokens``, and our retraction count == ``num_retractions``; the profile counts the
+retractions per prefill bucket.  A reset while requests wait retracted leaves their entries with
+SGLang's prompt tokens, and the self-audit quiet.  A rid used again after its request ended is a
+new request, and a client that hangs up mid-stream leaves a finished request with its steps.
 
 ``SGLANG_TEST_RETRACT_NO_PREFILL_BS=0`` (SGLang's companion switch) admits new prefills only while
 nothing is running, so a retracted request waits in the queue until the others finish: there it can
@@ -261,6 +262,43 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
         assert len(steps) == sp["attrs"][names.ATTR_STEPS] == (reqs[rid]["steps"] if rid in reqs else 0)
         assert all(x["parent"] == sp["span_id"] for x in steps) and sp["end"] >= max((x["end"] for x in mine))
     assert [x for x in RECEIVER.spans if x["trace_id"] == roots[queued]["trace_id"]] == [roots[queued]]
+
+
+def test_a_reset_while_requests_wait_retracted_keeps_their_prompt_and_books(server):
+    """The history cleared while requests wait retracted: their re-prefill (prompt + output) is the
+    first the history sees of them.  Each has SGLang's prompt tokens, and the self-audit checks
+    none of them (its first prefill and steps went unseen): no violation.  (A re-prefill in chunks,
+    whose first chunk appends no token, is the unit tests' ``test_requests``.)"""
+    url = server.url
+    assert http("POST", url + names.ROUTE_RESET)[0] == 200
+    tag = uuid.uuid4().hex[:8]
+    rids = [f"reset-{tag}-{k}" for k in "abc"]
+    body = {"input_ids": [rand_ids(150 + 40 * k, seed=70 + k) for k in range(3)], "rid": rids,
+            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}}
+    with cf.ThreadPoolExecutor(1) as ex:
+        batch = ex.submit(http, "POST", url + "/generate", body)  # one batch: prefilled together
+        deadline = time.time() + 120
+        while time.time() < deadline:  # until one runs on alone: the others were retracted and wait
+            seen = [r for r in map(lambda rid: _req(url, rid), rids) if r]
+            if max((r["steps"] for r in seen), default=0) >= 12:
+                break
+            time.sleep(0.3)
+        assert http("POST", url + names.ROUTE_RESET)[0] == 200
+        status, outs = batch.result()
+    assert status == 200, outs
+    time.sleep(1.0)
+    got = {o["meta_info"]["id"]: (_req(url, o["meta_info"]["id"]), o["meta_info"]) for o in outs}
+    print("after reset:", {rid: (r["prompt_tokens"], mi["prompt_tokens"], r["steps"], mi.get("spec_verify_ct"),
+                                 mi.get("num_retractions")) for rid, (r, mi) in got.items() if r})
+    resumed = [(r, mi) for r, mi in got.values() if r and r["retractions"]]
+    assert resumed, got  # a retracted request prefilled again after the reset: the first the history saw
+    assert all(r["prompt_tokens"] == mi["prompt_tokens"] for r, mi in resumed), got
+    # one running at the reset was first seen at a decode step: its prompt is unknown, never wrong
+    assert all(r["prompt_tokens"] in (None, mi["prompt_tokens"]) for r, mi in got.values() if r), got
+    st, status_body = http("GET", url + names.ROUTE_STATUS)
+    (rank,) = status_body["ranks"]
+    a = rank["status"]["audit"]
+    assert a["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), a["latest"]
 
 
 def _aborted_counter(url: str) -> dict[str, float]:

@@ -193,6 +193,27 @@ def test_an_entry_made_after_its_prefill_is_partial_and_has_no_tally():
     assert log.tally("r0") == (1, 1, 2, 0)
 
 
+def test_a_re_prefill_first_seen_in_chunks_keeps_sglangs_prompt_and_is_partial():
+    """History cleared while a request waited retracted, then its re-prefill (prompt 100 + 30 tokens
+    out) in two chunks: only the last appends its token.  The entry has SGLang's prompt tokens, not
+    prompt + output, and no tally from the first chunk on (its first prefill and steps went unseen);
+    a first prefill in chunks is whole."""
+    log = RequestLog()
+    chunk = replace(_prefill(0, 1), ctx_lens=(130,), prompt_lens=(100,))
+    log.observe(chunk)
+    assert log.get("r0")["prompt_tokens"] == 100 and log.tally("r0") is None
+    log.observe(replace(chunk, step_id=1, committed=(1,)))
+    log.observe(_step(2, 1))
+    r = log.get("r0")
+    assert r["prompt_tokens"] == 100 and r["retractions"] == 1 and log.tally("r0") is None
+    log.clear()
+    first = replace(_prefill(3, 1), prompt_lens=(100,))
+    log.observe(first)
+    log.observe(replace(first, step_id=4))
+    log.observe(_step(5, 1))
+    assert log.get("r0")["prompt_tokens"] == 100 and log.tally("r0") == (1, 1, 1, 0)
+
+
 def test_the_requests_running_when_profiling_stops_are_partial():
     """Switched off mid-request (``interrupt``), a request misses the steps until profiling is back:
     no tally; a finished one keeps its tally, a new one after has its own."""
@@ -226,3 +247,4 @@ def test_tally_counts_accepted_drafts_per_step_over_kept_folded_and_shed_rows():
     log.max_rows = 0
     log.observe(replace(_step(5, 4), non_draft_tokens=2))  # every row shed into the totals
     assert log.get("r2")["step_rows"] == [] and log.tally("r2")[3] == want + 1
+
