@@ -38,7 +38,7 @@ from array import array
 from collections import OrderedDict, deque
 from itertools import compress, filterfalse, islice, repeat
 from operator import attrgetter, gt, itemgetter, not_
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, accepted_drafts
@@ -46,6 +46,8 @@ from .request_entry import finish, new_entry, summarize, tok_s, totals_of
 from .request_rows import W, Meta, Metas, Rows, StepRow, append_all, meta_of, prune
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow"]
+
+Key = Union[str, tuple[str, int]]  # a ring key: the rid of its latest use, (rid, use) of an earlier one
 
 
 CHUNK = 64  # requests of a decode step folded in one stage (``RequestLog.stages``)
@@ -61,8 +63,8 @@ class RequestLog:
         self.capacity = max(1, capacity)
         self.max_steps = max(0, max_steps)
         self.max_rows = max(0, max_rows)
-        self._reqs: "OrderedDict[str, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
-        self._with_rows: "OrderedDict[str, None]" = OrderedDict()  # rids holding rows, oldest first
+        self._reqs: "OrderedDict[Key, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
+        self._with_rows: "OrderedDict[Key, None]" = OrderedDict()  # keys holding rows, oldest first
         self._cells: dict[str, array] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
         self._metas: Metas = {}  # key -> a decode step's shared facts, for the rows that refer to it
         self._key = 0  # the next decode step's key (increasing; steps that kept no row leave holes)
@@ -383,9 +385,10 @@ class RequestLog:
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
 
 
-def _use_key(rid: str, use: int) -> str:
-    """The ring key of an earlier use of ``rid`` (``RequestLog._reuse``): no client rid holds a NUL."""
-    return f"{rid}\x00{use}"
+def _use_key(rid: str, use: int) -> Key:
+    """The ring key of an earlier use of ``rid`` (``RequestLog._reuse``): a pair, which no client
+    rid (a string) equals, whatever it spells."""
+    return (rid, use)
 
 
 _drain = deque(maxlen=0).extend  # runs an iterator to its end in C

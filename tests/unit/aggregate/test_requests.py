@@ -248,3 +248,17 @@ def test_tally_counts_accepted_drafts_per_step_over_kept_folded_and_shed_rows():
     log.observe(replace(_step(5, 4), non_draft_tokens=2))  # every row shed into the totals
     assert log.get("r2")["step_rows"] == [] and log.tally("r2")[3] == want + 1
 
+
+def test_a_client_rid_shaped_like_an_earlier_uses_key_is_a_request_of_its_own():
+    """An earlier use of a rid is kept under a key no client rid can equal: a rid that spells the
+    old string key (the rid, NUL, the use) neither overwrites that use nor sends a lookup round."""
+    log = RequestLog()
+    log.observe(_prefill(0, 1))
+    fin = replace(_step(1, 1), finished=(True,))
+    log.observe(fin)
+    log.observe(_prefill(2, 1))  # r0 used again
+    log.observe(replace(_prefill(3, 1), rids=("r0\x000",)))
+    assert len(log) == 3
+    first = log.finished("r0", fin.end_ns)
+    assert first is not None and first["use"] == 0 and first["steps"] == 1
+    assert log.get("r0\x000")["use"] == 0 and log.get("r0")["use"] == 1
