@@ -26,7 +26,7 @@ and :meth:`HostFacts.record` run the stages in one go.
 
 from __future__ import annotations
 
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, repeat
 from typing import Iterable, Optional, Union
 
 from ..model.facts import CARRIED, Books, StepFacts
@@ -50,13 +50,14 @@ class IdCache:
     of it, and a kept reference would keep its token lists alive); others that left (retracted,
     aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
 
-    __slots__ = ("reqs", "ids", "_rid", "_plen")
+    __slots__ = ("reqs", "ids", "_rid", "_plen", "_cached")
 
     def __init__(self) -> None:
         self.reqs: tuple = ()
         self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
         self._rid: dict = {}  # request object -> its rid (as the profiler keeps it)
         self._plen: dict = {}  # request object -> its prompt length
+        self._cached: dict = {}  # request object -> the prefix-cache hit its records counted so far
 
     def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if reqs != self.reqs:
@@ -81,7 +82,22 @@ class IdCache:
             return adapter.req_ids(reqs)  # drain thread stays stopped); read them all, never raise
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
+            held = self._cached
+            self._cached = {r: held[r] for r in reqs if r in held}
         return rids, plens
+
+    def cached_new(self, reqs: tuple, totals: tuple[int, ...]) -> tuple[int, ...]:
+        """Each request's prefix-cache hit not counted by an earlier record: SGLang's
+        ``req.cached_tokens`` is a running total (the hit is found at a prompt's first chunk; its
+        later chunks, a retracted request's re-prefill and a decode row riding a mixed batch add
+        none), so a prompt in chunks counts its hit once, as SGLang's ``meta_info`` does."""
+        held = self._cached
+        try:
+            out = tuple(t - held.get(r, 0) for r, t in zip(reqs, totals))
+            held.update(zip(reqs, totals))
+        except TypeError:  # requests that cannot be dict keys: their totals as they are
+            return totals
+        return tuple(map(max, repeat(0), out)) if out and min(out) < 0 else out
 
     def forget(self, reqs: Iterable) -> None:
         """Drop finished requests: the dicts, and the last batch if it holds one (its ids stay)."""
@@ -90,6 +106,7 @@ class IdCache:
             try:
                 rid_of.pop(req, None)
                 plen_of.pop(req, None)
+                self._cached.pop(req, None)
             except TypeError:  # an unhashable request was never a key
                 pass
             if req in self.reqs:
@@ -173,6 +190,8 @@ class HostFacts:
             tps = tuple(map(adapter.req_trace_parent, self.reqs))
             self.trace_parents = tps if any(tps) else ()
         self.read = self.ids.get(self.reqs)
+        if self.cached_lens:
+            self.cached_lens = self.ids.cached_new(self.reqs, self.cached_lens)
 
     def _facts(self, read: tuple[tuple[str, ...], tuple[int, ...]]) -> StepFacts:
         books: Books = ()

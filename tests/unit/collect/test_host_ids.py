@@ -43,3 +43,23 @@ def test_a_finished_request_seen_again_for_one_overlap_step_is_forgotten_again()
     gc.collect()
     assert gone() is None
     assert ids.get((b,)) == (("b",), (4,))
+
+
+def _prefill(ids: IdCache, reqs: list, cached: tuple, fin=None) -> tuple:
+    n = len(reqs)
+    h = HostFacts(ids, 7, "prefill", "EAGLE", RankId(), False, tuple(reqs), [0] * n, None, [0] * n,
+                  None, list(fin or [False] * n), None, 0)
+    h.cached_lens = cached
+    return h.record().cached_lens
+
+
+def test_a_prefix_cache_hit_counts_once_over_a_prompts_chunks():
+    """SGLang's ``cached_tokens`` is a running total, found at a prompt's first chunk: the later
+    chunks, and a decode row riding a mixed batch, count none of it again; a new request its own."""
+    ids = IdCache()
+    a, b = Req("a", 300), Req("b", 50)
+    assert _prefill(ids, [a], (96,)) == (96,)  # its first chunk found 96 cached
+    assert _prefill(ids, [a], (96,)) == (0,)  # its next chunk
+    assert _prefill(ids, [a, b], (96, 32)) == (0, 32)  # a decoding beside b's prompt
+    assert _prefill(ids, [b], (32,), fin=[True]) == (0,)
+    assert _prefill(ids, [Req("b", 50)], (32,)) == (32,)  # a new request under the same rid
