@@ -138,8 +138,9 @@ class Aggregator:
         algs = self.meta["algorithms"]
         algs[rec.algorithm] = algs.get(rec.algorithm, 0) + 1
         table = self.decode if rec.kind == KIND_DECODE else self.prefill
-        ctx_sum = rec.ctx_sum  # one pass over the requests' lengths, used four times below
-        idx = self.bucketing.index(ctx_sum / len(rec.ctx_lens))
+        lens = rec.bucket_lens  # a prefill's prompts (a mixed batch's decode rows are none)
+        ctx_sum = sum(lens)  # one pass over the requests' lengths, used four times below
+        idx = self.bucketing.index(ctx_sum / len(lens))
         b = table.get(idx)
         if b is None:
             b = table[idx] = _Bucket()
@@ -149,7 +150,7 @@ class Aggregator:
             b.slow.add(rec.step_ms, self.decode_steps, b.steps, rec.phases_ms)
             self.decode_steps += 1
         b.steps += 1
-        b.req_steps += rec.batch_size
+        b.req_steps += len(lens)
         b.ctx_sum += ctx_sum
         self._host_time(rec)
         if rec.kind == KIND_DECODE:

@@ -235,7 +235,9 @@ class RequestLog:
             if rec.finished[i]:
                 finish(r, rec.end_ns)
             decoded = rec.accepted[i]  # a running request's decode riding a mixed batch (its token)
-            if not decoded:
+            if decoded:  # its token's time: the step it rode (its decode tok/s counts both)
+                r["decode_ms"] += rec.step_ms
+            else:
                 r["prefill_ms"] += rec.step_ms
             if com:  # that token, or the re-prefill of a retracted request (prompt + output so far)
                 r["committed"] += com

@@ -71,6 +71,15 @@ def host_end_ns(t_start_ns: int, step_ms: float, t_end_ns: int = 0) -> int:
     return int(t_end_ns or 0) or step_end_ns(t_start_ns, step_ms)
 
 
+def prompt_rows(ctx_lens: Sequence[int], accepted: Sequence[int]) -> Sequence[int]:
+    """A prefill step's rows that prefill a prompt (or a retracted request's prompt + output): a
+    mixed batch's decode rows (``accepted`` 1: a running request's token riding the batch) left
+    out, unless the batch has no other row.  The prefill buckets place and count a step by these."""
+    if not any(accepted):
+        return ctx_lens
+    return [c for c, a in zip(ctx_lens, accepted) if not a] or ctx_lens
+
+
 def accepted_drafts(accepted: int, non_draft_tokens: int) -> int:
     """Draft positions one request had accepted in a step: its accepted length less the tokens that
     are not drafts (the bonus token; UNO's clean root as well)."""
@@ -223,6 +232,12 @@ class StepRecord:
     @property
     def ctx_mean(self) -> float:
         return self.ctx_sum / len(self.ctx_lens) if self.ctx_lens else 0.0
+
+    @property
+    def bucket_lens(self) -> Sequence[int]:
+        """The context lengths that place the step in its bucket: every row of a decode step, the
+        prompt rows of a prefill (:func:`prompt_rows`)."""
+        return self.ctx_lens if self.kind == KIND_DECODE else prompt_rows(self.ctx_lens, self.accepted)
 
     def phase(self, name: str) -> float:
         if name == Phase.STEP.value:

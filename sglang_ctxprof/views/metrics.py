@@ -160,7 +160,8 @@ class MetricsView:
         self._update_health()
         if not rec.rids:
             return
-        i = self.bucketing.index(rec.ctx_mean)
+        lens = rec.bucket_lens
+        i = self.bucketing.index(sum(lens) / len(lens))
         if rec.kind != KIND_DECODE:  # a prefill bucket is the batch's mean prompt length
             cached = self._cached.get(i)
             if cached is None:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..model import layout
 from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_STEPS
-from ..model.records import accepted_drafts, step_end_ns
+from ..model.records import accepted_drafts, prompt_rows, step_end_ns
 
 PID = 1
 PROCESS = "sglang-ctxprof"
@@ -67,7 +67,8 @@ def record_slices(rec: Mapping[str, Any]) -> list[tuple[str, str, int, int, dict
     end = step_end_ns(start, rec.get("step_ms", 0.0))
     if rec.get("kind", KIND_DECODE) != KIND_DECODE:
         args = _step_args(rec)
-        args["prompt_tokens"] = args.pop("ctx_sum")
+        del args["ctx_sum"]
+        args["prompt_tokens"] = sum(prompt_rows(rec.get("ctx_lens") or (), rec.get("accepted") or ()))
         args[CACHED_TOKENS] = sum(int(c) for c in rec.get("cached_lens") or ())
         return [("prefill", "prefill", start, end, args)]
     return [("decode step", "decode", start, end, _step_args(rec))] + \

@@ -130,3 +130,32 @@ def test_requests_that_keep_no_output_and_the_whole_run_leave_the_audit_clean(se
     audit = st["ranks"][0]["status"]["audit"]
     assert audit["violations"] == dict.fromkeys(names.AUDIT_INVARIANTS, 0), audit["latest"]
     assert audit["checked"]["requests"] >= 6, audit
+
+
+def test_prefill_buckets_hold_the_prompts_alone(server, run):
+    """The decode rows riding a mixed batch are no prompt: mix-b's chunks (a 700-token prompt, with
+    mix-a decoding beside them) land in the 512-1023 bucket, not pulled down to 256-511 by mix-a's
+    short context; every bucket's mean is a prompt's length (the prompts: 5-40, 700, 2500, 4000)."""
+    status, body = http("GET", server.url + names.ROUTE)
+    assert status == 200
+    means = {b["label"]: b["tokens"] / b["requests"] for b in body["prefill"]}
+    assert not [label for label, m in means.items() if 64 <= m < 512], means
+
+
+def test_a_prefix_cache_hit_counts_once_over_a_prompts_chunks(server, run):
+    """SGLang's ``cached_tokens`` is a request's running total, found at its first chunk: a prompt
+    in several chunks counts its hit once, as SGLang's ``meta_info`` does.  (Runs last: it resets.)"""
+    url = server.url
+    assert http("POST", url + names.ROUTE_RESET)[0] == 200
+    shared = rand_ids(200, 31)
+    metas = []
+    for rid, ids, n in (("warm", shared, 1), ("hit", shared + rand_ids(300, 32), 2)):
+        status, out = http("POST", url + "/generate", {"input_ids": ids, "rid": rid, "sampling_params": _sp(n)})
+        assert status == 200, out
+        metas.append(out["meta_info"])
+    time.sleep(1.0)  # the drain thread
+    assert metas[1]["cached_tokens"] > 0, metas
+    body = http("GET", url + names.ROUTE)[1]
+    ours = sum(b["cached_tokens"] for b in body["prefill"])
+    print("cached tokens, ours / SGLang's:", ours, sum(m["cached_tokens"] for m in metas))
+    assert ours == sum(m["cached_tokens"] for m in metas), body["prefill"]

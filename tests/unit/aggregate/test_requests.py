@@ -262,3 +262,17 @@ def test_a_client_rid_shaped_like_an_earlier_uses_key_is_a_request_of_its_own():
     first = log.finished("r0", fin.end_ns)
     assert first is not None and first["use"] == 0 and first["steps"] == 1
     assert log.get("r0\x000")["use"] == 0 and log.get("r0")["use"] == 1
+
+
+def test_a_token_decoded_inside_a_mixed_batch_counts_that_steps_time():
+    """A running request's decode riding a prefill batch (``accepted`` 1 in a prefill record): its
+    token and the step's time both go to its decode rate, no prefill time."""
+    log = RequestLog()
+    log.observe(_prefill(0, 1))
+    log.observe(_step(1, 1))
+    one = log.get("r0")
+    mixed = replace(_prefill(2, 2, committed=1), rids=("r0", "new"), accepted=(1, 0), committed=(1, 0))
+    log.observe(mixed)
+    r = log.get("r0")
+    assert r["committed"] == one["committed"] + 1 and r["prefill_ms"] == one["prefill_ms"]
+    assert r["decode_ms"] == one["decode_ms"] + mixed.step_ms and r["retractions"] == 0
