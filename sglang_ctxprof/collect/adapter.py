@@ -134,14 +134,18 @@ SIGNATURES.update(_ends.SIGNATURES)
 
 # ---- batch / request / result accessors ---------------------------------------------------------
 def batch_kind(batch: Any) -> Optional[str]:
-    """'decode' for a decode (speculative or not) step, 'prefill' for extend, None otherwise."""
+    """'decode' for a decode (speculative or not) step, 'prefill' for extend, None otherwise.  A
+    decode step that DP attention runs as an extend, because a peer rank prefills
+    (``ScheduleBatch.convert_decode_to_extend``: every row a 1-token extend, ``decoding_reqs`` the
+    batch's own ``reqs``), is a decode step: SGLang keeps no prefill stats for it either."""
     mode = getattr(batch, "forward_mode", None)
     if mode is None:
         return None
     if mode.is_decode():
         return "decode"
     if mode.is_extend() and not mode.is_target_verify():
-        return "prefill"
+        reqs = getattr(batch, "reqs", None)
+        return "decode" if reqs and getattr(batch, "decoding_reqs", None) is reqs else "prefill"
     return None
 
 

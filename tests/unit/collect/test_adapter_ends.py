@@ -95,3 +95,18 @@ def test_off_records_nothing():
         assert hooks.SESSION is s and s.profiler.aggregator.snapshot().requests_aborted == 0
     finally:
         s.uninstrument()
+
+
+def test_a_decode_step_dp_attention_runs_as_an_extend_is_a_decode_step():
+    """``convert_decode_to_extend`` (a DP peer prefills): EXTEND mode, ``decoding_reqs`` the batch's
+    own list.  A mixed batch (``mix_with_running``: the running batch's list) stays a prefill."""
+    from fakes import Batch, Req
+    from sglang_ctxprof.collect.adapter import batch_kind
+
+    reqs = [Req("a", 10), Req("b", 20)]
+    converted = Batch(reqs, mode="EXTEND")
+    converted.decoding_reqs = converted.reqs
+    mixed = Batch([Req("c", 300)] + reqs, mode="EXTEND")
+    mixed.decoding_reqs = reqs
+    assert batch_kind(converted) == "decode" and batch_kind(mixed) == "prefill"
+    assert batch_kind(Batch(reqs, mode="EXTEND")) == "prefill" and batch_kind(Batch(reqs)) == "decode"
