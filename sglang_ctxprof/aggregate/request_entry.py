@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..model.names import ABORT_QUEUED
 from ..model.records import RequestEnd
 from .request_rows import LazyRows, row_dict
 
@@ -57,6 +58,13 @@ def finish(r: dict[str, Any], stamp: int) -> None:
     the finish keeps the first stamp."""
     if not r["finished"]:
         r["finished"], r["finished_at"] = True, stamp
+
+
+def output_tokens(r: Mapping[str, Any]) -> int:
+    """The tokens a request's client got (SGLang's ``completion_tokens`` where the history is whole):
+    its prefill's first token and the ones committed after; none for a request aborted while it
+    waited before that token (``names.ABORT_QUEUED``: before its first step, or between chunks)."""
+    return 0 if r.get("aborted") == ABORT_QUEUED else 1 + int(r.get("committed") or 0)
 
 
 def tok_s(r: Mapping[str, Any]) -> float:

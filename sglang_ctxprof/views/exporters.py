@@ -117,9 +117,7 @@ class RequestSink:
         steps = self._tracing(policy)
         for rid in compress(rec.rids, rec.finished):  # the finished ones, picked in C
             req = self.facts.history(rid, steps, rec.end_ns)
-            if req is None:
-                continue
-            if self._first(rid, req):
+            if req is not None and self._first(rid, rec.end_ns):
                 self.finish(req, policy)
 
     def end(self, end: RequestEnd) -> None:
@@ -129,14 +127,14 @@ class RequestSink:
             return
         policy = self.policy
         req = self.facts.history(end.rid, self._tracing(policy), end.t_ns)
-        if req is not None and req.get("aborted") == end.kind and self._first(end.rid, req):
-            self.finish(req, policy)
-        else:
-            self.finish(aborted_summary(end), policy)
+        if not self._first(end.rid, end.t_ns):
+            return
+        self.finish(req if req is not None and req.get("aborted") == end.kind else aborted_summary(end), policy)
 
-    def _first(self, rid: str, req: Mapping[str, Any]) -> bool:
-        """Whether this request (a reused rid is a new one: ``use``) is decided for the first time."""
-        key = (rid, req.get("use", 0))
+    def _first(self, rid: str, stamp: int) -> bool:
+        """Whether the use of ``rid`` that the record or end stamped ``stamp`` finished is decided
+        for the first time (a reused rid is a new use with a stamp of its own, after a reset too)."""
+        key = (rid, stamp)
         if key in self._decided:
             return False
         self._decided[key] = None
@@ -149,8 +147,7 @@ class RequestSink:
         self.finished += 1
         export, reason = (policy or self.policy).should_export(req)
         traced = False
-        if export and self.otel is not None:
-            self.otel.export_request(req, reason)
+        if export and self.otel is not None and self.otel.export_request(req, reason):
             self.traced += 1
             traced = True
         if self.logs is not None:  # the log view's own fault: the traces go on

@@ -55,6 +55,7 @@ import os
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ..aggregate.request_entry import output_tokens
 from ..model import names
 from ..model.config import DEFAULT_OTEL_QUEUE
 from ..model.layout import PhaseSlice, lay_phases
@@ -290,7 +291,8 @@ class OtelView:
             return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
         return Context()  # a new root: never the drain thread's ambient context
 
-    def export_request(self, req: Mapping[str, Any], slow_reason: str = "") -> None:
+    def export_request(self, req: Mapping[str, Any], slow_reason: str = "") -> bool:
+        """Queue the request's spans, all of them or (the span queue full) none: whether it was."""
         rows = list(req.get("step_rows") or ())
         t0 = int(req.get("t_first_ns") or (rows[0]["t_start_ns"] if rows else 0))
         t_end = int(req.get("t_end_ns") or 0)
@@ -310,7 +312,7 @@ class OtelView:
         }
         if req.get("prompt_tokens") is not None:
             attrs[names.ATTR_PROMPT_TOKENS] = int(req["prompt_tokens"])
-            attrs[names.ATTR_OUTPUT_TOKENS] = 1 + int(req.get("committed") or 0)  # first token: prefill
+            attrs[names.ATTR_OUTPUT_TOKENS] = output_tokens(req)
         if req.get("steps_truncated"):
             attrs[names.ATTR_STEPS_TRUNCATED] = int(req["steps_truncated"])
         if slow_reason:
@@ -330,7 +332,7 @@ class OtelView:
             attrs[names.ATTR_LAYOUT] = names.LAYOUT_ATTRIBUTES
             plan = [_compacted(*step) for step in plan]
         if not self.stats.admit(n):
-            return  # the root ends last: a partial request would lose it, so none of it is queued
+            return False  # the root ends last: a partial request would lose it, so none of it is queued
         root = self.tracer.start_span(names.SPAN_REQUEST, context=self._parent(str(req.get("trace_parent") or "")),
                                       start_time=t0, attributes=attrs)
         ctx = self._trace.set_span_in_context(root)
@@ -344,6 +346,7 @@ class OtelView:
             n += self._step(ctx, *step)
         root.end(end_time=t_end)
         self.stats.add(requests_exported=1, requests_compact=int(compact))
+        return True
 
     def _span(self, name: str, ctx: Any, start: int, end: int, attrs: Mapping[str, Any]) -> Any:
         s = self.tracer.start_span(name, context=ctx, start_time=start, attributes=dict(attrs))

@@ -267,3 +267,70 @@ def test_a_log_destination_that_breaks_turns_off_the_logs_not_the_traces(tmp_pat
     rec.close()
     assert _exported(mem) == ["a", "b", "c"]
     assert set((guard.status() or {}).get("components", {})) == {"logs"}
+
+
+def _pipeline():
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.collect.recorder import Recorder
+    from sglang_ctxprof.model.guard import Guard
+
+    agg = Aggregator(Bucketing.parse("pow2"))
+    spans = InMemorySpanExporter()
+    prov = TracerProvider()
+    prov.add_span_processor(SimpleSpanProcessor(spans))
+    exp = Exporters(Bucketing.parse("pow2"), TracePolicy(mode="all"), env={}, otel=OtelView(prov), facts=BindFacts(
+        history=lambda rid, with_steps, stamp: agg.finished_request(rid, stamp, lazy=True, with_steps=with_steps)))
+    return agg, Recorder(agg, Guard(), sinks=exp.sinks), exp, spans
+
+
+def _prefill_of(rid, step, prompt):
+    return StepRecord(step_id=step, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                      ctx_lens=(prompt,), accepted=(0,), committed=(0,), finished=(False,),
+                      draft_tokens=0, step_ms=1.0, t_start_ns=10**18 + step * 10**7)
+
+
+def test_a_rid_used_again_after_a_reset_is_exported_with_its_own_numbers():
+    """A reset starts the history's use counts again: the sinks tell two uses of a rid apart by the
+    stamp of the step (or end) that finished each, so the second is exported, and an aborted one
+    with its own steps and prompt."""
+    from sglang_ctxprof.model.records import RequestEnd
+
+    agg, rec, exp, spans = _pipeline()
+    rec.submit(_prefill_of("job", 1, 50))
+    for r in _steps("job", 2, 2.0, start=2):
+        rec.submit(r)
+    rec.flush()
+    rec.with_aggregator(lambda a: a.reset())
+    rec.submit(_prefill_of("job", 10, 70))
+    for r in _steps("job", 3, 2.0, start=11):
+        rec.submit(r)
+    rec.flush()
+    rec.with_aggregator(lambda a: a.reset())
+    rec.submit(_prefill_of("job", 20, 4000))
+    rec.submit(RequestEnd("job", retracted=False, t_ns=10**18 + 30 * 10**8))
+    rec.flush()
+    roots = [sp.attributes for sp in spans.get_finished_spans() if sp.name == names.SPAN_REQUEST]
+    assert [(a[names.ATTR_PROMPT_TOKENS], a[names.ATTR_STEPS]) for a in roots] == [(50, 2), (70, 3), (4000, 0)]
+    assert exp.status()["requests_finished"] == 3
+
+
+def test_a_request_aborted_before_its_first_token_has_none():
+    """Aborted between two chunks of its prompt (``queued``): no token reached its client, as
+    SGLang's ``completion_tokens`` 0 says; a retracted one had its first token."""
+    from sglang_ctxprof.model.records import RequestEnd
+
+    agg, rec, exp, spans = _pipeline()
+    rec.submit(_prefill_of("cut", 1, 512))
+    rec.submit(RequestEnd("cut", retracted=False, t_ns=10**18 + 5 * 10**7))
+    rec.flush()
+    (root,) = [sp.attributes for sp in spans.get_finished_spans() if sp.name == names.SPAN_REQUEST]
+    assert root[names.ATTR_OUTPUT_TOKENS] == 0 and root[names.ATTR_ABORTED] == names.ABORT_QUEUED
+
+
+def test_a_request_the_span_queue_could_not_take_is_not_counted_as_traced():
+    s, exp = _sinks(TracePolicy(mode="all"))
+    s.requests.otel.stats.admit = lambda n: False  # the span queue is full: the request is dropped whole
+    for r in _steps("r1", 3, 2.0):
+        s.requests.observe(r)
+    assert _exported(exp) == [] and s.status()["requests_traced"] == 0
+    assert s.status()["requests_finished"] == 1
