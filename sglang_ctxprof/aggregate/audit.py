@@ -132,5 +132,8 @@ class Audit:
                                                      f"SGLang spec_num_correct_drafts = {correct}")
 
     def status(self) -> dict[str, Any]:
-        """Counts per invariant, how many steps and finished requests were checked, the latest violations."""
-        return {"violations": dict(self.counts), "checked": dict(self.checked), "latest": list(self.latest)}
+        """Counts per invariant since the profile was last reset (``violations``) and since the server
+        started (``lifetime``: what a counter exports, never going down), how many steps and finished
+        requests were checked, the latest violations."""
+        return {"violations": dict(self.counts), "lifetime": dict(self.lifetime), "checked": dict(self.checked),
+                "latest": list(self.latest)}

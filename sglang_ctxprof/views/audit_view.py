@@ -14,16 +14,19 @@ from typing import Any, Iterable, Mapping
 from ..model.names import AUDIT_INVARIANTS, LABEL_INVARIANT, METRIC_INVARIANT_VIOLATIONS
 
 
-def audit_counts(ranks: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+def audit_counts(ranks: Iterable[Mapping[str, Any]], since: str = "violations") -> dict[str, int]:
     """Violations per invariant over the ranks that answered (every invariant, 0 included); {} when
-    no rank reported an audit."""
+    no rank reported an audit.  ``since``: "violations" since the profile's last reset (the
+    diagnosis), "lifetime" since the server started (the counter; a rank that reports none gives
+    its ``violations``)."""
     out: dict[str, int] = {}
     for r in ranks:
         audit = ((r or {}).get("status") or {}).get("audit") if isinstance(r, Mapping) else None
         if not isinstance(audit, Mapping):
             continue
+        counts = audit.get(since) or audit.get("violations") or {}
         for inv in AUDIT_INVARIANTS:
-            out[inv] = out.get(inv, 0) + int((audit.get("violations") or {}).get(inv, 0) or 0)
+            out[inv] = out.get(inv, 0) + int(counts.get(inv, 0) or 0)
     return out
 
 
@@ -38,7 +41,8 @@ def audit_flags(counts: Mapping[str, int]) -> list[dict[str, str]]:
 
 
 def prometheus_lines(ranks: Iterable[Mapping[str, Any]]) -> list[str]:
-    counts = audit_counts(ranks)
+    """The counter's exposition: the lifetime counts, which a reset leaves as they are."""
+    counts = audit_counts(ranks, since="lifetime")
     if not counts:
         return []
     m = f"{METRIC_INVARIANT_VIOLATIONS}_total"

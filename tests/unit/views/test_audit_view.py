@@ -59,3 +59,16 @@ def test_diagnosis_flags_a_violation_and_only_then():
     assert "accept_metric x2" in flag["message"]
     d = diagnose(evidence_from_profile(Profile(bucketing={}, ranks=_ranks())))
     assert not [f for f in d["flags"] if f["kind"] == "invariant_violations"]
+
+
+def test_the_prometheus_format_counter_keeps_its_count_over_a_reset():
+    """``?format=prometheus`` exports the counts since the server started: a reset empties the
+    profile's audit (the diagnosis reads that), never the counter."""
+    from sglang_ctxprof.aggregate.audit import Audit
+
+    audit = Audit()
+    audit.counts["verify_ct"] = audit.lifetime["verify_ct"] = 3
+    after_reset = Audit(lifetime=audit.lifetime)  # what a reset leaves: new counts, the same lifetime
+    ranks = ({"status": {"audit": after_reset.status()}},)
+    assert _samples(render(Profile(bucketing={}, ranks=ranks)))["verify_ct"] == 3
+    assert audit_counts(ranks)["verify_ct"] == 0
