@@ -95,7 +95,11 @@ class Aggregator:
         self.reset()
 
     def reset(self) -> None:
+        """Empty the profile.  The request history before it stays readable as ``retired`` by
+        :meth:`finished_request` alone (the sinks, a few records behind, still export the requests
+        that finished before the reset) until :meth:`drop_retired`."""
         self.resets += 1
+        self.retired: RequestLog | None = getattr(self, "requests", None)
         self.decode: dict[int, _Bucket] = {}
         self.prefill: dict[int, _Bucket] = {}
         self.fits: dict[str, LinearFit] = {}
@@ -247,8 +251,16 @@ class Aggregator:
                          with_steps: bool = True) -> dict[str, Any] | None:
         """The summary of the use of ``rid`` that the record or end stamped ``stamp`` finished
         (``RequestLog.finished``): what the exporters read, behind the aggregator by a few records,
-        in which the rid may have been used again."""
-        return self.requests.finished(rid, stamp, lazy, with_steps)
+        in which the rid may have been used again; before a reset, in the history it retired."""
+        r = self.requests.finished(rid, stamp, lazy, with_steps)
+        old = self.retired
+        if r is None and old is not None:
+            r = old.finished(rid, stamp, lazy, with_steps)
+        return r
+
+    def drop_retired(self) -> None:
+        """Let go of the history the last reset retired (the sinks have seen every record before it)."""
+        self.retired = None
 
     def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:
         """The summary served by ``/ctx_profile/requests/{rid}``: step rows plus the waterfall."""

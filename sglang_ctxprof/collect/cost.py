@@ -9,7 +9,7 @@
   timed by the recorder in the thread's own CPU time (``time.thread_time_ns``: time spent waiting
   for the GIL is not ours).  A wake-up costs a few system calls and a GIL hand-over (tens of µs),
   so an idle server's wake-ups raise the per-record figure of the records that follow.  Per
-  record too: the drain's wake-ups that found nothing (``recorder.Looks``) and its pauses between
+  record too: the drain's wake-ups that found nothing (``pacing.Looks``) and its pauses between
   two slices of work (``pacing.Pacer``), the hand-overs that cost it most.
 * **Events per step** on a GPU: CUDA events recorded by the step's marks (two per timed region);
   None on the CPU clock.
@@ -44,7 +44,7 @@ class Cost:
         self.drain_ns = 0
         self.drain_records = 0
         self.events: Optional[int] = None
-        self.wakes = 0  # the drain thread's sleeps that ended in a look (recorder.Looks)
+        self.wakes = 0  # the drain thread's sleeps that ended in a look (pacing.Looks)
         self.pauses = 0  # its pauses between two slices (pacing.Pacer), as the recorder last read them
 
     def sample(self) -> bool:

@@ -1,4 +1,5 @@
-"""How the recorder's drain thread shares the GIL with the scheduler thread: bounded slices of work.
+"""How the recorder's drain thread shares the GIL with the scheduler thread: bounded slices of work
+(:class:`Pacer`), and looks for work at the pace of the steps (:class:`Looks`).
 
 The drain thread and the scheduler thread share one GIL.  The scheduler thread gives it up at
 every torch op, CUDA synchronize or launch, and must take it back afterwards; a thread that holds
@@ -44,7 +45,10 @@ SLICE_MAX_NS = 200_000  # the longest (0.2 ms: a 40 ms step's share)
 SLICE_SHARE = 0.005  # of the recent decode step: one slice delays the scheduler by at most this
 PAUSE_S = 50e-6  # the hand-over: a sleep long enough for a waiting thread to wake and take the GIL
 BACKLOG = 16  # items waiting beyond which slices run without the pause (the drain must keep up)
-
+POLL_S = 0.005  # the shortest sleep after a pass before the drain thread looks at the queue again
+POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain while steps come
+POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
+MANY = 4  # items found by the first look after a pass from which the first sleep halves
 
 class Pacer(Generic[T]):
     __slots__ = ("slice_ns", "slice_max_ns", "share", "current_ns", "pause_s", "backlog", "clock", "sleep",
@@ -100,3 +104,42 @@ class Pacer(Generic[T]):
                 self.pauses += 1
                 self.sleep(self.pause_s)
         return n
+
+
+
+class Looks:
+    """When the drain thread looks at the queue.  A wake-up costs the thread its GIL and a system
+    call or two (25 µs of CPU alone on a 2-core VM, ~120 µs while the scheduler thread runs Python),
+    so it should find about one record, or a few: not none.
+
+    After a pass the thread sleeps ``first``; each look that finds nothing doubles the sleep, up to
+    ``most`` (an idle server wakes ~10 times a second, not 200).  ``first`` follows the pace of the
+    steps: it doubles (up to ``busy_most``) when its look found nothing and a later one found work,
+    and halves (down to ``base``) when its look found ``many`` items or more.  At one step every
+    20 ms a fixed 5 ms first sleep wakes twice per record (the 5 and 10 ms looks find nothing), and
+    3.6 times at one every 60 ms; this wakes about once, and a record waits at most ``busy_most``
+    (plus a look's miss) while steps come.  Drain thread only."""
+
+    __slots__ = ("base", "busy_most", "most", "many", "first", "wait", "slept")
+
+    def __init__(self, base: float = POLL_S, busy_most: float = POLL_BUSY_MAX_S, most: float = POLL_MAX_S,
+                 many: int = MANY) -> None:
+        self.base, self.busy_most, self.most, self.many = base, busy_most, most, many
+        self.first = self.wait = base
+        self.slept = 0  # sleeps since the last pass
+
+    def sleep(self) -> float:
+        """The next sleep, the queue being empty."""
+        wait = self.wait
+        self.wait = min(self.most, wait * 2)
+        self.slept += 1
+        return wait
+
+    def found(self, n: int) -> None:
+        """A look found ``n`` items waiting (a pass follows): adapt ``first`` to the pace seen."""
+        if self.slept > 1:  # the first sleep was too short to find the next record
+            self.first = min(self.busy_most, self.first * 2)
+        elif self.slept == 1 and n >= self.many:  # ... or so long that records piled up
+            self.first = max(self.base, self.first / 2)
+        self.wait = self.first
+        self.slept = 0

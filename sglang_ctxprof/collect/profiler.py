@@ -11,16 +11,13 @@ never arrives (an aborted batch) is evicted, counted and told to the recorder (`
 
 GPU: marks are CUDA events on the current stream (``clocks.CudaEventClock``), read here after
 SGLang's ``copy_done`` synchronization with ``query()`` only.  Host facts (lengths, acceptance) are
-taken at ``after_result`` as per-batch arrays (``host``: one C-level pass per attribute; the record
-itself is built on the recorder's drain thread); if the device times are not ready the step is
-parked and retried at the next result (``clocks.Parked``).  Under CUDA graphs
-``graph_clock.GraphTimer`` supplies the verify attention/MoE split on sampled steps.  Each record's
-``timing`` label says how *that* step was timed (``step.timing_label``: from SGLang's
-``can_run_cuda_graph`` and whether the split was read).  ``meta["hw"]`` carries model/device facts
-for the roofline (``roofline``); the status reports which attention/MoE classes of the model are
-hooked (``coverage``).  ``cost`` measures what all this costs (``status()["cost"]``).  ``capture``
-(``collect.capture``) takes deep captures through SGLang's own profiler; the ``run_batch`` hook
-drives it only while it is armed.
+taken at ``after_result`` as per-batch arrays (``host``; the record is built on the drain thread);
+if the device times are not ready the step is parked and retried at the next result
+(``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the verify
+attention/MoE split on sampled steps.  Each record's ``timing`` says how *that* step was timed
+(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status
+names the hooked attention/MoE classes (``coverage``) and the cost (``cost``).  ``capture`` takes
+deep captures through SGLang's own profiler; the ``run_batch`` hook drives it only while armed.
 """
 
 from __future__ import annotations
@@ -67,8 +64,7 @@ class Serving:
 
     @classmethod
     def of(cls, algorithm: str, rank: Optional[RankId]) -> "Serving":
-        return cls(algorithm, rank, algorithm != "NONE", algorithm in FULL_PHASE_ALGORITHMS,
-                   algorithm in BLOCK_ALGORITHMS)
+        return cls(algorithm, rank, algorithm != "NONE", algorithm in FULL_PHASE_ALGORITHMS, algorithm in BLOCK_ALGORITHMS)
 
 
 class Profiler:
@@ -389,12 +385,16 @@ class Profiler:
 
     def reset(self, clock: Optional[str] = None) -> None:
         """Empty the profile; with ``clock`` (names.CLOCKS), time the steps from now on on that CPU clock
-        (called between steps, on the scheduler thread that marks them: no step mixes two clocks; the
-        steps still waiting for their results are dropped, so the new profile holds only its own)."""
-        if clock is not None and clock != self.clock_name:
+        (between steps, on the scheduler thread that marks them: no step mixes two clocks).  Steps still
+        waiting for their results are dropped: the new profile holds only its own.  The sinks still export
+        the requests that finished before it (the retired history, until they have seen its last record)."""
+        name = clock if clock is not None else self.clock_name
+        new = self.clock
+        if name != self.clock_name:
             if type(self.clock) is not CpuClock:
                 raise ValueError(f"this rank times its steps with {self.clock.mode}; the clock choice is for CPU servers")
-            new = cpu_clock(clock)  # ValueError on an unknown name, before anything changes
-            self.drop_pending()
-            self.clock, self.clock_name = new, clock
+            new = cpu_clock(name)  # ValueError on an unknown name, before anything changes
+        self.drop_pending()
+        self.clock, self.clock_name = new, name
         self.recorder.with_aggregator(lambda a: a.reset())
+        self.recorder.after_sinks(self.aggregator.drop_retired)

@@ -46,13 +46,12 @@ from ..model.guard import Guard
 from ..model.names import KIND_DECODE
 from ..model.sinks import RecordSink
 from .cost import Cost
-from .pacing import Pacer
+from .pacing import Looks, Pacer
 
 if TYPE_CHECKING:
     from .host import HostFacts
 
 logger = logging.getLogger(__name__)
-
 
 
 class _Lost:
@@ -68,49 +67,7 @@ Item = Union[StepRecord, "HostFacts", StepFacts, RequestEnd, "_Started", _Lost]
 T = TypeVar("T")
 
 THREAD_NAME = "ctxprof-recorder"  # the drain thread's name (benches find its collections by it)
-POLL_S = 0.005  # the shortest sleep after a pass before the drain thread looks at the queue again
-POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain while steps come
-POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
-MANY = 4  # items found by the first look after a pass from which the first sleep halves
 STEP_WEIGHT = 0.25  # a decode record's weight in the recent step (``Recorder.step_ms``)
-
-
-class Looks:
-    """When the drain thread looks at the queue.  A wake-up costs the thread its GIL and a system
-    call or two (25 µs of CPU alone on a 2-core VM, ~120 µs while the scheduler thread runs Python),
-    so it should find about one record, or a few: not none.
-
-    After a pass the thread sleeps ``first``; each look that finds nothing doubles the sleep, up to
-    ``most`` (an idle server wakes ~10 times a second, not 200).  ``first`` follows the pace of the
-    steps: it doubles (up to ``busy_most``) when its look found nothing and a later one found work,
-    and halves (down to ``base``) when its look found ``many`` items or more.  At one step every
-    20 ms a fixed 5 ms first sleep wakes twice per record (the 5 and 10 ms looks find nothing), and
-    3.6 times at one every 60 ms; this wakes about once, and a record waits at most ``busy_most``
-    (plus a look's miss) while steps come.  Drain thread only."""
-
-    __slots__ = ("base", "busy_most", "most", "many", "first", "wait", "slept")
-
-    def __init__(self, base: float = POLL_S, busy_most: float = POLL_BUSY_MAX_S, most: float = POLL_MAX_S,
-                 many: int = MANY) -> None:
-        self.base, self.busy_most, self.most, self.many = base, busy_most, most, many
-        self.first = self.wait = base
-        self.slept = 0  # sleeps since the last pass
-
-    def sleep(self) -> float:
-        """The next sleep, the queue being empty."""
-        wait = self.wait
-        self.wait = min(self.most, wait * 2)
-        self.slept += 1
-        return wait
-
-    def found(self, n: int) -> None:
-        """A look found ``n`` items waiting (a pass follows): adapt ``first`` to the pace seen."""
-        if self.slept > 1:  # the first sleep was too short to find the next record
-            self.first = min(self.busy_most, self.first * 2)
-        elif self.slept == 1 and n >= self.many:  # ... or so long that records piled up
-            self.first = max(self.base, self.first / 2)
-        self.wait = self.first
-        self.slept = 0
 
 
 class _Started:
@@ -140,7 +97,16 @@ class _Fanning:
         self.next = next
 
 
-Fanned = Union[StepRecord, RequestEnd, _Fanning]  # what waits for the sinks
+class _Then:
+    """A call the sinks' feeder makes once the sinks have seen every record before it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+
+
+Fanned = Union[StepRecord, RequestEnd, _Fanning, _Then]  # what waits for the sinks
 
 
 class Recorder:
@@ -312,7 +278,10 @@ class Recorder:
     def _feed_one(self, item: Fanned) -> Optional[_Fanning]:
         """Feed a record to its next sink; the sinks after it come back as the rest (first in line,
         so each sink sees the records in order).  A request end goes to every sink that has an
-        ``end`` at once."""
+        ``end`` at once; a call (:meth:`after_sinks`) is made."""
+        if type(item) is _Then:
+            self.guard.run("recorder", item.fn)
+            return None
         if type(item) is RequestEnd:
             for sink in self.sinks:
                 end = getattr(sink, "end", None)
@@ -364,6 +333,14 @@ class Recorder:
         with self._lock:
             self._catch_up()
             return fn(self.aggregator)
+
+    def after_sinks(self, fn: Callable[[], object]) -> None:
+        """Call ``fn`` on the sinks' feeder once the sinks have seen every record the aggregator has
+        taken so far (at once without sinks); never dropped for a full backlog."""
+        if self.sinks:
+            self._fan.append(_Then(fn))
+        else:
+            self.guard.run("recorder", fn)
 
     def read_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
         """Run ``fn(aggregator)`` under the lock as the aggregator is, without catching up: a sink's

@@ -1,4 +1,5 @@
-"""collect/pacing: the drain thread works in bounded slices and hands the GIL over between them.
+"""collect/pacing: the drain thread works in bounded slices and hands the GIL over between them, and
+looks for work at the pace of the steps.
 A fake clock that each item advances by its cost: no timing thresholds."""
 
 from __future__ import annotations
@@ -166,3 +167,61 @@ def test_the_recorders_drain_thread_paces_and_a_reader_flushing_meanwhile_keeps_
     go.set()
     r.close()
     assert sink.got == list(range(40)) and agg.records == 40 and pacer.pauses >= 1
+
+
+def _looks_at_pace(looks, step_s: float, records: int = 400) -> tuple[float, int, float]:
+    """Run ``looks`` on a simulated clock against one record every ``step_s`` (a pass takes no
+    time): (wake-ups per record, the most records one look found, the longest a record waited)."""
+    t, arrival, waiting, wakes, got, most, longest = 0.0, 0.0, [], 0, 0, 0, 0.0
+    while got < records:
+        while arrival <= t:
+            waiting.append(arrival)
+            arrival += step_s
+        if waiting:
+            looks.found(len(waiting))
+            got, most = got + len(waiting), max(most, len(waiting))
+            longest = max(longest, t - waiting[0])
+            waiting = []
+        else:
+            t += looks.sleep()
+            wakes += 1
+    return wakes / got, most, longest
+
+
+def test_an_idle_drain_thread_sleeps_longer_each_look_that_finds_nothing():
+    """With nothing to do, each look that finds nothing doubles the sleep up to ``POLL_MAX_S``."""
+    from sglang_ctxprof.collect.pacing import POLL_MAX_S, POLL_S, Looks
+
+    looks = Looks()
+    assert [looks.sleep() for _ in range(7)] == [POLL_S * 2**k for k in range(5)] + [POLL_MAX_S] * 2
+    small = Looks(0.01, 0.02, 0.03)
+    assert [small.sleep() for _ in range(4)] == [0.01, 0.02, 0.03, 0.03]
+
+
+def test_the_drain_looks_at_the_pace_of_the_steps():
+    """Records at a steady pace: the first sleep after a pass follows it, so a look finds about one
+    record, or a few, and a record waits at most ``POLL_BUSY_MAX_S`` and a look's miss.  One step
+    every 20 ms (a GPU decode, a CPU server at concurrency 1): about one wake-up per record, where
+    a fixed 5 ms first sleep (5, 10, 20 ms: looks that mostly find nothing) woke twice."""
+    from sglang_ctxprof.collect.pacing import MANY, POLL_BUSY_MAX_S, POLL_MAX_S, POLL_S, Looks
+
+    for step_s in (0.001, 0.0065, 0.02, 0.06, 0.2):
+        per_record, most, longest = _looks_at_pace(Looks(), step_s)
+        if step_s <= POLL_BUSY_MAX_S:
+            assert per_record <= 1.05, (step_s, per_record)  # once, after the first few
+            assert longest <= POLL_BUSY_MAX_S + step_s, (step_s, longest)
+        if step_s >= POLL_S:
+            assert most <= MANY, (step_s, most)
+        else:  # faster than the shortest sleep: a few per look, never a pile
+            assert most <= POLL_S / step_s + 1, (step_s, most)
+    # slower steps: a look every POLL_MAX_S at most while the server waits for the next step
+    assert _looks_at_pace(Looks(), 0.2)[0] <= 0.2 / POLL_BUSY_MAX_S + 1
+    # a fixed first sleep, as before (halving and doubling switched off): more wake-ups per record
+    fixed = Looks(busy_most=POLL_S, many=10**9)
+    assert _looks_at_pace(fixed, 0.02)[0] >= 1.5 > _looks_at_pace(Looks(), 0.02)[0]
+    # back to a fast pace after a slow one: the first sleep comes down again
+    looks = Looks()
+    _looks_at_pace(looks, 0.06)
+    assert looks.first == POLL_BUSY_MAX_S
+    assert _looks_at_pace(looks, 0.0065)[1] <= 2 * MANY and looks.first <= 2 * 0.0065 * MANY
+    assert POLL_MAX_S >= POLL_BUSY_MAX_S >= POLL_S

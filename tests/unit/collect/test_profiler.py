@@ -444,3 +444,46 @@ def test_a_traced_prefill_reads_its_trace_contexts_on_the_drain_not_in_the_step(
     plain.p.after_result(b, batch, Result())
     assert plain.cap.records()[0].trace_parents == ()
     plain.p.recorder.stop()
+
+
+def test_a_reset_drops_the_step_launched_before_it():
+    """Under overlap a step runs before the previous one's result: a reset between its launch and its
+    result leaves it out of the new profile, with or without a clock change."""
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        cap = Capture(p)
+        sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
+        _steps(sched, reqs, 1)
+        batch = fakes.Batch(reqs)
+        res = sched.run_batch(batch)  # launched ...
+        p.reset()  # ... a plain reset ...
+        sched.process_batch_result(batch, res)  # ... its result
+        _steps(sched, reqs, 1)
+        p.recorder.flush()
+        assert [r.step_id for r in cap.records()] == [1, 3] and p.aggregator.records == 1
+
+
+def test_requests_that_finished_just_before_a_reset_are_still_exported():
+    """A reset catches the aggregator up and empties its history while the sinks, a few records
+    behind, have not seen the finishing records yet: they read the retired history, let go of once
+    they have seen the last record before the reset."""
+    from sglang_ctxprof.model.records import RankId, StepRecord
+    from sglang_ctxprof.views import exporters
+
+    def rec(kind, fin, sid):
+        return StepRecord(step_id=sid, kind=kind, algorithm="EAGLE", rank=RankId(), rids=("x",), ctx_lens=(50,),
+                          accepted=(2,) if kind == KIND_DECODE else (0,), committed=(2,) if kind == KIND_DECODE else (0,),
+                          finished=(fin,), draft_tokens=4, step_ms=1.0, t_start_ns=10**18 + sid * 10**8)
+
+    cfg = CtxProfConfig.from_env({"SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": "/dev/null"})
+    with instrumented([], cfg, exporters=exporters.install) as session:
+        p = session.profiler
+        p.bind(fakes.Scheduler(fakes.Worker()))
+        p.recorder.stop()  # no drain thread: the sinks run at flush
+        for r in (rec("prefill", False, 1), rec(KIND_DECODE, False, 2), rec(KIND_DECODE, True, 3)):
+            p.recorder.submit(r)
+        p.reset()
+        assert p.aggregator.retired is not None and len(p.aggregator.requests) == 0
+        p.recorder.flush()
+        assert p.exporters.status()["requests_finished"] == 1
+        assert p.aggregator.retired is None
