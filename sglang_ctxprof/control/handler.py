@@ -106,6 +106,7 @@ def _lockstep(req: Json, scheduler: object, session: CtxProfSession, p: Profiler
     if cap.armed:
         cap.idle(scheduler)
     if cmd == CMD_ENABLE:
+        cap.halt(scheduler)  # one an automatic trigger asked for while off, from records drained after it
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:
@@ -174,6 +175,8 @@ def _capture(p: Profiler, req: Json) -> Json:
         steps = p.recorder.with_aggregator(lambda a: [r.to_dict() for r in a.recent if r.step_id in ids])
         return {"capture": info.to_dict(), "steps": steps, "rank": p.serving.rank.to_dict() if p.serving.rank else None}
     try:
+        if not p.active:  # nothing would run it: refused alike on every rank (the switch is lockstep)
+            return {"accepted": False, "off": True, "reason": "profiling is off: POST /ctx_profile/enable first"}
         out = cap.request(TRIGGER_RID if req.get("rid") else TRIGGER_MANUAL, req.get("steps"), req.get("rid"),
                           now_s=req.get("now"))
     except (TypeError, ValueError) as exc:

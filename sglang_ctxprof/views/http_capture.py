@@ -49,7 +49,8 @@ def _bad_request(payloads: list[dict[str, Any]]):
 
 async def post_capture(rc: ReadContext, request: Request):
     """Ask for a deep capture (``collect.capture``): ``?steps=N`` the next N steps, ``?rid=RID`` that
-    request's next steps.  200 when accepted, 429 when the budget refuses (counted as suppressed)."""
+    request's next steps.  200 when accepted, 429 when the budget refuses (counted as suppressed), 409
+    while profiling is off."""
     import time
 
     qp = dict(request.query_params)
@@ -77,6 +78,8 @@ async def post_capture(rc: ReadContext, request: Request):
     if errors:
         return _error(503, "; ".join(errors))
     refused = [p for p in payloads if not p.get("accepted")]
+    if any(p.get("off") for p in refused):
+        return _error(409, refused[0].get("reason", "profiling is off"))
     if refused:
         return _error(429, refused[0].get("reason", "refused"), retry_after_s=refused[0].get("retry_after_s"),
                       suppressed=refused[0].get("suppressed"))

@@ -730,3 +730,30 @@ def test_one_rank_stopped_by_a_failure_after_counting_a_step_does_not_claim_that
         sched.step(cap)
     c = wait_state(cap, cid)
     assert c.step_ids == [1] and "MemoryError" in c.error, c
+
+
+def test_a_capture_asked_for_while_profiling_is_off_is_refused_and_blocks_nothing(tmp_path):
+    """Off, nothing runs a capture: the control command refuses it on every rank (the route's 409);
+    one an automatic trigger asked for from the records drained after the switch is failed when
+    profiling comes back, so it neither captures whatever runs then nor refuses the next one."""
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.control.handler import handle
+    from sglang_ctxprof.control.protocol import encode
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    session = CtxProfSession(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_DIR: str(tmp_path),
+                                                     "SGLANG_CTXPROF_CAPTURE_INTERVAL_S": "0"}), targets=[])
+    session.instrument()
+    try:
+        p, s = session.profiler, CaptureScheduler()
+        p.bind(s)
+        session.disable()
+        out = handle(encode(names.CMD_CAPTURE, steps=2, now=1000.0), s, session)["ctx_profile"]
+        assert out["accepted"] is False and out["off"] and p.capture.current is None
+        cid = p.capture.request(names.TRIGGER_HOST_GAP, now_s=1001.0)["capture"]["id"]  # a sink, after the switch
+        handle(encode(names.CMD_ENABLE), s, session)
+        assert p.capture.find(cid).state == names.CAPTURE_FAILED and not p.capture.armed
+        assert handle(encode(names.CMD_CAPTURE, steps=2, now=1002.0), s, session)["ctx_profile"]["accepted"]
+    finally:
+        session.uninstrument()
+        hooks.label_phases(None)
