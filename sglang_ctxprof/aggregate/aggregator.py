@@ -191,6 +191,13 @@ class Aggregator:
             yield
             self.audit.observe(rec, self.requests)
 
+    def interrupt(self) -> None:
+        """Steps went unrecorded (profiling stopped, or a step was lost): the running requests miss
+        steps (``RequestLog.interrupt``), and the next step's host gap is not measured (the server
+        ran steps meanwhile)."""
+        self.requests.interrupt()
+        self._last_end_ns = 0
+
     def end_request(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited (no step will say it finished)."""
         self.requests.end(end)

@@ -93,6 +93,10 @@ class Capture:
         self._prev_end_ns = 0
         self._last_tick_ns = 0
 
+    def gap_break(self) -> None:
+        """Steps went unrecorded (profiling was off): the next record's host gap is not measured."""
+        self._prev_end_ns = 0
+
     def bind(self, scheduler: Any, facts: BindFacts = BindFacts()) -> None:
         """Device and ranks, at the profiler's first step: GPU activity on a GPU; automatic
         triggers only where one rank decides (SGLang's stop barrier spans the TP group); the

@@ -145,10 +145,11 @@ class Profiler:
         self.recorder.start()
 
     def pause(self) -> None:
-        """Profiling switched off: forget waiting steps (:meth:`drop_pending`), mark the running requests
-        partial (they miss steps: ``RequestLog.interrupt``); the drain thread ends when drained."""
+        """Profiling switched off: forget waiting steps, mark running requests partial, measure no host gap
+        over the pause (``Aggregator.interrupt``; the capture's too); the drain thread ends when drained."""
         self.drop_pending()
-        self.recorder.with_aggregator(lambda a: a.requests.interrupt())
+        self.recorder.with_aggregator(lambda a: a.interrupt())
+        self.recorder.after_sinks(self.capture.gap_break)
         self.recorder.park()
 
     def resume(self) -> None:
@@ -171,8 +172,7 @@ class Profiler:
         return self.exporters.policy if self.exporters is not None else None
 
     def audit_lifetime(self) -> Optional[Mapping[str, int]]:
-        """The live self-audit's violations per invariant since start, across resets (the live
-        counter's; ``aggregate.audit``), or None when off."""
+        """The live self-audit's violations per invariant since start, across resets; None when off."""
         return self.aggregator.audit_lifetime()
 
     def export_history(self, rid: str, with_steps: bool, stamp: int) -> Optional[dict[str, Any]]:

@@ -223,7 +223,7 @@ class Recorder:
             return None
         kind = type(item)
         if kind is _Lost:
-            self.guard.run("aggregator", self.aggregator.requests.interrupt)
+            self.guard.run("aggregator", self.aggregator.interrupt)
             return None
         if kind is RequestEnd:
             self.guard.run("aggregator", self.aggregator.end_request, item)

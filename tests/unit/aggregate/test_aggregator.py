@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import math
 
@@ -293,3 +295,15 @@ def test_a_state_written_between_two_stages_of_a_record_is_not_reused_after_it()
         pass
     bucket = agg.state(with_requests=False)["decode"][str(agg.bucketing.index(100))]
     assert bucket["steps"] == 2 and bucket["phases"]["step"]["n"] == 2 and bucket["phases"]["step"]["max"] == 30.0
+
+
+def test_steps_gone_unrecorded_are_no_host_gap():
+    """Profiling stopped, or a step lost (``interrupt``): the server ran steps meanwhile, so the
+    time to the next recorded step is no gap between two steps."""
+    agg = Aggregator()
+    t0 = 10**18
+    agg.observe(replace(rec(1, [100]), t_start_ns=t0))
+    agg.observe(replace(rec(2, [100]), t_start_ns=t0 + 11 * 10**6))  # 1 ms after the first ended
+    agg.interrupt()
+    agg.observe(replace(rec(3, [100]), t_start_ns=t0 + 5 * 10**9))
+    assert agg.host_gaps.count == 1 and agg.host_gaps.max < 2.0
