@@ -23,7 +23,7 @@ from ..model.records import RequestEnd
 from .request_rows import LazyRows, row_dict
 
 # The entry's own bookkeeping, never shown to a reader.
-INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "partial", "accepted_drafts", "finished_at")
+INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "accepted_drafts", "finished_at")
 # The totals a request's kept rows add to (``Rows.totals``).
 TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
 
@@ -47,7 +47,7 @@ def new_entry(rid: str, t_ns: int) -> dict[str, Any]:
         "step_rows": [],
         "rows_at_fold": 0,  # len(step_rows) when ctx_last was last folded: a later row is newer
         "rows_at_end": 0,  # len(step_rows) when t_end_ns was last set: a later row ends later
-        "partial": False,  # (re)created after its prefill, or running while profiling stopped: steps missed
+        "partial": False,  # (re)created after its prefill, or ran while profiling stopped: its totals miss steps
         "finished_at": 0,  # the stamp of what finished it (``finish``): a record's end_ns, an end's t_ns
         "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
     }

@@ -263,6 +263,7 @@ ATTR_PHASE_MS_PREFIX = "ctxprof.phase_ms."  # + phase name: its ms in the step (
 ATTR_DECODE_MS = "ctxprof.decode_ms"
 ATTR_FINISHED = "ctxprof.finished"
 ATTR_ABORTED = "ctxprof.aborted"  # an ABORT_KINDS value: SGLang aborted the request while it waited
+ATTR_PARTIAL = "ctxprof.partial"  # the history missed some of its steps: its totals are a lower bound
 
 # ---- Prometheus metrics ----------------------------------------------------------------------
 METRIC_PHASE_SECONDS = "sglang_ctxprof_phase_seconds"

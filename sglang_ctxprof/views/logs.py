@@ -224,7 +224,7 @@ class LogView:
             decode_ms=round(float(req.get("decode_ms") or 0.0), 3),
             prefill_ms=round(float(req.get("prefill_ms") or 0.0), 3),
             ctx_first=req.get("ctx_first"), ctx_last=req.get("ctx_last"),
-            max_step_ms=round(max_step_ms(req), 3),
+            max_step_ms=round(max_step_ms(req), 3), partial=bool(req.get("partial")),
             trace_parent=req.get("trace_parent") or None)
         self.emitted[names.EVENT_SLOW_REQUEST] += 1
 

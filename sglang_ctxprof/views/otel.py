@@ -310,9 +310,11 @@ class OtelView:
             names.ATTR_FINISHED: bool(req.get("finished")),
             names.ATTR_LAYOUT: names.LAYOUT_SEQUENTIAL,
         }
+        if req.get("partial"):  # steps went unseen: its output is not known
+            attrs[names.ATTR_PARTIAL] = True
         if req.get("prompt_tokens") is not None:
             attrs[names.ATTR_PROMPT_TOKENS] = int(req["prompt_tokens"])
-            attrs[names.ATTR_OUTPUT_TOKENS] = output_tokens(req)
+            attrs.update({} if req.get("partial") else {names.ATTR_OUTPUT_TOKENS: output_tokens(req)})
         if req.get("steps_truncated"):
             attrs[names.ATTR_STEPS_TRUNCATED] = int(req["steps_truncated"])
         if slow_reason:

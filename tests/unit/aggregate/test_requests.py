@@ -182,7 +182,7 @@ def test_an_entry_made_after_its_prefill_is_partial_and_has_no_tally():
     log.observe(replace(_prefill(2, 1), rids=("x",)))
     log.observe(replace(_prefill(3, 1), rids=("y",)))  # r0 evicted
     log.observe(_step(4, 1))  # r0 back, with one step of two
-    assert log.tally("r0") is None and log.get("r0")["steps"] == 1 and "partial" not in log.get("r0")
+    assert log.tally("r0") is None and log.get("r0")["steps"] == 1 and log.get("r0")["partial"]
     log.observe(_prefill(5, 2, committed=1))  # r1's re-prefill after a retraction: new to the ring
     log.observe(_step(6, 2))
     assert log.tally("r1") is None and log.tally("r0") is None

@@ -334,3 +334,19 @@ def test_a_request_the_span_queue_could_not_take_is_not_counted_as_traced():
         s.requests.observe(r)
     assert _exported(exp) == [] and s.status()["requests_traced"] == 0
     assert s.status()["requests_finished"] == 1
+
+
+def test_a_request_that_ran_while_profiling_was_off_is_exported_as_partial():
+    """Its history missed steps: the summary and the root span say ``partial``, and the span
+    claims no output token count (a lower bound would read as SGLang's)."""
+    agg, rec, exp, spans = _pipeline()
+    rec.submit(_prefill_of("r", 1, 100))
+    for r in _steps("r", 2, 2.0, start=2):
+        rec.submit(replace(r, finished=(False,)))
+    rec.with_aggregator(lambda a: a.interrupt())  # switched off, steps ran unseen, back on
+    for r in _steps("r", 2, 2.0, start=8):
+        rec.submit(r)
+    rec.flush()
+    (root,) = [sp.attributes for sp in spans.get_finished_spans() if sp.name == names.SPAN_REQUEST]
+    assert root[names.ATTR_PARTIAL] is True and names.ATTR_OUTPUT_TOKENS not in root
+    assert root[names.ATTR_PROMPT_TOKENS] == 100 and agg.requests.get("r")["partial"] is True
