@@ -15,20 +15,17 @@ were dropped, summed in C when the request is read (``request_entry.totals_of``)
 ``/ctx_profile/requests`` serves and what the exact-accounting tests reconcile against SGLang's
 ``meta_info``.  Only ids, lengths and timings are kept: never prompt or output text.
 
-An entry (re)created by a decode step or a retracted request's re-prefill never saw the request's
-prefill (it was evicted, or ran before the history was cleared), and one running while profiling
-stopped (``interrupt``) misses steps: its totals are partial, so it is served as any other but
-``tally`` does not hand it to the self-audit.  A rid seen again is a new use (``_reuse``) when its
-use had finished and a prefill comes, or any step once profiling stopped and started (or a step was
-lost) after it finished.
+An entry (re)created after the request's prefill (evicted, or the history cleared), or running
+while profiling stopped (``interrupt``), misses steps: served ``partial``, no ``tally`` for the
+self-audit.  A rid seen again is a new use (``_reuse``) when its use had finished and a prefill
+comes, or any step once profiling stopped and started (or a step was lost) after it finished, or a
+first prefill after such a partial use had decoded (it ended unseen).
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
 retraction; ``"queued"``: it had been prefilled, e.g. between chunks) and counts it in ``aborted``,
 which also counts the requests aborted before their first step (never in the ring), by kind in
-``aborted_by``; ``aborted_summary`` is what the exporters export for one of those.
-
-Pure; imports only the package's record types.
+``aborted_by``; ``aborted_summary`` is what the exporters export for one of those.  Pure.
 """
 
 from __future__ import annotations
@@ -223,7 +220,8 @@ class RequestLog:
         for i, rid in enumerate(rec.rids):
             r = self._reqs.get(rid)
             com = rec.committed[i] if rec.committed else 0
-            created = r is None or r["finished"]
+            decoded, prompt = rec.accepted[i], prompts[i]  # decoded: a running request's token riding a mixed batch
+            created = r is None or r["finished"] or _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i])
             if r is None:
                 r = self._add(rid, rec)
             elif created:  # a new request under a rid used before: keep the two apart
@@ -234,7 +232,6 @@ class RequestLog:
             r["rows_at_end"] = len(r["step_rows"])
             if rec.finished[i]:
                 finish(r, rec.end_ns)
-            decoded = rec.accepted[i]  # a running request's decode riding a mixed batch (its token)
             if decoded:  # its token's time: the step it rode (its decode tok/s counts both)
                 r["decode_ms"] += rec.step_ms
             else:
@@ -242,7 +239,6 @@ class RequestLog:
             if com:  # that token, or the re-prefill of a retracted request (prompt + output so far)
                 r["committed"] += com
                 r["retractions"] += not decoded
-            prompt = prompts[i]
             if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
                 r["partial"] = True  # it had output (a re-prefill's chunk, or a mixed decode row):
                 # its first prefill and steps went unseen
@@ -340,15 +336,6 @@ class RequestLog:
             elif cells.get(key) is r["step_rows"].cells:
                 del cells[key]
 
-    def pop(self, rid: str) -> dict[str, Any] | None:
-        """Remove one request and return its summary with steps (tail-based trace sinks)."""
-        r = self._reqs.pop(rid, None)
-        if r is not None:
-            out = summarize(r, with_steps=True)
-            self._forget_rows(rid, r)
-            return out
-        return None
-
     def slowest(self, n: int, with_steps: bool = True, max_rows: Optional[int] = None) -> list[dict[str, Any]]:
         """The ``n`` requests of lowest decode tok/s, slowest first, with their step rows
         (``with_steps``) up to ``max_rows`` in all, the slowest requests' first: one whose rows would
@@ -385,6 +372,14 @@ class RequestLog:
         self.evicted = 0
         self.aborted = 0
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
+
+
+def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int) -> bool:
+    """A first prefill (no output before it, no token) under the rid of an entry that decoded and
+    missed steps: that request ended unseen (profiling was off, or its last step was lost), and this
+    is a new one under its rid."""
+    return bool(r["partial"] and (r["steps"] or len(r["step_rows"])) and not com and not decoded
+                and prompt is not None and ctx == prompt)
 
 
 def _use_key(rid: str, use: int) -> Key:

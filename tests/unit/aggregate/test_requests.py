@@ -276,3 +276,23 @@ def test_a_token_decoded_inside_a_mixed_batch_counts_that_steps_time():
     r = log.get("r0")
     assert r["committed"] == one["committed"] + 1 and r["prefill_ms"] == one["prefill_ms"]
     assert r["decode_ms"] == one["decode_ms"] + mixed.step_ms and r["retractions"] == 0
+
+
+def test_a_request_that_ended_unseen_is_not_merged_with_the_next_use_of_its_rid():
+    """Profiling off while a request ended (no step said so), then its rid comes again: the new
+    request's first prefill (no output before it) starts a use of its own; a retracted request's
+    re-prefill (prompt + output) or a prompt's next chunk does not."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    log.observe(_step(1, 1))
+    log.interrupt()  # off: r0 ends unseen
+    fresh = replace(_prefill(5, 1), ctx_lens=(7000,), prompt_lens=(7000,))
+    log.observe(fresh)
+    log.observe(replace(fresh, step_id=6))  # its next chunk
+    log.observe(_step(7, 1))
+    r = log.get("r0")
+    assert (r["use"], r["prompt_tokens"], r["steps"], r["partial"]) == (1, 7000, 1, False)
+    assert log.tally("r0") == (1, 1, 1, 0)
+    log.interrupt()
+    log.observe(replace(fresh, step_id=8, ctx_lens=(7004,), committed=(1,)))  # retracted: its re-prefill
+    assert log.get("r0")["use"] == 1 and log.get("r0")["retractions"] == 1

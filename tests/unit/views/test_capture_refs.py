@@ -35,7 +35,7 @@ def request(steps=(1, 2, 3, 4, 5)) -> dict:
     log.observe(rec(0, names.KIND_PREFILL))
     for i, s in enumerate(steps):
         log.observe(rec(s, fin=i == len(steps) - 1))
-    return log.pop("r1")
+    return log.get("r1")
 
 
 def info(cid: str, trigger: str, step_ids: list[int], path: str = "", state: str = names.CAPTURE_DONE,

@@ -37,7 +37,7 @@ def _request(rid: str, n_steps: int) -> dict:
     log.observe(rec(0, "prefill"))
     for i in range(n_steps):
         log.observe(rec(i + 1, "decode", fin=i == n_steps - 1))
-    return log.pop(rid)
+    return log.get(rid)
 
 
 class _Recording(SpanExporter):
