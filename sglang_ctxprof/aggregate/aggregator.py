@@ -181,10 +181,12 @@ class Aggregator:
             self._stat(b, _PREFILL).add(rec.step_ms)
             b.cached_sum += rec.cached_tokens
             if any(rec.accepted):  # a mixed batch: its decode rows (accepted) decoded their tokens
-                b.committed += sum(compress(rec.committed, map(not_, rec.accepted)))
+                reprefilled = sum(compress(rec.committed, map(not_, rec.accepted)))
                 b.decoded += sum(compress(rec.committed, rec.accepted))
             else:
-                b.committed += sum(rec.committed)  # re-prefills after a retraction: one token each
+                reprefilled = sum(rec.committed)  # re-prefills after a retraction: one token each
+            b.committed += reprefilled
+            b.retractions += sum(rec.retractions) if rec.retractions else reprefilled  # a record saved without
         yield
         yield from self.requests.stages(rec)
         if self.audit is not None:

@@ -221,7 +221,9 @@ class RequestLog:
             r = self._reqs.get(rid)
             com = rec.committed[i] if rec.committed else 0
             decoded, prompt = rec.accepted[i], prompts[i]  # decoded: a running request's token riding a mixed batch
-            created = r is None or r["finished"] or _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i])
+            retracted = rec.retractions[i] if rec.retractions else int(bool(com and not decoded))
+            created = r is None or r["finished"] or (
+                not retracted and _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i]))
             if r is None:
                 r = self._add(rid, rec)
             elif created:  # a new request under a rid used before: keep the two apart
@@ -236,9 +238,8 @@ class RequestLog:
                 r["decode_ms"] += rec.step_ms
             else:
                 r["prefill_ms"] += rec.step_ms
-            if com:  # that token, or the re-prefill of a retracted request (prompt + output so far)
-                r["committed"] += com
-                r["retractions"] += not decoded
+            r["committed"] += com  # that token, or the re-prefill of a retracted request's (prompt + output)
+            r["retractions"] += retracted  # SGLang's count (a record saved without it: re-prefills' tokens)
             if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
                 r["partial"] = True  # it had output (a re-prefill's chunk, or a mixed decode row):
                 # its first prefill and steps went unseen

@@ -27,8 +27,10 @@ from .outliers import SlowSteps
 class BucketState:
     """Exact counts of one bucket.  For prefill buckets ``steps`` counts batches, ``req_steps``
     requests, ``ctx_sum`` prompt tokens and ``cached_sum`` the part of them found in the prefix cache,
-    ``committed`` the tokens re-prefills appended (one per retraction) and ``decoded`` those running
-    requests decoded inside its batches (mixed chunked prefill); the acceptance counts stay 0.
+    ``committed`` the tokens re-prefills appended, ``retractions`` SGLang's retractions of the
+    requests it prefilled again (one that hit a prefill in flight appended no token) and ``decoded``
+    the tokens running requests decoded inside its batches (mixed chunked prefill); the acceptance
+    counts stay 0.
     ``step_bs1`` holds the decode steps that ran at batch size 1 (the baseline of batch sharing)
     and ``exec`` the execution-mode counts (``acceptance``)."""
 
@@ -41,6 +43,7 @@ class BucketState:
     attn_ctx_sum: int = 0  # summed context of the steps that carry a verify attention time (roofline)
     cached_sum: int = 0
     decoded: int = 0  # prefill: tokens decoded inside its batches (a mixed batch's decode rows)
+    retractions: int = 0  # prefill: SGLang's retractions of its rows' requests (re-prefills)
     phases: Mapping[str, DurationStats] = field(default_factory=dict)
     step_bs1: Optional[DurationStats] = None
     exec: Mapping[str, Any] = field(default_factory=dict)

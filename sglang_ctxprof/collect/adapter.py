@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, is_not
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..model.names import CACHED_TOKENS
 from ..model.records import RankId
@@ -277,6 +277,18 @@ def draft_depth(draft: int, server_args: Any) -> int:
     if int(getattr(server_args, "speculative_eagle_topk", 1) or 1) > 1:
         return int(getattr(server_args, "speculative_num_steps", 0) or 0)
     return max(0, draft - 1)
+
+
+def prefill_counts(reqs: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A prefill batch's running totals per request: prefix-cache hits (``req.cached_tokens``) and
+    retractions (``req.retraction_count``); 0 where unknown."""
+    return tuple(map(req_cached_tokens, reqs)), tuple(map(req_retractions, reqs))
+
+
+def req_retractions(req: Any) -> int:
+    """How often SGLang retracted this request so far (``Req.retraction_count``; 0 when unknown)."""
+    v = getattr(req, "retraction_count", 0)
+    return v if isinstance(v, int) else 0
 
 
 def req_cached_tokens(req: Any) -> int:

@@ -50,14 +50,15 @@ class IdCache:
     of it, and a kept reference would keep its token lists alive); others that left (retracted,
     aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
 
-    __slots__ = ("reqs", "ids", "_rid", "_plen", "_cached")
+    __slots__ = ("reqs", "ids", "_rid", "_plen", "cached", "retracted")
 
     def __init__(self) -> None:
         self.reqs: tuple = ()
         self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
         self._rid: dict = {}  # request object -> its rid (as the profiler keeps it)
         self._plen: dict = {}  # request object -> its prompt length
-        self._cached: dict = {}  # request object -> the prefix-cache hit its records counted so far
+        self.cached: dict = {}  # request object -> the prefix-cache hit its records counted so far
+        self.retracted: dict = {}  # request object -> the retractions its records counted so far
 
     def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if reqs != self.reqs:
@@ -82,16 +83,22 @@ class IdCache:
             return adapter.req_ids(reqs)  # drain thread stays stopped); read them all, never raise
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
-            held = self._cached
-            self._cached = {r: held[r] for r in reqs if r in held}
+            self.cached = {r: self.cached[r] for r in reqs if r in self.cached}
+            self.retracted = {r: self.retracted[r] for r in reqs if r in self.retracted}
         return rids, plens
 
-    def cached_new(self, reqs: tuple, totals: tuple[int, ...]) -> tuple[int, ...]:
-        """Each request's prefix-cache hit not counted by an earlier record: SGLang's
-        ``req.cached_tokens`` is a running total (the hit is found at a prompt's first chunk; its
-        later chunks, a retracted request's re-prefill and a decode row riding a mixed batch add
-        none), so a prompt in chunks counts its hit once, as SGLang's ``meta_info`` does."""
-        held = self._cached
+    @staticmethod
+    def new_part(held: dict, reqs: tuple, totals: tuple[int, ...], skip: Optional[list] = None) -> tuple[int, ...]:
+        """Each request's part of a running total SGLang keeps per request (``cached``:
+        ``req.cached_tokens``, the prefix-cache hit found at a prompt's first chunk, which its later
+        chunks, a re-prefill and a mixed batch's decode row add none to; ``retracted``:
+        ``req.retraction_count``) that no earlier record of it counted: counted once, as SGLang's
+        ``meta_info`` does.  A row SGLang skips (``skip``: it ended or was retracted before the
+        step's result) counts nothing and leaves its part to the request's next row."""
+        if skip is not None and True in skip:
+            kept = [not s for s in skip]
+            part = iter(IdCache.new_part(held, tuple(compress(reqs, kept)), tuple(compress(totals, kept))))
+            return tuple(next(part) if k else 0 for k in kept)
         try:
             out = tuple(t - held.get(r, 0) for r, t in zip(reqs, totals))
             held.update(zip(reqs, totals))
@@ -106,7 +113,8 @@ class IdCache:
             try:
                 rid_of.pop(req, None)
                 plen_of.pop(req, None)
-                self._cached.pop(req, None)
+                self.cached.pop(req, None)
+                self.retracted.pop(req, None)
             except TypeError:  # an unhashable request was never a key
                 pass
             if req in self.reqs:
@@ -148,6 +156,7 @@ class HostFacts:
         self.exec_mode = self.exec_reason = self.attn_backend = ""  # decode: adapter.exec_mode
         self.draft_depth = 0
         self.cached_lens: tuple[int, ...] = ()  # prefill: prompt tokens found in the prefix cache
+        self.retractions: tuple[int, ...] = ()  # prefill: SGLang's retraction counts
         self.done_pre: Optional[list] = None  # finished/retracted before the step (not spec decode)
         self.read: Optional[tuple[tuple[str, ...], tuple[int, ...]]] = None  # rids, prompt lengths (build)
 
@@ -191,7 +200,9 @@ class HostFacts:
             self.trace_parents = tps if any(tps) else ()
         self.read = self.ids.get(self.reqs)
         if self.cached_lens:
-            self.cached_lens = self.ids.cached_new(self.reqs, self.cached_lens)
+            self.cached_lens = self.ids.new_part(self.ids.cached, self.reqs, self.cached_lens, self.done_pre)
+        if self.retractions:
+            self.retractions = self.ids.new_part(self.ids.retracted, self.reqs, self.retractions, self.done_pre)
 
     def _facts(self, read: tuple[tuple[str, ...], tuple[int, ...]]) -> StepFacts:
         books: Books = ()

@@ -320,7 +320,7 @@ class Profiler:
             if b.block:
                 host.block_size, host.denoise_steps = adapter.block_size(result), b.denoise
         else:
-            host.cached_lens = tuple(map(adapter.req_cached_tokens, reqs))
+            host.cached_lens, host.retractions = adapter.prefill_counts(reqs)
             host.accepts = adapter.mixed_decode_rows(batch, reqs)
         return host if host.counted() else None
 

@@ -34,7 +34,7 @@ from .records import StepRecord
 PER_REQUEST = ("rids", "ctx_lens", "accepted", "committed", "finished", "books", "prompt_lens")
 CARRIED = tuple(f.name for f in fields(StepRecord) if f.name not in PER_REQUEST)
 # Carried fields aligned with the rows when not empty (a prefill's): the rows left out take theirs along.
-ALIGNED = ("trace_parents", "cached_lens")
+ALIGNED = ("trace_parents", "cached_lens", "retractions")
 Books = tuple[tuple[int, int, int], ...]
 # ctx, accepted, committed, finished
 Columns = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[bool, ...]]

@@ -205,6 +205,9 @@ class StepRecord:
     # Prefill records: each request's prompt tokens (SGLang's ``prompt_tokens``; aligned with rids).
     # ``ctx_lens`` is the prompt plus the output so far: more for a retracted request's re-prefill.
     prompt_lens: tuple[int, ...] = ()
+    # Prefill records: the retractions SGLang made of each request since its previous prefill row
+    # (``req.retraction_count``: also one that hit a prefill still in flight, which appended nothing).
+    retractions: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -360,7 +363,7 @@ def validate(rec: StepRecord) -> None:
         raise ValueError(f"trace_parents has {len(rec.trace_parents)} entries for {n} requests")
     if rec.books and len(rec.books) != n:
         raise ValueError(f"books has {len(rec.books)} entries for {n} requests")
-    for name in ("cached_lens", "prompt_lens"):
+    for name in ("cached_lens", "prompt_lens", "retractions"):
         if getattr(rec, name) and len(getattr(rec, name)) != n:
             raise ValueError(f"{name} has {len(getattr(rec, name))} entries for {n} requests")
     if rec.step_ms < 0 or any(v < 0 for v in rec.phases_ms.values()):

@@ -168,7 +168,7 @@ class PrefillView:
     requests = _count("req_steps")
     tokens = _count("ctx_sum", "Prompt tokens.")
     cached_tokens = _count("cached_sum", "Of ``tokens``, those found in the prefix cache (``names.CACHED_TOKENS``).")
-    retractions = _count("committed", "Re-prefills of requests SGLang retracted (KV pressure): one token each.")
+    retractions = _count("retractions", "SGLang's retractions (KV pressure) of the requests these batches prefilled again.")
     decoded = _count("decoded", "Tokens running requests decoded inside these batches (mixed chunked prefill).")
 
     def __eq__(self, other: object) -> bool:
@@ -191,4 +191,4 @@ class PrefillView:
 
 # A prefill bucket's public count names and the BucketState count each one is.
 _PREFILL_NAMES = {"batches": "steps", "requests": "req_steps", "tokens": "ctx_sum", CACHED_TOKENS: "cached_sum",
-                  "retractions": "committed", "decoded": "decoded"}
+                  "retractions": "retractions", "decoded": "decoded"}

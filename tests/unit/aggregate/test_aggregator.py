@@ -307,3 +307,12 @@ def test_steps_gone_unrecorded_are_no_host_gap():
     agg.interrupt()
     agg.observe(replace(rec(3, [100]), t_start_ns=t0 + 5 * 10**9))
     assert agg.host_gaps.count == 1 and agg.host_gaps.max < 2.0
+
+
+def test_a_prefill_bucket_counts_sglangs_retractions_and_the_tokens_re_prefills_appended():
+    agg = Aggregator()
+    agg.observe(replace(rec(1, [300, 300], acc=(0,), kind="prefill"), committed=(1, 0), retractions=(1, 1)))
+    (b,) = agg.prefill.values()
+    assert (b.retractions, b.committed) == (2, 1)  # b's retraction hit its prefill in flight: no token
+    agg.observe(replace(rec(2, [300], acc=(0,), kind="prefill"), committed=(1,)))  # saved without the counts
+    assert (b.retractions, b.committed) == (3, 2)

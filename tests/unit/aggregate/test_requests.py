@@ -296,3 +296,14 @@ def test_a_request_that_ended_unseen_is_not_merged_with_the_next_use_of_its_rid(
     log.interrupt()
     log.observe(replace(fresh, step_id=8, ctx_lens=(7004,), committed=(1,)))  # retracted: its re-prefill
     assert log.get("r0")["use"] == 1 and log.get("r0")["retractions"] == 1
+
+
+def test_a_request_counts_sglangs_retractions_also_one_that_appended_no_token():
+    """A prefill row carries SGLang's new retractions of its request: one that hit the request's
+    prefill in flight is prefilled again with no output (no token) and still counts."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,), retractions=(1,)))
+    log.observe(_step(1, 1))
+    log.observe(replace(_prefill(2, 1), ctx_lens=(101,), prompt_lens=(100,), committed=(1,), retractions=(1,)))
+    r = log.get("r0")
+    assert (r["retractions"], r["use"], r["committed"]) == (2, 0, 2)

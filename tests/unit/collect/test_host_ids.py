@@ -63,3 +63,24 @@ def test_a_prefix_cache_hit_counts_once_over_a_prompts_chunks():
     assert _prefill(ids, [a, b], (96, 32)) == (0, 32)  # a decoding beside b's prompt
     assert _prefill(ids, [b], (32,), fin=[True]) == (0,)
     assert _prefill(ids, [Req("b", 50)], (32,)) == (32,)  # a new request under the same rid
+
+
+def test_a_retraction_that_hit_a_prefill_in_flight_counts_at_the_prefill_that_follows():
+    """Under overlap SGLang may retract a request whose prefill is still in flight: it skips that
+    row (``done_pre``) and prefills the request again with no output, so no token says it was
+    retracted.  Its ``retraction_count`` does: the retraction counts once, at the row kept."""
+    ids = IdCache()
+    a, b = Req("a", 100), Req("b", 50)
+
+    def prefill(reqs, counts, skip=None):
+        n = len(reqs)
+        h = HostFacts(ids, 7, "prefill", "EAGLE", RankId(), False, tuple(reqs), [0] * n, None, [0] * n,
+                      None, [False] * n, None, 0)
+        h.retractions, h.done_pre = counts, skip
+        return h.record()
+
+    first = prefill([a, b], (1, 0), skip=[True, False])  # a retracted before its result: skipped
+    assert first.rids == ("b",) and first.retractions == (0,)
+    again = prefill([a], (1,))
+    assert again.retractions == (1,)
+    assert prefill([a], (1,)).retractions == (0,)  # its next chunk

@@ -15,17 +15,19 @@ FULL = StepRecord(step_id=7, kind="prefill", algorithm="EAGLE", rank=RankId(1, 2
                   draft_tokens=4, step_ms=2.5, phases_ms={"prefill": 2.5}, t_start_ns=11, timing="cuda_events",
                   trace_parents=("tp-a", ""), block_size=3, denoise_steps=2, non_draft_tokens=2,
                   exec_mode="graph", attn_backend="fa3", t_end_ns=99, draft_depth=3, exec_reason="why",
-                  cached_lens=(4, 0), books=((-1, -1, -1), (5, 6, 3)), prompt_lens=(10, 12))
+                  cached_lens=(4, 0), books=((-1, -1, -1), (5, 6, 3)), prompt_lens=(10, 12), retractions=(0, 1))
 
 # The JSON a saved profile holds for FULL, byte for byte (the layout before to_dict was derived, plus
-# ``books`` and ``prompt_lens``, the fields added since: a saved record without them reads back with ``()``).
+# ``books``, ``prompt_lens`` and ``retractions``, the fields added since: a saved record without them
+# reads back with ``()``).
 SAVED = ('{"step_id": 7, "kind": "prefill", "algorithm": "EAGLE", "rank": {"tp": 1, "dp": 2, "pp": 3}, '
          '"batch_size": 2, "rids": ["a", "b"], "ctx_lens": [10, 20], "accepted": [0, 0], "committed": [0, 1], '
          '"finished": [false, true], "draft_tokens": 4, "step_ms": 2.5, "phases_ms": {"prefill": 2.5}, '
          '"t_start_ns": 11, "timing": "cuda_events", "trace_parents": ["tp-a", ""], "block_size": 3, '
          '"denoise_steps": 2, "non_draft_tokens": 2, "exec_mode": "graph", "attn_backend": "fa3", '
          '"t_end_ns": 99, "draft_depth": 3, "exec_reason": "why", "cached_lens": [4, 0], '
-         '"books": [[-1, -1, -1], [5, 6, 3]], "prompt_lens": [10, 12]}')
+         '"books": [[-1, -1, -1], [5, 6, 3]], "prompt_lens": [10, 12], '
+         '"retractions": [0, 1]}')
 
 
 def test_to_dict_is_byte_compatible_with_saved_records():
@@ -42,7 +44,8 @@ def test_an_old_record_takes_the_defaults():
     r = StepRecord.from_dict({"step_id": 1, "rids": ["x", "y"], "non_draft_tokens": 0, "block_size": None})
     assert (r.kind, r.algorithm, r.rank) == ("decode", "", RankId())
     assert (r.accepted, r.committed, r.finished) == ((0, 0), (0, 0), (False, False))
-    assert (r.non_draft_tokens, r.block_size, r.timing, r.cached_lens, r.prompt_lens) == (1, 0, "cpu", (), ())
+    assert (r.non_draft_tokens, r.block_size, r.timing, r.cached_lens, r.prompt_lens, r.retractions) == \
+        (1, 0, "cpu", (), (), ())
     with pytest.raises(KeyError):
         StepRecord.from_dict({"rids": []})
 
