@@ -6,8 +6,8 @@ next batch is launched before the last one's result: SGLang may retract a reques
 still in flight (it has the fewest outputs: the first one retracted), skip that prefill's row, and
 prefill it again with no output, so no token says it was retracted.  SGLang's own count does
 (``num_retractions``), and so must ours: per request, and per prefill bucket in the totals.  Rounds
-of six requests run until such a retraction happened (SGLang counted more retractions than
-re-prefills appended tokens), each finished request reconciling all along.
+of six requests, arriving 0.15 s apart, run until such a retraction happened (SGLang counted more
+retractions than re-prefills appended tokens), each finished request reconciling all along.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from sglang_ctxprof.model import names
 
 pytestmark = pytest.mark.server
 
-ROUNDS = 8  # at most; the helper's run saw one in flight of 22 retractions in 3 rounds
+ROUNDS = 20  # at most: a round's requests arrive 0.15 s apart, so prefills keep landing between decode
+# steps, and each one may be in flight at a retraction (seen within 1-5 rounds of six at once)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,11 @@ def test_every_retraction_is_counted_also_one_that_hit_a_prefill_in_flight(serve
     in_flight = 0
     for rnd in range(ROUNDS):
         with cf.ThreadPoolExecutor(6) as ex:
-            metas += list(ex.map(lambda i: _gen(url, i), range(6 * rnd, 6 * rnd + 6)))
+            futs = []
+            for i in range(6 * rnd, 6 * rnd + 6):
+                futs.append(ex.submit(_gen, url, i))
+                time.sleep(0.15)
+            metas += [f.result() for f in futs]
         time.sleep(1.0)  # the drain thread
         for m in metas[-6:]:
             status, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{m['id']}")
