@@ -67,6 +67,12 @@ def output_tokens(r: Mapping[str, Any]) -> int:
     return 0 if r.get("aborted") == ABORT_QUEUED else 1 + int(r.get("committed") or 0)
 
 
+def rows_not_kept(r: Mapping[str, Any]) -> int:
+    """A request's steps with no step row (and no step span): past its ``max_steps``, or dropped for
+    the history's global row budget; its totals still count them."""
+    return int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
+
+
 def tok_s(r: Mapping[str, Any]) -> float:
     """Decode tokens per second: committed tokens over decode time (0 before a decode step)."""
     decode_s = r["decode_ms"] / 1e3

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
+from ..aggregate.request_entry import rows_not_kept
 from ..model import names
 from ..model.names import Phase
 from .main import printable, write_atomic
@@ -116,7 +117,7 @@ def render_request(r: Mapping[str, Any], max_steps: int = 0) -> str:
     if r.get("waterfall"):
         out += render_waterfall(r["waterfall"])
     rows = list(r.get("step_rows") or [])
-    lost = int(r.get("steps_truncated") or 0) + int(r.get("step_rows_dropped") or 0)
+    lost = rows_not_kept(r)
     if lost:
         out.append(f"  ({lost} step rows not kept: per-request or global row budget)")
     if r.get("step_rows_left_out"):

@@ -55,7 +55,7 @@ import os
 import threading
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..aggregate.request_entry import output_tokens
+from ..aggregate.request_entry import output_tokens, rows_not_kept
 from ..model import names
 from ..model.config import DEFAULT_OTEL_QUEUE
 from ..model.layout import PhaseSlice, lay_phases
@@ -315,8 +315,8 @@ class OtelView:
         if req.get("prompt_tokens") is not None:
             attrs[names.ATTR_PROMPT_TOKENS] = int(req["prompt_tokens"])
             attrs.update({} if req.get("partial") else {names.ATTR_OUTPUT_TOKENS: output_tokens(req)})
-        if req.get("steps_truncated"):
-            attrs[names.ATTR_STEPS_TRUNCATED] = int(req["steps_truncated"])
+        if rows_not_kept(req):  # steps with no span: past the history's per-request or global row budget
+            attrs[names.ATTR_STEPS_TRUNCATED] = rows_not_kept(req)
         if slow_reason:
             attrs[names.ATTR_SLOW_REASON] = slow_reason
         if req.get("aborted"):  # SGLang aborted it while it waited: names.ABORT_KINDS

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..aggregate.request_entry import rows_not_kept
 from ..model import layout
 from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_STEPS
 from ..model.records import accepted_drafts, prompt_rows, step_end_ns
@@ -145,7 +146,7 @@ def request_trace(req: Mapping[str, Any]) -> dict[str, Any]:
             "draft_tokens": r.get("draft_tokens"), "accepted": r.get("accepted"),
             "committed": r.get("committed"), "step_ms": r.get("step_ms")}))
         events += phase_events(r.get("phases_ms") or {}, start, end, 2, t0)
-    lost = int(req.get("steps_truncated") or 0) + int(req.get("step_rows_dropped") or 0)
+    lost = rows_not_kept(req)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": PROCESS, "t0_ns": t0, "rid": rid, "steps": len(rows),
                           "step_rows_not_kept": lost, "layout": LAYOUT_NOTE}}

@@ -250,3 +250,23 @@ def test_the_service_name_is_the_operators_wherever_they_set_it(monkeypatch, env
         assert prov.resource.attributes["service.name"] == want
     finally:
         prov.shutdown()
+
+
+def test_the_root_counts_every_step_without_a_span_as_the_trace_export_does():
+    """Steps past the request's row budget and rows shed for the history's global budget both have
+    no step span: the root's ``ctxprof.steps_truncated`` counts both (``trace.json``'s
+    ``step_rows_not_kept``)."""
+    from sglang_ctxprof.views.trace_events import request_trace
+
+    log = RequestLog(max_steps=2, max_rows=2)
+    log.observe(_rec(0, "prefill", 100))
+    for i in range(4):
+        log.observe(_rec(i + 1, "decode", 101 + 3 * i, fin=i == 3, t=T0 + (30 + 10 * i) * 10**6))
+    req = log.get("r1")
+    assert req["steps"] == 4 and len(req["step_rows"]) < 4
+    view, exp = _view()
+    view.export_request(req)
+    (root,) = [s for s in exp.get_finished_spans() if s.name == names.SPAN_REQUEST]
+    steps = [s for s in exp.get_finished_spans() if s.name == names.SPAN_STEP]
+    assert root.attributes[names.ATTR_STEPS_TRUNCATED] == 4 - len(steps)
+    assert request_trace(req)["otherData"]["step_rows_not_kept"] == 4 - len(steps)
