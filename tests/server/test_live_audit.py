@@ -245,8 +245,12 @@ def test_a_reset_or_a_pause_mid_request_raises_no_counter(server):
     engine's books broken.  A request after it is checked as usual."""
     url = server.url
     m0 = _metrics(url)
-    _stream_acting(url, f"mid-reset-{uuid.uuid4().hex[:6]}", {8: names.ROUTE_RESET})
-    _stream_acting(url, f"mid-pause-{uuid.uuid4().hex[:6]}", {8: names.ROUTE + "/disable", 16: names.ROUTE + "/enable"})
+    mid = [f"mid-reset-{uuid.uuid4().hex[:6]}", f"mid-pause-{uuid.uuid4().hex[:6]}"]
+    _stream_acting(url, mid[0], {8: names.ROUTE_RESET})
+    _stream_acting(url, mid[1], {8: names.ROUTE + "/disable", 16: names.ROUTE + "/enable"})
+    for rid in mid:  # and says so: its totals are a lower bound
+        status, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
+        assert status == 200 and r["partial"] is True and r["finished"], r
     before = audit(url)["checked"]["requests"]
     generate(url, rand_ids(120, seed=94), 12)  # finishes after both: its check comes after theirs
     a = _settled(url, before, 1)
