@@ -28,6 +28,7 @@ Imports nothing of SGLang, torch or OTel.
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import compress
 from operator import not_
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -92,14 +93,16 @@ class Aggregator:
         self.resets = -1  # resets so far (the first is the one below): a state's version names it
         self.counts = acc.CountsMemo()  # each record's acceptance counts, kept for the live metrics' read
         self._violations = dict.fromkeys(AUDIT_INVARIANTS, 0)  # the audit's counts, never reset
+        self.retired: deque[RequestLog] = deque()  # histories resets retired, for the sinks (``reset``)
         self.reset()
 
     def reset(self) -> None:
-        """Empty the profile.  The request history before it stays readable as ``retired`` by
-        :meth:`finished_request` alone (the sinks, a few records behind, still export the requests
-        that finished before the reset) until :meth:`drop_retired`."""
+        """Empty the profile.  The request history before it stays readable by
+        :meth:`finished_request` alone (``retired``, oldest first: the sinks, a few records behind,
+        still export the requests that finished before the reset) until :meth:`drop_retired`."""
         self.resets += 1
-        self.retired: RequestLog | None = getattr(self, "requests", None)
+        if hasattr(self, "requests"):
+            self.retired.append(self.requests)
         self.decode: dict[int, _Bucket] = {}
         self.prefill: dict[int, _Bucket] = {}
         self.fits: dict[str, LinearFit] = {}
@@ -262,14 +265,16 @@ class Aggregator:
         (``RequestLog.finished``): what the exporters read, behind the aggregator by a few records,
         in which the rid may have been used again; before a reset, in the history it retired."""
         r = self.requests.finished(rid, stamp, lazy, with_steps)
-        old = self.retired
-        if r is None and old is not None:
+        for old in reversed(self.retired):
+            if r is not None:
+                break
             r = old.finished(rid, stamp, lazy, with_steps)
         return r
 
     def drop_retired(self) -> None:
-        """Let go of the history the last reset retired (the sinks have seen every record before it)."""
-        self.retired = None
+        """Let go of the oldest history a reset retired (the sinks have seen every record before it)."""
+        if self.retired:
+            self.retired.popleft()
 
     def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:
         """The summary served by ``/ctx_profile/requests/{rid}``: step rows plus the waterfall."""

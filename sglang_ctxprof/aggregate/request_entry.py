@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ..model.names import ABORT_QUEUED
 from ..model.records import RequestEnd
 from .request_rows import LazyRows, row_dict
 
@@ -37,7 +36,7 @@ def new_entry(rid: str, t_ns: int) -> dict[str, Any]:
         "steps": 0, "accepted": 0, "committed": 0, "decode_ms": 0.0,
         "max_step_ms": 0.0,  # the slowest decode step, also when its row is no longer kept
         "ctx_first": None, "ctx_last": None, "finished": False,
-        "retractions": 0,  # re-prefills after SGLang retracted the request (KV pressure)
+        "retractions": 0,  # SGLang's retractions of the request (KV pressure), counted at its re-prefills
         "aborted": "",  # "retracted" / "queued": aborted while waiting in SGLang's queue (``end``)
         "steps_truncated": 0,
         "step_rows_dropped": 0,
@@ -63,8 +62,11 @@ def finish(r: dict[str, Any], stamp: int) -> None:
 def output_tokens(r: Mapping[str, Any]) -> int:
     """The tokens a request's client got (SGLang's ``completion_tokens`` where the history is whole):
     its prefill's first token and the ones committed after; none for a request aborted while it
-    waited before that token (``names.ABORT_QUEUED``: before its first step, or between chunks)."""
-    return 0 if r.get("aborted") == ABORT_QUEUED else 1 + int(r.get("committed") or 0)
+    waited before any step, token or retraction of it (before its first step, or between the chunks
+    of its first prefill).  A retraction that hit its first prefill in flight, then an abort, reads
+    as one token where SGLang has none (nothing here tells the two apart)."""
+    aborted_early = r.get("aborted") and not (r.get("steps") or r.get("committed") or r.get("retractions"))
+    return 0 if aborted_early else 1 + int(r.get("committed") or 0)
 
 
 def rows_not_kept(r: Mapping[str, Any]) -> int:

@@ -376,11 +376,11 @@ class RequestLog:
 
 
 def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int) -> bool:
-    """A first prefill (no output before it, no token) under the rid of an entry that decoded and
-    missed steps: that request ended unseen (profiling was off, or its last step was lost), and this
-    is a new one under its rid."""
-    return bool(r["partial"] and (r["steps"] or len(r["step_rows"])) and not com and not decoded
-                and prompt is not None and ctx == prompt)
+    """A first prefill (no output before it, no token) under the rid of an entry that missed steps
+    and decoded, or had another prompt: that request ended unseen (profiling was off, or its last
+    step was lost), and this is a new one under its rid (not its next chunk)."""
+    return bool(r["partial"] and not com and not decoded and prompt is not None and ctx == prompt
+                and (r["steps"] or len(r["step_rows"]) or prompt != r["prompt_tokens"]))
 
 
 def _use_key(rid: str, use: int) -> Key:

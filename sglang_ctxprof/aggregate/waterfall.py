@@ -9,7 +9,8 @@ window every millisecond is one of:
   ``batch_sharing_ms`` says how much of them is the extra time of steps shared with other
   requests, against the same context bucket's mean step at batch size 1 where that was measured
   (else None): it is *part of* ``own_steps_ms``, not an extra term;
-* ``others_prefill_ms``: other requests' prefill batches that ran in between;
+* ``others_prefill_ms``: other requests' prefill batches that ran in between (a mixed batch this
+  request decoded a token inside is one: its ``decode_ms`` counts that step too, this keeps it here);
 * ``other_decode_ms``: decode steps of the scheduler that did not carry this request;
 * ``host_gaps_ms``: the scheduler's host time between consecutive steps (end of step N's
   ``run_batch`` to the start of step N+1's) plus host time inside ``run_batch`` outside the model

@@ -190,6 +190,7 @@ _OUT = attrgetter("output_ids")
 _VCT = attrgetter("spec_verify_ct")
 _RID = attrgetter("rid")
 _PROMPT = attrgetter("origin_input_ids")
+_CACHED_OF, _RETRACTIONS_OF = attrgetter(CACHED_TOKENS), attrgetter("retraction_count")
 
 
 def _vct(reqs: tuple) -> list[int]:
@@ -281,8 +282,11 @@ def draft_depth(draft: int, server_args: Any) -> int:
 
 def prefill_counts(reqs: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A prefill batch's running totals per request: prefix-cache hits (``req.cached_tokens``) and
-    retractions (``req.retraction_count``); 0 where unknown."""
-    return tuple(map(req_cached_tokens, reqs)), tuple(map(req_retractions, reqs))
+    retractions (``req.retraction_count``), in C-level passes; 0 where unknown (then a call each)."""
+    try:
+        return tuple(map(_CACHED_OF, reqs)), tuple(map(_RETRACTIONS_OF, reqs))
+    except AttributeError:
+        return tuple(map(req_cached_tokens, reqs)), tuple(map(req_retractions, reqs))
 
 
 def req_retractions(req: Any) -> int:

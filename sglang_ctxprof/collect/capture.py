@@ -13,11 +13,10 @@ The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
 * one capture at a time, at most one per ``interval_s`` (a trigger inside it is suppressed and
   counted by trigger: ``suppressed``), at most ``max_steps`` steps;
-* a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds the cap
-  is deleted and marked failed (the older ones stay), then the oldest are deleted until the rest fit
-  (files are looked at and removed outside the lock the scheduler thread takes);
-* the trace export runs on a thread of its own (``adapter_capture.stop``); the scheduler thread only
-  stops the profiler.  While it runs, the longest step-to-step interval is kept (``export_gap_ms``).
+* a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds it is
+  deleted and failed (the older ones stay), then the oldest go until the rest fit (outside the lock);
+* the trace export runs on a thread of its own (``adapter_capture.stop``; ``export_gap_ms``: the
+  longest step-to-step interval meanwhile); the scheduler thread only stops the profiler.
 
 The scheduler thread drives the state machine in :meth:`tick` (from the ``run_batch`` hook on every
 rank alike, only while ``armed``): pending -> running (SGLang's profiler started; our phases open as
@@ -28,9 +27,9 @@ request), so ranks never disagree; the automatic triggers run on one-rank groups
 that fails to start on one rank of several (a cause of its own: its disk, its GPU's profiler)
 follows the others' steps all the same and waits at SGLang's stop barrier with them, then fails.
 
-Clocks: the trace's timestamps are ``baseTimeNanoseconds + ts`` in torch's clock, ours
-``time.time_ns()``.  Right after the profiler starts a ``ctxprof.clock_sync`` range opens between two
-wall-clock reads (``sync_ns``); ``views.timeline`` aligns the clocks on it (their spread: the error).
+Clocks: the trace's are ``baseTimeNanoseconds + ts`` (torch's), ours ``time.time_ns()``; a
+``ctxprof.clock_sync`` range, opened right after the profiler starts between two wall-clock reads
+(``sync_ns``), is what ``views.timeline`` aligns them on (their spread: the error).
 """
 
 from __future__ import annotations
@@ -88,26 +87,23 @@ class Capture:
         self.files = KeptFiles(cfg.max_mb)  # the byte cap's books
         self.gpu = False
         self.ranks = 1  # the ranks that must agree on a capture (SGLang's stop barrier), from bind on
-        self._seq = 0
-        self._slow = 0  # slow decode steps in a row
-        self._prev_end_ns = 0
-        self._last_tick_ns = 0
+        self._seq = self._slow = 0  # captures asked for; slow decode steps in a row
+        self._prev_end_ns = self._last_tick_ns = 0
 
     def gap_break(self) -> None:
-        """Steps went unrecorded (profiling was off): the next record's host gap is not measured."""
+        """Steps went unrecorded (profiling off, or lost): the next record's host gap is not measured."""
         self._prev_end_ns = 0
 
     def bind(self, scheduler: Any, facts: BindFacts = BindFacts()) -> None:
-        """Device and ranks, at the profiler's first step: GPU activity on a GPU; automatic
-        triggers only where one rank decides (SGLang's stop barrier spans the TP group); the
-        process's ``facts`` (the trace policy the slow-request trigger judges with)."""
+        """Device and ranks, at the first step: GPU activity on a GPU; automatic triggers only where one
+        rank decides (SGLang's stop barrier spans the TP group); ``facts``: the slow-request policy."""
         self.facts = facts
         self.gpu = "cuda" in str(getattr(getattr(scheduler, "server_args", None), "device", "") or "")
         self.ranks = adapter_capture.world_size(scheduler)
         if self.auto and self.ranks > 1:
             self.auto = False
-            logger.warning("sglang-ctxprof: automatic capture triggers are off with more than one "
-                           "rank per group (ranks could disagree); POST /ctx_profile/capture works")
+            logger.warning("sglang-ctxprof: automatic capture triggers are off with more than one rank per "
+                           "group (ranks could disagree); POST /ctx_profile/capture works")
 
     # ---- triggers (any thread) -----------------------------------------------------------------------
     def request(self, trigger: str, steps: Optional[int] = None, rid: Optional[str] = None,
@@ -395,6 +391,9 @@ class CaptureSink:
 
     def observe(self, rec: StepRecord) -> None:
         self.capture.observe(rec, self.aggregator)
+
+    def lost(self) -> None:  # steps went unrecorded (the recorder's loss mark): no host gap across them
+        self.capture.gap_break()
 
     def stop(self) -> None:  # nothing of its own to stop
         return None

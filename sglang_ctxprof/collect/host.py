@@ -5,9 +5,9 @@ The scheduler thread pays only for what changes with the next step: per request,
 (speculative decode), and whether it finished; per step, ``accept_lens`` as one list.  Each is one
 C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``: ``map`` over attribute
 getters); Python code runs per request only for those that finished (their ``finished_len``).  A
-prefill step adds one pass on that thread that calls a Python function per request
-(``Profiler._host``): the prompt tokens found in the prefix cache (``adapter.req_cached_tokens``,
-which the next chunk of a chunked prefill may change); the clients' trace contexts, fixed once a
+prefill step adds two C-level passes on that thread (``adapter.prefill_counts``): SGLang's running
+totals of each request's prefix-cache hit and retractions, of which the drain counts each part once
+(:meth:`IdCache.new_part`); the clients' trace contexts, fixed once a
 request exists, are read in the first stage below (each request says whether SGLang traces it,
 which ``/set_trace_level`` can change between two requests).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
@@ -27,7 +27,8 @@ and :meth:`HostFacts.record` run the stages in one go.
 from __future__ import annotations
 
 from itertools import compress, filterfalse, repeat
-from typing import Iterable, Optional, Union
+from typing import Iterable, MutableMapping, Optional, Union
+from weakref import WeakKeyDictionary
 
 from ..model.facts import CARRIED, Books, StepFacts
 from ..model.names import KIND_DECODE
@@ -48,7 +49,9 @@ class IdCache:
     batch that gains or loses a few requests costs little more than an unchanged one.  A request is
     forgotten when the record of the step where it finished is built (``forget``; SGLang has let go
     of it, and a kept reference would keep its token lists alive); others that left (retracted,
-    aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  Drain thread only."""
+    aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  The running totals' counted parts
+    (``cached``, ``retracted``) are held weakly instead: a retracted request keeps its own until it
+    comes back.  Drain thread only."""
 
     __slots__ = ("reqs", "ids", "_rid", "_plen", "cached", "retracted")
 
@@ -57,8 +60,10 @@ class IdCache:
         self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
         self._rid: dict = {}  # request object -> its rid (as the profiler keeps it)
         self._plen: dict = {}  # request object -> its prompt length
-        self.cached: dict = {}  # request object -> the prefix-cache hit its records counted so far
-        self.retracted: dict = {}  # request object -> the retractions its records counted so far
+        # request object -> what its records counted so far of a running total SGLang keeps on it
+        # (``new_part``): held weakly, for as long as SGLang holds the request, pruned never
+        self.cached: MutableMapping = WeakKeyDictionary()  # the prefix-cache hit
+        self.retracted: MutableMapping = WeakKeyDictionary()  # the retractions
 
     def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if reqs != self.reqs:
@@ -83,12 +88,11 @@ class IdCache:
             return adapter.req_ids(reqs)  # drain thread stays stopped); read them all, never raise
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
-            self.cached = {r: self.cached[r] for r in reqs if r in self.cached}
-            self.retracted = {r: self.retracted[r] for r in reqs if r in self.retracted}
         return rids, plens
 
     @staticmethod
-    def new_part(held: dict, reqs: tuple, totals: tuple[int, ...], skip: Optional[list] = None) -> tuple[int, ...]:
+    def new_part(held: MutableMapping, reqs: tuple, totals: tuple[int, ...],
+                 skip: Optional[list] = None) -> tuple[int, ...]:
         """Each request's part of a running total SGLang keeps per request (``cached``:
         ``req.cached_tokens``, the prefix-cache hit found at a prompt's first chunk, which its later
         chunks, a re-prefill and a mixed batch's decode row add none to; ``retracted``:
@@ -102,7 +106,7 @@ class IdCache:
         try:
             out = tuple(t - held.get(r, 0) for r, t in zip(reqs, totals))
             held.update(zip(reqs, totals))
-        except TypeError:  # requests that cannot be dict keys: their totals as they are
+        except TypeError:  # requests that cannot be weak keys, or totals that are no numbers: as they are
             return totals
         return tuple(map(max, repeat(0), out)) if out and min(out) < 0 else out
 

@@ -385,16 +385,15 @@ class Profiler:
 
     def reset(self, clock: Optional[str] = None) -> None:
         """Empty the profile; with ``clock`` (names.CLOCKS), time the steps from now on on that CPU clock
-        (between steps, on the scheduler thread that marks them: no step mixes two clocks).  Steps still
-        waiting for their results are dropped: the new profile holds only its own.  The sinks still export
-        the requests that finished before it (the retired history, until they have seen its last record)."""
-        name = clock if clock is not None else self.clock_name
-        new = self.clock
-        if name != self.clock_name:
+        (between steps, on the scheduler thread that marks them; steps still waiting for their results
+        are dropped then: no step mixes two clocks, and a step launched before a plain reset is kept, so
+        the requests that finish at it still end).  The sinks still export the requests that finished
+        before it (the retired history, until they have seen its last record)."""
+        if clock is not None and clock != self.clock_name:
             if type(self.clock) is not CpuClock:
                 raise ValueError(f"this rank times its steps with {self.clock.mode}; the clock choice is for CPU servers")
-            new = cpu_clock(name)  # ValueError on an unknown name, before anything changes
-        self.drop_pending()
-        self.clock, self.clock_name = new, name
+            new = cpu_clock(clock)  # ValueError on an unknown name, before anything changes
+            self.drop_pending()
+            self.clock, self.clock_name = new, clock
         self.recorder.with_aggregator(lambda a: a.reset())
         self.recorder.after_sinks(self.aggregator.drop_retired)

@@ -106,7 +106,7 @@ class _Then:
         self.fn = fn
 
 
-Fanned = Union[StepRecord, RequestEnd, _Fanning, _Then]  # what waits for the sinks
+Fanned = Union[StepRecord, RequestEnd, _Fanning, _Then, _Lost]  # what waits for the sinks
 
 
 class Recorder:
@@ -224,6 +224,7 @@ class Recorder:
         kind = type(item)
         if kind is _Lost:
             self.guard.run("aggregator", self.aggregator.interrupt)
+            self._to_sinks(item)  # the sinks that measure between steps learn it too (``lost``)
             return None
         if kind is RequestEnd:
             self.guard.run("aggregator", self.aggregator.end_request, item)
@@ -251,7 +252,7 @@ class Recorder:
         self.cost.add_drain(0)  # one record taken (its CPU time is counted by the caller's pass)
         return None
 
-    def _to_sinks(self, rec: Union[StepRecord, RequestEnd]) -> None:
+    def _to_sinks(self, rec: Union[StepRecord, RequestEnd, _Lost]) -> None:
         if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
             if len(self._fan) < self.maxsize:
                 self._fan.append(rec)
@@ -281,6 +282,12 @@ class Recorder:
         ``end`` at once; a call (:meth:`after_sinks`) is made."""
         if type(item) is _Then:
             self.guard.run("recorder", item.fn)
+            return None
+        if type(item) is _Lost:
+            for sink in self.sinks:
+                lost = getattr(sink, "lost", None)
+                if lost is not None:
+                    self.guard.run(sink.name, lost)
             return None
         if type(item) is RequestEnd:
             for sink in self.sinks:

@@ -106,7 +106,8 @@ def _lockstep(req: Json, scheduler: object, session: CtxProfSession, p: Profiler
     if cap.armed:
         cap.idle(scheduler)
     if cmd == CMD_ENABLE:
-        cap.halt(scheduler)  # one an automatic trigger asked for while off, from records drained after it
+        if not p.active:  # one an automatic trigger asked for while off, from records drained after it
+            cap.halt(scheduler)
         session.enable()
         return {"status": p.status()}
     if cmd == CMD_DISABLE:

@@ -307,3 +307,13 @@ def test_a_request_counts_sglangs_retractions_also_one_that_appended_no_token():
     log.observe(replace(_prefill(2, 1), ctx_lens=(101,), prompt_lens=(100,), committed=(1,), retractions=(1,)))
     r = log.get("r0")
     assert (r["retractions"], r["use"], r["committed"]) == (2, 0, 2)
+
+
+def test_a_request_aborted_between_chunks_while_off_is_not_merged_with_the_next_use():
+    """It never decoded, but the next request under its rid has another prompt: a use of its own."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,)))  # its first chunk
+    log.interrupt()  # off: it is aborted unseen
+    log.observe(replace(_prefill(5, 1), ctx_lens=(7000,), prompt_lens=(7000,)))
+    r = log.get("r0")
+    assert (r["use"], r["prompt_tokens"], r["partial"]) == (1, 7000, False)

@@ -757,3 +757,24 @@ def test_a_capture_asked_for_while_profiling_is_off_is_refused_and_blocks_nothin
     finally:
         session.uninstrument()
         hooks.label_phases(None)
+
+
+def test_an_enable_while_profiling_is_on_leaves_a_capture_alone(tmp_path):
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.control.handler import handle
+    from sglang_ctxprof.control.protocol import encode
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    session = CtxProfSession(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_DIR: str(tmp_path)}),
+                             targets=[])
+    session.instrument()
+    try:
+        p, s = session.profiler, CaptureScheduler()
+        p.bind(s)
+        cid = handle(encode(names.CMD_CAPTURE, steps=2, now=1000.0), s, session)["ctx_profile"]["capture"]["id"]
+        handle(encode(names.CMD_ENABLE), s, session)  # already on
+        assert p.capture.find(cid).state == names.CAPTURE_PENDING and p.capture.armed
+    finally:
+        p.capture.halt(s)
+        session.uninstrument()
+        hooks.label_phases(None)

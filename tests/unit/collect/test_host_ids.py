@@ -84,3 +84,26 @@ def test_a_retraction_that_hit_a_prefill_in_flight_counts_at_the_prefill_that_fo
     again = prefill([a], (1,))
     assert again.retractions == (1,)
     assert prefill([a], (1,)).retractions == (0,)  # its next chunk
+
+
+def test_the_counted_parts_survive_the_id_caches_pruning():
+    """A small prefill batch beside hundreds of running requests prunes the id cache's ids; the parts
+    of SGLang's running totals already counted stay (held weakly): a request retracted and prefilled
+    again counts only its new retraction, and no cache hit again."""
+    ids = IdCache()
+    running = [Req(f"r{i}", 100) for i in range(300)]
+
+    def prefill(reqs, cached, retr):
+        n = len(reqs)
+        h = HostFacts(ids, 7, "prefill", "NONE", RankId(), False, tuple(reqs), [0] * n, None, [0] * n,
+                      None, [False] * n, None, 0)
+        h.cached_lens, h.retractions = tuple(cached), tuple(retr)
+        return h.record()
+
+    prefill(running, [64] * 300, [0] * 300)
+    x = running[0]
+    assert prefill([x], [64], [1]).retractions == (1,)
+    ids.get(tuple(running))
+    prefill([Req("new", 10)], [0], [0])  # prunes the ids
+    again = prefill([x], [64], [2])
+    assert again.cached_lens == (0,) and again.retractions == (1,)

@@ -539,3 +539,17 @@ def test_a_step_lost_before_the_aggregator_leaves_the_requests_it_held_unchecked
     st = agg.audit.status()
     assert st["violations"] == dict.fromkeys(st["violations"], 0), st["latest"]
     assert st["checked"]["requests"] == 2  # "before" and "after"; "a" and "b" missed steps
+
+
+def test_a_lost_step_reaches_the_sinks_that_measure_between_steps_in_its_place():
+    """A loss mark reaches each sink with a ``lost`` in queue order (the capture trigger then
+    measures no host gap across it), and the aggregator's host gap too."""
+    r, agg, _, (sink,) = _recorder(("s", -1))
+    events = []
+    sink.lost = lambda: events.append(("lost", list(sink.got)))
+    r.submit(_rec(1))
+    r.lost()
+    r.submit(_rec(2))
+    r.flush()
+    assert sink.got == [1, 2] and events == [("lost", [1])]
+    assert agg.host_gaps.count == 0

@@ -316,7 +316,8 @@ def test_a_rid_used_again_after_a_reset_is_exported_with_its_own_numbers():
 
 def test_a_request_aborted_before_its_first_token_has_none():
     """Aborted between two chunks of its prompt (``queued``): no token reached its client, as
-    SGLang's ``completion_tokens`` 0 says; a retracted one had its first token."""
+    SGLang's ``completion_tokens`` 0 says; one aborted between two chunks of a re-prefill (also
+    ``queued``) had its tokens."""
     from sglang_ctxprof.model.records import RequestEnd
 
     agg, rec, exp, spans = _pipeline()
@@ -325,6 +326,15 @@ def test_a_request_aborted_before_its_first_token_has_none():
     rec.flush()
     (root,) = [sp.attributes for sp in spans.get_finished_spans() if sp.name == names.SPAN_REQUEST]
     assert root[names.ATTR_OUTPUT_TOKENS] == 0 and root[names.ATTR_ABORTED] == names.ABORT_QUEUED
+    rec.submit(_prefill_of("back", 10, 100))
+    for r in _steps("back", 2, 2.0, start=11):
+        rec.submit(replace(r, finished=(False,)))
+    rec.submit(replace(_prefill_of("back", 20, 104), prompt_lens=(100,), retractions=(1,)))  # a chunk
+    rec.submit(RequestEnd("back", retracted=False, t_ns=10**18 + 30 * 10**8))
+    rec.flush()
+    back = [sp.attributes for sp in spans.get_finished_spans()
+            if sp.name == names.SPAN_REQUEST and sp.attributes[names.ATTR_RID] == "back"]
+    assert [a[names.ATTR_OUTPUT_TOKENS] for a in back if a.get(names.ATTR_ABORTED)] == [1 + 4]
 
 
 def test_a_request_the_span_queue_could_not_take_is_not_counted_as_traced():
