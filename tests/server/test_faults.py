@@ -183,6 +183,22 @@ def test_a_client_hanging_up_mid_stream_leaves_a_finished_request(server):
     assert 1 + r["committed"] < 400  # it stopped early
 
 
+def _until_one_runs_alone(url: str, ex: cf.Executor, rids: list[str], seed: int, max_new: int):
+    """Three prompts sent as one batch (prefilled together), then polled until one has run 12 steps
+    on alone (a retraction every 3 steps: the other two were retracted and wait): the batch's future
+    and the entries last seen."""
+    body = {"input_ids": [rand_ids(150 + 40 * k, seed=seed + k) for k in range(3)], "rid": rids,
+            "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    batch = ex.submit(http, "POST", url + "/generate", body)
+    deadline, seen = time.time() + 120, {}
+    while time.time() < deadline:
+        seen = {rid: _req(url, rid) for rid in rids}
+        if max((r["steps"] for r in seen.values() if r), default=0) >= 12:
+            break
+        time.sleep(0.3)
+    return batch, seen
+
+
 def _req(url: str, rid: str):
     st, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
     return r if st == 200 else None
@@ -194,17 +210,9 @@ def test_requests_aborted_while_waiting_end_and_are_counted(server):
     before = _aborted_counter(url)
     tag = uuid.uuid4().hex[:8]
     rids = [f"wait-{tag}-{k}" for k in "abc"]
-    body = {"input_ids": [rand_ids(150 + 40 * k, seed=60 + k) for k in range(3)], "rid": rids,
-            "sampling_params": {"max_new_tokens": 2500, "temperature": 0, "ignore_eos": True}}
-    # long enough that the one left running outlives the aborts below (300 tokens ended in ~3 s)
     with cf.ThreadPoolExecutor(2) as ex:
-        batch = ex.submit(http, "POST", url + "/generate", body)  # one batch: prefilled together
-        deadline, seen = time.time() + 120, {}
-        while time.time() < deadline:  # until one runs on alone: the others were retracted and wait
-            seen = {rid: _req(url, rid) for rid in rids}
-            if max((r["steps"] for r in seen.values() if r), default=0) >= 12:
-                break
-            time.sleep(0.3)
+        # long enough that the one left running outlives the aborts below (300 tokens ended in ~3 s)
+        batch, seen = _until_one_runs_alone(url, ex, rids, 60, 2500)
         assert all(seen.values()), seen  # all three were prefilled (one batch)
         # a request queued behind the running one, whose client hangs up before its first step
         queued = f"queued-{tag}"
@@ -273,16 +281,8 @@ def test_a_reset_while_requests_wait_retracted_keeps_their_prompt_and_books(serv
     assert http("POST", url + names.ROUTE_RESET)[0] == 200
     tag = uuid.uuid4().hex[:8]
     rids = [f"reset-{tag}-{k}" for k in "abc"]
-    body = {"input_ids": [rand_ids(150 + 40 * k, seed=70 + k) for k in range(3)], "rid": rids,
-            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}}
     with cf.ThreadPoolExecutor(1) as ex:
-        batch = ex.submit(http, "POST", url + "/generate", body)  # one batch: prefilled together
-        deadline = time.time() + 120
-        while time.time() < deadline:  # until one runs on alone: the others were retracted and wait
-            seen = [r for r in map(lambda rid: _req(url, rid), rids) if r]
-            if max((r["steps"] for r in seen), default=0) >= 12:
-                break
-            time.sleep(0.3)
+        batch, _ = _until_one_runs_alone(url, ex, rids, 70, 60)
         assert http("POST", url + names.ROUTE_RESET)[0] == 200
         status, outs = batch.result()
     assert status == 200, outs

@@ -83,17 +83,7 @@ def test_a_rid_used_again_before_the_sinks_saw_its_finish_exports_each_use_once(
     """The recorder feeds the aggregator every waiting record before the sinks see the first: a
     client that sends the same rid again at once has its next use prefilled (or finished) in the
     history when the request sink reads the last one.  Each use is exported once, with its numbers."""
-    from sglang_ctxprof.aggregate.aggregator import Aggregator
-    from sglang_ctxprof.collect.recorder import Recorder
-    from sglang_ctxprof.model.guard import Guard
-
-    agg = Aggregator(Bucketing.parse("pow2"))
-    spans = InMemorySpanExporter()
-    prov = TracerProvider()
-    prov.add_span_processor(SimpleSpanProcessor(spans))
-    exp = Exporters(Bucketing.parse("pow2"), TracePolicy(mode="all"), env={}, otel=OtelView(prov), facts=BindFacts(
-        history=lambda rid, with_steps, stamp: agg.finished_request(rid, stamp, lazy=True, with_steps=with_steps)))
-    rec = Recorder(agg, Guard(), sinks=exp.sinks)
+    agg, rec, exp, spans = _pipeline()
     step = 0
     for use, (prompt, steps) in enumerate([(50, 1), (70, 2), (90, 3)]):
         step += 10
