@@ -86,9 +86,12 @@ class CtxProfSession:
         p.hook_report = dict(report)
         p.active = True
         p.resume()
+        if p.exporters is not None:  # the exporters' own thread (the log summary's)
+            p.guard.run("exporter", p.exporters.resume)
 
     def disable(self) -> None:
-        """Remove every timing hook and the worker wrapper; recorded data stays readable."""
+        """Remove every timing hook and the worker wrapper, and let our threads end (the recorder's
+        drain, the log summary); recorded data stays readable."""
         p, inst = self.profiler, self.instrumentor
         if p is None or inst is None or not p.active:
             return
@@ -96,6 +99,8 @@ class CtxProfSession:
         inst.uninstrument(groups=[GROUP_TIMING])
         p.wrapped_worker = None
         p.pause()
+        if p.exporters is not None:  # no thread of ours runs while off
+            p.guard.run("exporter", p.exporters.pause)
 
     def uninstrument(self) -> None:
         """The mirror of :meth:`instrument`: stop a running capture (on one rank: several stop it

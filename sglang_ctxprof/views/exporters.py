@@ -256,6 +256,15 @@ class Exporters:
         """The structlog view, built after the request sink whose policy it reads."""
         self.requests.logs = self.steps.logs = logs
 
+    def pause(self) -> None:
+        """Profiling switched off: no thread of ours runs (the log summary's; :meth:`resume`)."""
+        if self.steps.logs is not None:
+            self.steps.logs.pause()
+
+    def resume(self) -> None:
+        if self.steps.logs is not None:
+            self.steps.logs.start()
+
     @property
     def policy(self) -> TracePolicy:
         return self.requests.policy

@@ -258,12 +258,24 @@ class LogView:
         return s
 
     def start(self) -> None:
+        """The summary thread, with a stop event of its own (a paused one that outlived its join
+        stays stopped)."""
         if self.cfg.summary_s > 0 and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="ctxprof-log-summary", daemon=True)
+            self._stop = stop = threading.Event()
+            self._thread = threading.Thread(target=self._loop, args=(stop,), name="ctxprof-log-summary",
+                                            daemon=True)
             self._thread.start()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.cfg.summary_s):
+    def pause(self) -> None:
+        """Profiling switched off: the summary thread ends (:meth:`start` brings it back); the
+        destination stays open."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(CLOSE_S)
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.cfg.summary_s):
             try:
                 self.emit_summary()
             except Exception:  # noqa: BLE001 - a broken log destination must not kill the thread

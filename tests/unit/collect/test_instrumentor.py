@@ -239,3 +239,24 @@ def test_overlap_order_keys_results_by_forward_iter(prof):
     assert [row["step_id"] for row in r["step_rows"]] == [1, 2, 3, 4]
     assert [row["ctx_len"] for row in r["step_rows"]] == [101, 104, 107, 110]
     assert not prof.pending
+
+
+def test_runtime_disable_ends_the_log_summary_thread_and_enable_brings_it_back(tmp_path):
+    """Off runs no thread of ours: the exporters' log summary thread ends too, and comes back."""
+    import threading
+
+    from sglang_ctxprof.model.config import CtxProfConfig
+    from sglang_ctxprof.views import exporters
+
+    def summary_threads():
+        return [t for t in threading.enumerate() if t.name == "ctxprof-log-summary" and t.is_alive()]
+
+    cfg = CtxProfConfig.from_env({"SGLANG_CTXPROF_LOG": "json", "SGLANG_CTXPROF_LOG_FILE": str(tmp_path / "l"),
+                                  "SGLANG_CTXPROF_LOG_SUMMARY_S": "60"})
+    with instrumented(TARGETS, cfg, exporters=exporters.install) as session:
+        assert len(summary_threads()) == 1
+        session.disable()
+        assert summary_threads() == []
+        session.enable()
+        assert len(summary_threads()) == 1
+    assert summary_threads() == []
