@@ -46,6 +46,7 @@ from .waterfall import waterfall
 from .snapshot import COUNTS, BucketState, PartDicts, Snapshot, merge
 
 _ATTN, _PREFILL = Phase.VERIFY_ATTN.value, Phase.PREFILL.value
+MAX_RETIRED = 4  # request histories resets retired that wait for the sinks at most (a stalled sink)
 # A decode phase's folds: its bucket histogram's add, its fit's and its point sample's.
 _Adds = tuple[Callable[[float], None], Callable[[float, float], None], Callable[[float, float], None]]
 
@@ -94,6 +95,8 @@ class Aggregator:
         self.counts = acc.CountsMemo()  # each record's acceptance counts, kept for the live metrics' read
         self._violations = dict.fromkeys(AUDIT_INVARIANTS, 0)  # the audit's counts, never reset
         self.retired: deque[RequestLog] = deque()  # histories resets retired, for the sinks (``reset``)
+        self.retired_dropped = 0  # ... let go of before the sinks had read them (MAX_RETIRED)
+        self._owed = 0  # markers (``drop_retired`` calls) still to come for histories already let go of
         self.reset()
 
     def reset(self) -> None:
@@ -103,6 +106,9 @@ class Aggregator:
         self.resets += 1
         if hasattr(self, "requests"):
             self.retired.append(self.requests)
+            if len(self.retired) > MAX_RETIRED:  # sinks stalled over many resets: the oldest goes,
+                self.retired.popleft()  # and its reset's marker lets go of nothing
+                self.retired_dropped += 1
         self.decode: dict[int, _Bucket] = {}
         self.prefill: dict[int, _Bucket] = {}
         self.fits: dict[str, LinearFit] = {}
@@ -273,7 +279,9 @@ class Aggregator:
 
     def drop_retired(self) -> None:
         """Let go of the oldest history a reset retired (the sinks have seen every record before it)."""
-        if self.retired:
+        if self._owed < self.retired_dropped:
+            self._owed += 1
+        elif self.retired:
             self.retired.popleft()
 
     def request_with_waterfall(self, rid: str) -> dict[str, Any] | None:

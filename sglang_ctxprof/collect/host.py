@@ -27,7 +27,7 @@ and :meth:`HostFacts.record` run the stages in one go.
 from __future__ import annotations
 
 from itertools import compress, filterfalse, repeat
-from typing import Iterable, MutableMapping, Optional, Union
+from typing import Iterable, Optional, Union
 from weakref import WeakKeyDictionary
 
 from ..model.facts import CARRIED, Books, StepFacts
@@ -41,6 +41,32 @@ from .step import StepBuilder, resolve
 PRUNE = 256  # requests the id cache may keep beyond twice the current batch before it forgets the gone ones
 
 
+class Parts:
+    """What records counted so far of a running total SGLang keeps on each request (``new_part``): a
+    plain dict for the requests of recent batches (``hot``, cheap per row), and a weak one (``cold``)
+    for those the id cache's pruning let go of, held as long as SGLang holds them (a retracted
+    request waits outside every batch, and keeps its part for its re-prefill)."""
+
+    __slots__ = ("hot", "cold")
+
+    def __init__(self) -> None:
+        self.hot: dict = {}
+        self.cold: WeakKeyDictionary = WeakKeyDictionary()
+
+    def miss(self, req: object) -> int:
+        return self.cold.pop(req, 0) if self.cold else 0
+
+    def prune(self, keep: tuple) -> None:
+        """Move the parts of the requests not in ``keep`` to the weak dict."""
+        held = set(keep)
+        for req in [r for r in self.hot if r not in held]:
+            self.cold[req] = self.hot.pop(req)
+
+    def forget(self, req: object) -> None:
+        self.hot.pop(req, None)
+        self.cold.pop(req, None)
+
+
 class IdCache:
     """``(rids, prompt lengths)`` of the last batch seen; reused while its requests are the same
     objects in the same order (a C-level identity comparison).  When the membership changes, only
@@ -49,9 +75,9 @@ class IdCache:
     batch that gains or loses a few requests costs little more than an unchanged one.  A request is
     forgotten when the record of the step where it finished is built (``forget``; SGLang has let go
     of it, and a kept reference would keep its token lists alive); others that left (retracted,
-    aborted) once the dicts hold ``2 * batch + PRUNE`` of them.  The running totals' counted parts
-    (``cached``, ``retracted``) are held weakly instead: a retracted request keeps its own until it
-    comes back.  Drain thread only."""
+    aborted) once the dicts hold ``2 * batch + PRUNE`` of them; the running totals' counted parts
+    (``cached``, ``retracted``: :class:`Parts`) then move to weak dicts.  The drain thread, or a read
+    catching up under the recorder's lock (one build at a time)."""
 
     __slots__ = ("reqs", "ids", "_rid", "_plen", "cached", "retracted")
 
@@ -60,10 +86,7 @@ class IdCache:
         self.ids: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
         self._rid: dict = {}  # request object -> its rid (as the profiler keeps it)
         self._plen: dict = {}  # request object -> its prompt length
-        # request object -> what its records counted so far of a running total SGLang keeps on it
-        # (``new_part``): held weakly, for as long as SGLang holds the request, pruned never
-        self.cached: MutableMapping = WeakKeyDictionary()  # the prefix-cache hit
-        self.retracted: MutableMapping = WeakKeyDictionary()  # the retractions
+        self.cached, self.retracted = Parts(), Parts()  # of the prefix-cache hits, and the retractions
 
     def get(self, reqs: tuple) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if reqs != self.reqs:
@@ -88,11 +111,12 @@ class IdCache:
             return adapter.req_ids(reqs)  # drain thread stays stopped); read them all, never raise
         if len(rid_of) > 2 * len(reqs) + PRUNE:
             self._rid, self._plen = dict(zip(reqs, rids)), dict(zip(reqs, plens))
+            self.cached.prune(reqs)
+            self.retracted.prune(reqs)
         return rids, plens
 
     @staticmethod
-    def new_part(held: MutableMapping, reqs: tuple, totals: tuple[int, ...],
-                 skip: Optional[list] = None) -> tuple[int, ...]:
+    def new_part(held: Parts, reqs: tuple, totals: tuple[int, ...], skip: Optional[list] = None) -> tuple[int, ...]:
         """Each request's part of a running total SGLang keeps per request (``cached``:
         ``req.cached_tokens``, the prefix-cache hit found at a prompt's first chunk, which its later
         chunks, a re-prefill and a mixed batch's decode row add none to; ``retracted``:
@@ -104,10 +128,13 @@ class IdCache:
             part = iter(IdCache.new_part(held, tuple(compress(reqs, kept)), tuple(compress(totals, kept))))
             return tuple(next(part) if k else 0 for k in kept)
         try:
-            out = tuple(t - held.get(r, 0) for r, t in zip(reqs, totals))
-            held.update(zip(reqs, totals))
-        except TypeError:  # requests that cannot be weak keys, or totals that are no numbers: as they are
-            return totals
+            if not any(totals):  # nothing counted on any of them yet (no retraction, no cache hit)
+                return tuple(map(int, totals))
+            hot, miss = held.hot, held.miss
+            out = tuple(t - (hot[r] if r in hot else miss(r)) for r, t in zip(reqs, totals))
+            hot.update(zip(reqs, totals))
+        except TypeError:  # requests that cannot be keys, or totals that are no numbers: none counted
+            return (0,) * len(totals)
         return tuple(map(max, repeat(0), out)) if out and min(out) < 0 else out
 
     def forget(self, reqs: Iterable) -> None:
@@ -117,8 +144,8 @@ class IdCache:
             try:
                 rid_of.pop(req, None)
                 plen_of.pop(req, None)
-                self.cached.pop(req, None)
-                self.retracted.pop(req, None)
+                self.cached.forget(req)
+                self.retracted.forget(req)
             except TypeError:  # an unhashable request was never a key
                 pass
             if req in self.reqs:

@@ -17,7 +17,7 @@ in the queue, so a read finishes it before anything else.  Then, outside that lo
 too, it feeds each :class:`~sglang_ctxprof.model.sinks.RecordSink` of :attr:`Recorder.sinks` (OTel,
 logs, metrics, capture triggers), each under its own fault-guard component, in submission order,
 each sink's turn a piece of its own (a :class:`RequestEnd` goes to the sinks that have an ``end``
-at once).  It times each pass over the queue, and each wait for work, as a whole (``cost.Cost``:
+at once, a loss mark to those with a ``lost``).  It times each pass over the queue, and each wait for work, as a whole (``cost.Cost``:
 this thread's CPU time, so waiting for the GIL while the scheduler thread runs is not counted as
 our cost, but a wake-up's own is; a read of it is a system call, so not one per piece).
 
@@ -254,10 +254,13 @@ class Recorder:
 
     def _to_sinks(self, rec: Union[StepRecord, RequestEnd, _Lost]) -> None:
         if self.sinks:  # the sinks see it later, outside the lock (_feed_sinks)
-            if len(self._fan) < self.maxsize:
-                self._fan.append(rec)
-            else:
-                self.sink_dropped += 1
+            fan = self._fan
+            if len(fan) < self.maxsize:
+                fan.append(rec)
+                return
+            self.sink_dropped += rec is not LOST  # a record the sinks miss: a loss mark in its place
+            if fan[-1] is not LOST:
+                fan.append(LOST)
 
     def _catch_up(self) -> None:
         """Feed the aggregator every waiting item, in order (caller holds ``_lock``)."""
@@ -280,8 +283,11 @@ class Recorder:
         """Feed a record to its next sink; the sinks after it come back as the rest (first in line,
         so each sink sees the records in order).  A request end goes to every sink that has an
         ``end`` at once; a call (:meth:`after_sinks`) is made."""
-        if type(item) is _Then:
-            self.guard.run("recorder", item.fn)
+        if type(item) is _Then:  # run whatever the guard says: a reset's history must be let go of
+            try:
+                item.fn()
+            except Exception:  # noqa: BLE001 - never into the drain
+                logger.debug("sglang-ctxprof: a call after the sinks failed", exc_info=True)
             return None
         if type(item) is _Lost:
             for sink in self.sinks:
@@ -347,7 +353,7 @@ class Recorder:
         if self.sinks:
             self._fan.append(_Then(fn))
         else:
-            self.guard.run("recorder", fn)
+            self._feed_one(_Then(fn))
 
     def read_aggregator(self, fn: Callable[[Aggregator], T]) -> T:
         """Run ``fn(aggregator)`` under the lock as the aggregator is, without catching up: a sink's

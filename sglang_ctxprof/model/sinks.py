@@ -3,7 +3,8 @@
 The recorder (``collect.recorder.Recorder``) feeds every :class:`~sglang_ctxprof.model.records.StepRecord`
 first to the aggregator, then to each :class:`RecordSink` of its plain list, in order, each under
 the fault-guard component named by the sink's ``name`` (a ``RequestEnd`` goes to the sinks that
-also have an ``end(end)`` method); on close it calls each sink's ``stop()``.
+also have an ``end(end)`` method, and a loss mark, in its place among the records, to those with a
+``lost()``: steps went unrecorded there); on close it calls each sink's ``stop()``.
 The sinks of a server are:
 
 * ``views.exporters.RequestSink`` (``exporter``): a finished request -> tail decision -> OTel spans

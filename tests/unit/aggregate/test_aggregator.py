@@ -316,3 +316,21 @@ def test_a_prefill_bucket_counts_sglangs_retractions_and_the_tokens_re_prefills_
     assert (b.retractions, b.committed) == (2, 1)  # b's retraction hit its prefill in flight: no token
     agg.observe(replace(rec(2, [300], acc=(0,), kind="prefill"), committed=(1,)))  # saved without the counts
     assert (b.retractions, b.committed) == (3, 2)
+
+
+def test_histories_retired_for_stalled_sinks_are_bounded_and_their_markers_stay_in_step():
+    """Sinks stalled over many resets: at most ``MAX_RETIRED`` retired histories wait; the markers
+    of the ones let go of early let go of nothing, so each later one still frees its own."""
+    from sglang_ctxprof.aggregate.aggregator import MAX_RETIRED
+
+    agg = Aggregator()
+    logs = []
+    for i in range(MAX_RETIRED + 2):
+        logs.append(agg.requests)
+        agg.reset()
+    assert list(agg.retired) == logs[2:] and agg.retired_dropped == 2
+    agg.drop_retired()
+    agg.drop_retired()  # the markers of the two let go of early
+    assert list(agg.retired) == logs[2:]
+    agg.drop_retired()
+    assert list(agg.retired) == logs[3:]

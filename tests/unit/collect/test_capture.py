@@ -778,3 +778,21 @@ def test_an_enable_while_profiling_is_on_leaves_a_capture_alone(tmp_path):
         p.capture.halt(s)
         session.uninstrument()
         hooks.label_phases(None)
+
+
+def test_a_loss_mark_breaks_the_host_gap_the_trigger_measures(tmp_path):
+    """Steps lost before the aggregator ran all the same: the recorder's loss mark reaches the
+    capture sink in its place, and no host gap is measured across it; without it one fires."""
+    from sglang_ctxprof.collect.capture import CaptureSink
+    from sglang_ctxprof.collect.recorder import Recorder
+    from sglang_ctxprof.model.guard import Guard
+
+    for lost in (True, False):
+        cap, agg = Capture(settings(tmp_path, host_gap_ms=50.0)), Aggregator()
+        r = Recorder(agg, Guard(), sinks=[CaptureSink(cap, agg)])
+        r.submit(rec(1, 10.0, t0=1_000_000_000))
+        if lost:
+            r.lost()
+        r.submit(rec(5, 10.0, t0=1_500_000_000))  # 490 ms after the previous end
+        r.flush()
+        assert cap.status()["fired"] == ({} if lost else {names.TRIGGER_HOST_GAP: 1})

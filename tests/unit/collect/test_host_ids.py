@@ -107,3 +107,18 @@ def test_the_counted_parts_survive_the_id_caches_pruning():
     prefill([Req("new", 10)], [0], [0])  # prunes the ids
     again = prefill([x], [64], [2])
     assert again.cached_lens == (0,) and again.retractions == (1,)
+
+
+def test_the_counted_parts_keep_no_request_alive():
+    """A request that leaves without finishing (aborted while it waited) after the id cache's
+    pruning moved its counted part to the weak dict: SGLang letting go of it is enough."""
+    ids = IdCache()
+    gone = Req("aborted", 10)
+    ref = weakref.ref(gone)
+    _prefill(ids, [gone], (64,))
+    ids.get(tuple(Req(f"r{i}", 10) for i in range(300)))
+    ids.get((Req("small", 10),))  # a small batch after many: prunes, its part moves to the weak dict
+    assert gone in ids.cached.cold
+    del gone
+    gc.collect()
+    assert ref() is None and len(ids.cached.cold) == 0

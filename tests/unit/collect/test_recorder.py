@@ -553,3 +553,18 @@ def test_a_lost_step_reaches_the_sinks_that_measure_between_steps_in_its_place()
     r.flush()
     assert sink.got == [1, 2] and events == [("lost", [1])]
     assert agg.host_gaps.count == 0
+
+
+def test_records_the_sinks_miss_for_a_full_backlog_leave_a_loss_mark_in_their_place():
+    r, agg, _, (sink,) = _recorder(("s", -1), maxsize=2)
+    events = []
+    sink.lost = lambda: events.append(("lost", list(sink.got)))
+    for batch in ((1, 2), (3, 4)):  # read twice: the aggregator takes them, the sinks' backlog holds 2
+        for i in batch:
+            r.submit(_rec(i))
+        r.with_aggregator(lambda a: None)
+    r.flush()
+    assert sink.got == [1, 2] and events == [("lost", [1, 2])] and r.sink_dropped == 2
+    r.submit(_rec(5))
+    r.flush()
+    assert sink.got == [1, 2, 5]
