@@ -7,7 +7,7 @@ C-level pass over the requests (``adapter.reqs_before`` / ``reqs_after``: ``map`
 getters); Python code runs per request only for those that finished (their ``finished_len``).  A
 prefill step adds two C-level passes on that thread (``adapter.prefill_counts``): SGLang's running
 totals of each request's prefix-cache hit and retractions, of which the drain counts each part once
-(:meth:`IdCache.new_part`); the clients' trace contexts, fixed once a
+(:meth:`Parts.new_part`); the clients' trace contexts, fixed once a
 request exists, are read in the first stage below (each request says whether SGLang traces it,
 which ``/set_trace_level`` can change between two requests).
 Everything else happens on the recorder's drain thread, in four stages, each one piece of the
@@ -62,6 +62,27 @@ class Parts:
         for req in [r for r in self.hot if r not in held]:
             self.cold[req] = self.hot.pop(req)
 
+    def new_part(self, reqs: tuple, totals: tuple[int, ...], skip: Optional[list] = None) -> tuple[int, ...]:
+        """Each request's part of a running total SGLang keeps per request (``IdCache.cached``:
+        ``req.cached_tokens``, the prefix-cache hit found at a prompt's first chunk, which its later
+        chunks, a re-prefill and a mixed batch's decode row add none to; ``IdCache.retracted``:
+        ``req.retraction_count``) that no earlier record of it counted: counted once, as SGLang's
+        ``meta_info`` does.  A row SGLang skips (``skip``: it ended or was retracted before the
+        step's result) counts nothing and leaves its part to the request's next row."""
+        if skip is not None and True in skip:
+            kept = [not s for s in skip]
+            part = iter(self.new_part(tuple(compress(reqs, kept)), tuple(compress(totals, kept))))
+            return tuple(next(part) if k else 0 for k in kept)
+        try:
+            if not any(totals):  # nothing counted on any of them yet (no retraction, no cache hit)
+                return tuple(map(int, totals))
+            hot, miss = self.hot, self.miss
+            out = tuple(t - (hot[r] if r in hot else miss(r)) for r, t in zip(reqs, totals))
+            hot.update(zip(reqs, totals))
+        except TypeError:  # requests that cannot be keys, or totals that are no numbers: none counted
+            return (0,) * len(totals)
+        return tuple(map(max, repeat(0), out)) if out and min(out) < 0 else out
+
     def forget(self, req: object) -> None:
         self.hot.pop(req, None)
         self.cold.pop(req, None)
@@ -114,28 +135,6 @@ class IdCache:
             self.cached.prune(reqs)
             self.retracted.prune(reqs)
         return rids, plens
-
-    @staticmethod
-    def new_part(held: Parts, reqs: tuple, totals: tuple[int, ...], skip: Optional[list] = None) -> tuple[int, ...]:
-        """Each request's part of a running total SGLang keeps per request (``cached``:
-        ``req.cached_tokens``, the prefix-cache hit found at a prompt's first chunk, which its later
-        chunks, a re-prefill and a mixed batch's decode row add none to; ``retracted``:
-        ``req.retraction_count``) that no earlier record of it counted: counted once, as SGLang's
-        ``meta_info`` does.  A row SGLang skips (``skip``: it ended or was retracted before the
-        step's result) counts nothing and leaves its part to the request's next row."""
-        if skip is not None and True in skip:
-            kept = [not s for s in skip]
-            part = iter(IdCache.new_part(held, tuple(compress(reqs, kept)), tuple(compress(totals, kept))))
-            return tuple(next(part) if k else 0 for k in kept)
-        try:
-            if not any(totals):  # nothing counted on any of them yet (no retraction, no cache hit)
-                return tuple(map(int, totals))
-            hot, miss = held.hot, held.miss
-            out = tuple(t - (hot[r] if r in hot else miss(r)) for r, t in zip(reqs, totals))
-            hot.update(zip(reqs, totals))
-        except TypeError:  # requests that cannot be keys, or totals that are no numbers: none counted
-            return (0,) * len(totals)
-        return tuple(map(max, repeat(0), out)) if out and min(out) < 0 else out
 
     def forget(self, reqs: Iterable) -> None:
         """Drop finished requests: the dicts, and the last batch if it holds one (its ids stay)."""
@@ -231,9 +230,9 @@ class HostFacts:
             self.trace_parents = tps if any(tps) else ()
         self.read = self.ids.get(self.reqs)
         if self.cached_lens:
-            self.cached_lens = self.ids.new_part(self.ids.cached, self.reqs, self.cached_lens, self.done_pre)
+            self.cached_lens = self.ids.cached.new_part(self.reqs, self.cached_lens, self.done_pre)
         if self.retractions:
-            self.retractions = self.ids.new_part(self.ids.retracted, self.reqs, self.retractions, self.done_pre)
+            self.retractions = self.ids.retracted.new_part(self.reqs, self.retractions, self.done_pre)
 
     def _facts(self, read: tuple[tuple[str, ...], tuple[int, ...]]) -> StepFacts:
         books: Books = ()
