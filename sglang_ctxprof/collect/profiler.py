@@ -15,9 +15,9 @@ taken at ``after_result`` as per-batch arrays (``host``; the record is built on 
 if the device times are not ready the step is parked and retried at the next result
 (``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the verify
 attention/MoE split on sampled steps.  Each record's ``timing`` says how *that* step was timed
-(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status
-names the hooked attention/MoE classes (``coverage``) and the cost (``cost``).  ``capture`` takes
-deep captures through SGLang's own profiler; the ``run_batch`` hook drives it only while armed.
+(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status names
+the hooked attention/MoE classes and the cost.  ``capture`` takes deep captures through SGLang's own
+profiler; the ``run_batch`` hook drives it only while armed.
 """
 
 from __future__ import annotations
@@ -219,12 +219,14 @@ class Profiler:
             self.pending_evicted += 1
             self.recorder.lost()
 
-    def drop_pending(self) -> None:
-        """Forget the steps still waiting for their results, and the parked ones waiting for their device
-        times: their marks go back to the clock, as an evicted step's do (the runtime toggle turned off)."""
+    def drop_pending(self) -> int:
+        """Forget (and count) the steps still waiting for their results, and the parked ones waiting for
+        their device times: their marks go back to the clock, as an evicted step's do (toggled off)."""
+        n = len(self.pending) + len(self.parked)
         while self.pending:
             release(self.pending.popitem(last=False)[1], self.clock)
         self.parked.clear(lambda item: release(item[0], self.clock))
+        return n
 
     def before_result(self, batch: Any) -> Optional[StepBuilder]:
         b = self.pending.get(adapter.step_id(batch))
@@ -346,10 +348,8 @@ class Profiler:
             "states": {"written": self.states_written, "unchanged": self.states_unchanged},
         }
 
-    def _audit(self) -> Optional[dict[str, Any]]:
-        """The self-audit's counts and latest violations (aggregate.audit; copied, never locked)."""
-        audit = self.aggregator.audit
-        return audit.status() if audit is not None else None
+    def _audit(self) -> Optional[dict[str, Any]]:  # the self-audit's counts and latest violations, copied
+        return self.aggregator.audit.status() if self.aggregator.audit is not None else None
 
     def _coverage(self) -> dict[str, Any]:
         """Which attention / MoE classes of the served model are hooked (computed once per model)."""
@@ -393,7 +393,8 @@ class Profiler:
             if type(self.clock) is not CpuClock:
                 raise ValueError(f"this rank times its steps with {self.clock.mode}; the clock choice is for CPU servers")
             new = cpu_clock(clock)  # ValueError on an unknown name, before anything changes
-            self.drop_pending()
+            if self.drop_pending():
+                self.recorder.lost()  # they ran all the same: no host gap across them, requests miss a step
             self.clock, self.clock_name = new, clock
         self.recorder.with_aggregator(lambda a: a.reset())
         self.recorder.after_sinks(self.aggregator.drop_retired)

@@ -467,6 +467,33 @@ def test_a_plain_reset_keeps_the_step_launched_before_it():
         assert [r.step_id for r in cap.records()] == [1, 2]
 
 
+def test_a_clock_change_that_drops_a_launched_step_leaves_a_loss_mark():
+    """The step a clock change drops ran all the same: the sinks that measure between steps learn it
+    (no host gap across it, the capture's trigger), and the requests running then miss a step."""
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        cap = Capture(p)
+        marks: list[str] = []
+        cap.lost = lambda: marks.append("lost")  # type: ignore[attr-defined]
+        sched, reqs = fakes.Scheduler(fakes.Worker()), [fakes.Req("a", 100)]
+        _steps(sched, reqs, 1)
+        batch = fakes.Batch(reqs)
+        res = sched.run_batch(batch)
+        p.reset()  # a plain reset drops nothing
+        sched.process_batch_result(batch, res)
+        p.recorder.flush()
+        assert marks == []
+        batch = fakes.Batch(reqs)
+        res = sched.run_batch(batch)
+        p.reset(clock="thread")  # drops the launched step
+        sched.process_batch_result(batch, res)
+        p.recorder.flush()
+        assert marks == ["lost"]
+        p.reset(clock="wall")  # nothing waiting: nothing lost
+        p.recorder.flush()
+        assert marks == ["lost"]
+
+
 def test_requests_that_finished_just_before_a_reset_are_still_exported():
     """A reset catches the aggregator up and empties its history while the sinks, a few records
     behind, have not seen the finishing records yet: they read the retired history, let go of once
