@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
+from pathlib import Path
 
 from .server import cpu_args
 from .sweep import SweepArgs, run_args
@@ -31,7 +31,8 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--long", type=int, default=264, help="new tokens of the long two-point request")
     ap.add_argument("--sustained", type=int, default=256, help="tokens of the sustained run per context (0: off)")
     ap.add_argument("--models", default=".cache/models", help="tiny-model cache directory")
-    ap.add_argument("--out", default=".cache/demo-sweep", help="results, summary and plots (replaced)")
+    ap.add_argument("--out", default=".cache/demo-sweep",
+                    help="results, summary and plots (a previous demo's are replaced; nothing else is touched)")
     ap.add_argument("--log", default=".cache/demo-server.log")
     ap.add_argument("--arms", default="spec,plain", metavar="spec,plain",
                     help="spec,plain (default): plain decode on a second server too, started alongside and "
@@ -60,12 +61,30 @@ def run(ns) -> int:
     print(f"tiny DeepSeek-V3 (MLA+MoE) + {alg} draft on CPU; sweep at ctx {' '.join(map(str, ns.ctx))}",
           flush=True)
     if any(os.path.isfile(os.path.join(ns.out, f)) for f in ("meta.json", "arms.json", "spec/meta.json")):
-        shutil.rmtree(ns.out)  # a previous demo sweep (one arm or both): start afresh
+        clear_previous(Path(ns.out))  # a previous demo sweep (one arm or both): start afresh
     args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
         ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=0 if arms else ns.sustained, window=64,
         out=ns.out, launch_log=ns.log, arms=arms, plots=not arms)
     return run_args(args, after=_servers_ledger if arms else _server_profile)
+
+
+# What a demo writes into --out (and each arm's folder): a re-run removes these and nothing else.
+DEMO_FILES = ("meta.json", "arms.json", "summary.json", "summary.csv", "table.txt")
+DEMO_GLOBS = ("point-c*.json", "sustained-c*.json", "*.png", "*.tmp")
+
+
+def clear_previous(out: Path) -> None:
+    """Remove a previous demo's results from ``out``: its files, and each arm's folder once emptied of
+    them; whatever else the folder holds (``--out`` may name a project's own folder) stays."""
+    for d in (out, out / "spec", out / "plain"):
+        if not d.is_dir():
+            continue
+        for f in [d / n for n in DEMO_FILES] + [f for g in DEMO_GLOBS for f in d.glob(g)]:
+            if f.is_file() or f.is_symlink():
+                f.unlink()
+        if d != out and not any(d.iterdir()):
+            d.rmdir()
 
 
 OWN_VIEW_TOKENS = 64  # new tokens of each request behind the servers' own view

@@ -53,7 +53,27 @@ def test_a_rerun_replaces_the_previous_demo_folder(tmp_path, asked, left):
     old.write_text(json.dumps({}))
     (tmp_path / "sweep" / "point-c000064-r00.json").write_text("{}")
     assert demo.run(_ns(tmp_path)) == 0
-    assert not (tmp_path / "sweep").exists()
+    assert not (tmp_path / "sweep" / left).exists()
+    assert not (tmp_path / "sweep" / "point-c000064-r00.json").exists()
+
+
+def test_a_rerun_removes_only_what_a_demo_writes(tmp_path, asked):
+    """``--out`` may name a folder that holds other things beside a previous demo's results (``--out .``
+    in a project): they stay."""
+    out = tmp_path / "sweep"
+    for name in ("meta.json", "summary.csv", "summary.json", "table.txt", "decode_tok_s.png", "arms.json",
+                 "point-c000064-r00.json", "sustained-c000064.json", "spec/meta.json",
+                 "spec/point-c000064-r01.json", "plain/summary.json", "plain/table.txt"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("{}")
+    keep = ("src/code.py", "notes.txt", "spec/mine.txt")
+    for name in keep:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("mine")
+    assert demo.run(_ns(tmp_path)) == 0
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == sorted(keep)
+    assert not (out / "plain").exists()
 
 
 class _Client:
