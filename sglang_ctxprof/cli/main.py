@@ -162,6 +162,12 @@ class Escaping:
         return getattr(self.inner, name)
 
 
+def unescaped(stream: TextIO) -> TextIO:
+    """The terminal behind an :class:`Escaping` stream, for a display that moves the cursor itself
+    (a progress bar redraws in place) and shows only text the command formats, none a server sent."""
+    return stream.inner if isinstance(stream, Escaping) else stream
+
+
 def main(argv: list[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = Escaping(out), Escaping(err)

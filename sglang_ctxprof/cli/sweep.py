@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import sweep_results as res
-from .main import CliError, os_error_line
+from .main import CliError, os_error_line, unescaped
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
@@ -241,8 +241,9 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     done_points, done_sus, skipped, ran = [], [], 0, 0
     warm = {c: plan.get(c, 0, "warmup") for c in ctxs} if args.warmup else {}  # planned last: stable plan
     client.generate(plan.get(16, 0, "warmup"), 4)  # first request of a fresh server; not recorded
+    bar = Console(file=unescaped(sys.stderr))  # its own text (numbers); the rest stays escaped
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err) as prog:
+                  console=bar, redirect_stdout=False, redirect_stderr=False) as prog:
         task = prog.add_task("sweep", total=len(jobs))
         for kind, ctx, rep in jobs:
             path = out / (res.point_name(ctx, rep) if kind == "point" else res.sustained_name(ctx)) if out else None

@@ -216,3 +216,22 @@ def test_a_cut_off_sustained_stream_is_an_error_not_a_result(fake, tmp_path, cap
     line = _err_line(capsys)
     assert msg in line and "sustained" in line and "--resume" in line, line
     assert not list(out.glob("sustained-*")) and len(list(out.glob("point-*"))) == 2
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_on_a_terminal_redraws_in_place(fake, tmp_path, monkeypatch):
+    """The progress bar redraws itself with a carriage return and line erases, its own text only
+    (numbers the sweep formats): they reach the terminal as they are, not escaped into one long line
+    (the stream escapes what servers say; the bar says nothing of theirs)."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    url = fake()
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", str(tmp_path / "run")] + SMALL) == 0
+    err = term.getvalue()
+    assert "\\x1b" not in err and "\\r" not in err, err[:400]
+    assert "\r" in err or "\x1b[" in err  # redrawn in place
