@@ -70,7 +70,8 @@ def run(ns) -> int:
 
 
 # What a demo writes into --out (and each arm's folder): a re-run removes these and nothing else.
-DEMO_FILES = ("meta.json", "arms.json", "summary.json", "summary.csv", "table.txt")
+DEMO_FILES = ("meta.json", "arms.json", "summary.json", "summary.csv", "table.txt", "spec-server.log",
+              "plain-server.log")
 DEMO_GLOBS = ("point-c*.json", "sustained-c*.json", "*.png", "*.tmp")
 
 

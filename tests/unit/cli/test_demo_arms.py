@@ -63,7 +63,7 @@ def test_a_rerun_removes_only_what_a_demo_writes(tmp_path, asked):
     out = tmp_path / "sweep"
     for name in ("meta.json", "summary.csv", "summary.json", "table.txt", "decode_tok_s.png", "arms.json",
                  "point-c000064-r00.json", "sustained-c000064.json", "spec/meta.json",
-                 "spec/point-c000064-r01.json", "plain/summary.json", "plain/table.txt"):
+                 "spec/point-c000064-r01.json", "plain/summary.json", "plain/table.txt", "spec-server.log"):
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("{}")
     keep = ("src/code.py", "notes.txt", "spec/mine.txt")
