@@ -18,7 +18,6 @@ are kept.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field, fields
@@ -29,9 +28,6 @@ from .main import CliError, os_error_line, unescaped
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
-
-RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
-
 
 @dataclass
 class SweepArgs:
@@ -176,34 +172,7 @@ def run_args(args: SweepArgs, after=None) -> int:
 
 
 def _prepare_out(args: SweepArgs, meta: dict) -> Path | None:
-    if not args.out:
-        return None
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    old = out / "meta.json"
-    has_results = any(out.glob("point-c*.json")) or any(out.glob("sustained-c*.json"))
-    if has_results and not args.resume:
-        raise CliError(f"{out} already holds results: pass --resume to continue it, or choose another --out")
-    if args.resume and old.exists():
-        try:
-            prev = json.loads(old.read_text())
-        except (OSError, ValueError):
-            raise CliError(f"cannot --resume {out}: its meta.json is unreadable") from None
-        if not isinstance(prev, dict):
-            raise CliError(f"cannot --resume {out}: its meta.json is not a sweep's")
-        if prev.get("model_path") is not None and prev["model_path"] != meta.get("model_path"):
-            raise CliError(f"cannot --resume {out}: it was measured on model {prev['model_path']!r}, and "
-                           f"{meta.get('url')} serves {meta.get('model_path')!r}; choose another --out")
-        diff = [k for k in RESUME_KEYS if prev.get(k) != meta.get(k)]
-        if prev.get("server_args") and meta.get("server_args") and prev["server_args"] != meta["server_args"]:
-            diff.append("server_args")
-        if diff:
-            raise CliError(f"cannot --resume {out}: settings differ from the saved run ({', '.join(diff)})")
-    res.write_json(old, meta)
-    return out
+    return res.prepare_out(Path(args.out), args.resume, meta) if args.out else None
 
 
 def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:

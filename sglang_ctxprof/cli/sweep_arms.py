@@ -5,7 +5,8 @@ With ``--launch`` two servers start from the given arguments: ``spec`` as given,
 ``--url`` is the speculative server and ``--plain-url`` the plain one.  The two-point measurements
 interleave: for each context and repeat both arms run back to back, in alternating order, so a drift
 of the machine hits both.  Each arm's results go to ``OUT/spec`` and ``OUT/plain`` (ordinary sweep
-directories: ``report``, ``compare`` and ``diagnose --plain`` read them).
+directories: ``report``, ``compare`` and ``diagnose --plain`` read them); ``--resume`` runs only the
+points an interrupted run left missing, in either arm.
 
 The closing table gives per context the spec and plain tok/s (median over repeats) measured two ways:
 the long request's decode steps on the server's wall clock (no prefill in it: the measured speedup),
@@ -124,33 +125,37 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
             "long": args.long, "prompt_mode": args.prompt, "seed": args.seed, "sustained": 0,
             "window": args.window, "arms": list(ARMS)}
     dirs = {}
-    for arm, c in clients.items():
-        d = out_dir(args, arm)
-        if any(d.glob("point-c*.json")):
-            raise CliError(f"{d} already holds results: choose another --out")
-        d.mkdir(parents=True, exist_ok=True)
-        res.write_json(d / "meta.json", {**base, "arm": arm, "url": c.url, "has_profile": has_profile[arm],
-                                         "model_path": c.model_info().get("model_path"),
-                                         "server_args": (list(args.server_args) if arm == "spec" else
-                                                         plain_args(args.server_args)) or None})
-        dirs[arm] = d
+    for arm, c in clients.items():  # each arm's folder as a sweep's: refused if it holds results, unless --resume
+        dirs[arm] = res.prepare_out(out_dir(args, arm), args.resume, {
+            **base, "arm": arm, "url": c.url, "has_profile": has_profile[arm],
+            "model_path": c.model_info().get("model_path"),
+            "server_args": (list(args.server_args) if arm == "spec" else plain_args(args.server_args)) or None})
+    for c in clients.values():
         c.generate(plan.get(16, 0, "warmup"), 4)  # first request of a fresh server; not recorded
     warm = {ctx: plan.get(ctx, 0, "warmup") for ctx in ctxs} if args.warmup else {}
-    total, done = len(ctxs) * args.repeat, 0
+    warmed: set[tuple[str, int]] = set()
+    total, done, skipped = len(ctxs) * args.repeat, 0, 0
     for ctx in ctxs:
         for rep in range(args.repeat):
             order = ARMS if rep % 2 == 0 else ARMS[::-1]  # alternate who goes first: drift hits both
             for arm in order:
+                path = dirs[arm] / res.point_name(ctx, rep)
+                if args.resume and path.exists():
+                    skipped += 1
+                    continue
                 try:
-                    if ctx in warm and rep == 0:
+                    if ctx in warm and (arm, ctx) not in warmed:  # one unrecorded prefill per context
                         clients[arm].generate(warm[ctx], 1)
+                        warmed.add((arm, ctx))
                     r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
                 except ClientError as exc:
                     raise ClientError(f"{exc} during {arm} ctx {ctx} repeat {rep + 1}; finished results are "
-                                      f"kept in {args.out}") from None
-                res.write_json(dirs[arm] / res.point_name(ctx, rep), r)
+                                      f"kept in {args.out}; rerun with --resume to continue") from None
+                res.write_json(path, r)
             done += 1
             print(f"ctx {ctx} repeat {rep + 1}/{args.repeat} ({done}/{total}) done", file=sys.stderr, flush=True)
+    if skipped:
+        print(f"--resume: {skipped} result(s) already in {args.out} were not re-run", file=sys.stderr, flush=True)
     for arm, d in dirs.items():  # each arm's folder is an ordinary sweep directory, summary included
         meta, points, _ = res.load_run(d)
         rows = res.summarize(points)

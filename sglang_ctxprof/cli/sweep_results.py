@@ -37,6 +37,40 @@ def sustained_name(ctx: int) -> str:
     return f"sustained-c{ctx:06d}.json"
 
 
+RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
+
+
+def prepare_out(out: Path, resume: bool, meta: dict) -> Path:
+    """Create the run directory ``out`` and write ``meta`` there.  One that holds results already is
+    refused without ``resume``; with it, its saved meta.json must name the same model and settings
+    (the points it holds are kept, and the caller runs only the missing ones)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+    old = out / "meta.json"
+    has_results = any(out.glob("point-c*.json")) or any(out.glob("sustained-c*.json"))
+    if has_results and not resume:
+        raise CliError(f"{out} already holds results: pass --resume to continue it, or choose another --out")
+    if resume and old.exists():
+        try:
+            prev = json.loads(old.read_text())
+        except (OSError, ValueError, RecursionError):
+            raise CliError(f"cannot --resume {out}: its meta.json is unreadable") from None
+        if not isinstance(prev, dict):
+            raise CliError(f"cannot --resume {out}: its meta.json is not a sweep's")
+        if prev.get("model_path") is not None and prev["model_path"] != meta.get("model_path"):
+            raise CliError(f"cannot --resume {out}: it was measured on model {prev['model_path']!r}, and "
+                           f"{meta.get('url')} serves {meta.get('model_path')!r}; choose another --out")
+        diff = [k for k in RESUME_KEYS if prev.get(k) != meta.get(k)]
+        if prev.get("server_args") and meta.get("server_args") and prev["server_args"] != meta["server_args"]:
+            diff.append("server_args")
+        if diff:
+            raise CliError(f"cannot --resume {out}: settings differ from the saved run ({', '.join(diff)})")
+    write_json(old, meta)
+    return out
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Atomic write: a sweep killed mid-write never leaves a half file that --resume would trust."""
     write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))

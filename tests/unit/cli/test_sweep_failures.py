@@ -235,3 +235,28 @@ def test_the_progress_bar_on_a_terminal_redraws_in_place(fake, tmp_path, monkeyp
     err = term.getvalue()
     assert "\\x1b" not in err and "\\r" not in err, err[:400]
     assert "\r" in err or "\x1b[" in err  # redrawn in place
+
+
+def test_an_interrupted_arms_sweep_resumes(fake, tmp_path, capsys):
+    """``--arms``: the plain server dies mid-sweep; the finished points of both arms are kept, a rerun
+    without --resume says to pass it, and --resume runs only the missing points of each arm."""
+    out = tmp_path / "arms"
+    # plain: warm-up, then per point (warm-up at the first repeat,) short, long: dies in ctx 32 repeat 2
+    spec, plain = fake(), fake(die_after=4)
+    args = ["sweep", "--arms", "spec,plain", "--url", spec, "--plain-url", plain, "--ctx", "32", "64",
+            "--out", str(out)] + SMALL
+    assert main(args) == 2
+    line = _err_line(capsys)
+    assert "cannot reach" in line and "--resume" in line, line
+    kept = {arm: sorted(p.name for p in (out / arm).glob("point-*.json")) for arm in ("spec", "plain")}
+    assert kept["plain"] == ["point-c000032-r00.json"] and len(kept["spec"]) >= 1, kept
+    before = {arm: {n: (out / arm / n).read_text() for n in names} for arm, names in kept.items()}
+    spec, plain = fake(), fake()
+    args = ["sweep", "--arms", "spec,plain", "--url", spec, "--plain-url", plain, "--ctx", "32", "64",
+            "--out", str(out)] + SMALL
+    assert main(args) == 2 and "--resume" in _err_line(capsys)
+    assert main(args + ["--resume"]) == 0, capsys.readouterr().err
+    for arm in ("spec", "plain"):
+        assert len(list((out / arm).glob("point-*.json"))) == 4
+        assert all((out / arm / n).read_text() == t for n, t in before[arm].items())  # not re-run
+    assert (out / "arms.json").exists()
