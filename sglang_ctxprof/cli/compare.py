@@ -39,12 +39,13 @@ def run(ns) -> int:
         print(json.dumps(out, indent=1))
         return out["exit_code"]
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    t = Table(title=f"compare  A={ns.baseline}  B={ns.candidate}")
+    t = Table(title=f"compare  A={escape(str(ns.baseline))}  B={escape(str(ns.candidate))}")  # names, not markup
     for h in ("ctx", "quantity", "A", "B", "Δ", "Δ%", "noise ±", "A from", "status"):
         t.add_column(h, justify="right")
     for c in sorted(out["checks"], key=lambda c: c["ctx"]):

@@ -23,7 +23,7 @@ COLORS = {"draft": "#4C72B0", "verify": "#D4A373", "verify_attn": "#DD8452", "ve
 def model_title(model_path: str | None) -> str:
     """A short plot title from a model path: its last two components (``tiny-dsv3/target``)."""
     parts = [p for p in str(model_path or "").replace("\\", "/").split("/") if p]
-    return "/".join(parts[-2:])
+    return "/".join(parts[-2:]).replace("$", r"\$")  # text, not mathtext
 
 
 def _plt():

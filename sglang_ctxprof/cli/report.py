@@ -37,9 +37,9 @@ def run(ns) -> int:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
         return 0
     console = res.screen_console()
-    console.print(f"run {_shown(ns.dir)}", highlight=False, soft_wrap=True)  # a path may be any length
+    console.print(f"run {_shown(ns.dir)}", highlight=False, markup=False, soft_wrap=True)  # a path may be any length
     console.print(f"model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
-                  f"{len(sust)} sustained", highlight=False)
+                  f"{len(sust)} sustained", highlight=False, markup=False)
     res.render_table(rows, meta, console)
     out = Path(ns.plots_dir or ns.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +48,7 @@ def run(ns) -> int:
         from .plots import model_title, write_plots
 
         paths = write_plots(rows, out, title=model_title(meta.get("model_path")))
-        console.print("plots: " + ", ".join(paths), highlight=False)
+        console.print("plots: " + ", ".join(paths), highlight=False, markup=False)
     return 0
 
 

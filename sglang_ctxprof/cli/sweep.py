@@ -201,7 +201,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out = _prepare_out(args, meta)
     err.print(f"model {info.get('model_path')}; prompts: {args.prompt} (exact length, two different prompts "
-              f"per point so the prefix cache cannot skip prefill)", highlight=False)
+              f"per point so the prefix cache cannot skip prefill)", highlight=False, markup=False)
     if not has_profile:
         err.print(f"[yellow]{NO_PROFILE_NOTE}; measuring throughput only[/yellow]")
 
@@ -240,7 +240,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
             (done_points if kind == "point" else done_sus).append(r)
             prog.advance(task)
     if skipped:
-        err.print(f"--resume: {skipped} result(s) already in {out} were not re-run")
+        err.print(f"--resume: {skipped} result(s) already in {out} were not re-run", highlight=False, markup=False)
     if out is not None:
         _, done_points, done_sus = res.load_run(out)
     rows = res.summarize(done_points, done_sus)
@@ -254,7 +254,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
 
             pngs = write_plots(rows, out, title=model_title(info.get("model_path")))
             msg += ", " + ", ".join(Path(p).name for p in pngs)
-        con.print(msg + ")", highlight=False)
+        con.print(msg + ")", highlight=False, markup=False)
     return 0
 
 

@@ -70,10 +70,11 @@ class FakeSGLang(JsonHandler):
     clock: FakeClock | None = None  # where the modeled time goes (None: real sleeps)
     stall_short_s = 0.0  # real seconds a request for under 10 new tokens waits first (a busy machine)
     calls = 0
+    model_path = "fake/model"
 
     def do_GET(self):
         if self.path == "/model_info":
-            return self._json(200, {"model_path": "fake/model", "is_generation": True})
+            return self._json(200, {"model_path": self.model_path, "is_generation": True})
         return self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):

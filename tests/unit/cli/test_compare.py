@@ -93,3 +93,24 @@ def test_runs_with_nothing_comparable_exit_2_and_say_why(tmp_path, capsys):
     assert "verdict: nothing comparable" in text and "5120" in text and "no significant change" not in text
     assert main(["diagnose", str(b), "--baseline", str(a)]) == 2
     assert "nothing comparable" in capsys.readouterr().out
+
+
+def test_names_with_brackets_print_as_they_are(tmp_path, capsys):
+    """A folder name and a model path are text, not rich markup: ``[/x]`` neither fails nor vanishes, and
+    a ``$`` pair in the model name does not break the plots' titles."""
+    import shutil
+
+    a, b = tmp_path / "br[/x]" / "a", tmp_path / "[exp1]"
+    shutil.copytree(FIX / "baseline", a)
+    shutil.copytree(FIX / "baseline", b)
+    meta = json.loads((b / "meta.json").read_text())
+    meta["model_path"] = "org/$\\frac{$x[/]y [bold red]evil[/]"
+    (b / "meta.json").write_text(json.dumps(meta))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr()
+    assert "br[/x]" in out.out and "Traceback" not in out.err, out.err
+    assert main(["report", str(b), "--plots-dir", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr()
+    assert "[exp1]" in out.out and "[bold red]evil[/]" in out.out, out.out
+    assert "error" not in out.err, out.err
+    assert len(list((tmp_path / "plots").glob("*.png"))) >= 2

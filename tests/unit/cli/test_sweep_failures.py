@@ -260,3 +260,14 @@ def test_an_interrupted_arms_sweep_resumes(fake, tmp_path, capsys):
         assert len(list((out / arm).glob("point-*.json"))) == 4
         assert all((out / arm / n).read_text() == t for n, t in before[arm].items())  # not re-run
     assert (out / "arms.json").exists()
+
+
+def test_a_model_path_with_brackets_is_text(fake, tmp_path, capsys):
+    """What the server names its model is shown as it is: rich markup in it neither fails the sweep
+    nor styles the line; an output folder with brackets too."""
+    url = fake(model_path="evil[/bold] [bold red]model[/]")
+    out = tmp_path / "ob[/x]"
+    assert main(["sweep", "--url", url, "--ctx", "32", "--out", str(out)] + SMALL) == 0
+    text = capsys.readouterr()
+    assert "evil[/bold] [bold red]model[/]" in text.err and "Traceback" not in text.err, text.err
+    assert "ob[/x]" in text.out
