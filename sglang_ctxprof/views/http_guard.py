@@ -146,7 +146,13 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
 
 
 def _parse(raw: bytes) -> Any:
-    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    """Strict JSON whose strings are all text: a ``\\ud800`` escape (a lone surrogate) parses to a
+    string no UTF-8 carries, which fails where a reply naming it is encoded (SGLang's msgpack IPC, in
+    the scheduler); UnicodeEncodeError is a ValueError."""
+    obj = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
+    if b"\\u" in raw:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    return obj
 
 
 _HOSTS: frozenset[str] | None = None  # own_hosts(), worked out at the first browser write

@@ -36,7 +36,7 @@ class TracePolicy:
         """A copy with ``changes`` applied (keys: mode, slow_tok_s, slow_step_ms); bad input raises."""
         unknown = set(changes) - {"mode", "slow_tok_s", "slow_step_ms"}
         if unknown:
-            raise ValueError(f"unknown trace policy field(s): {', '.join(sorted(unknown))}")
+            raise ValueError(f"unknown trace policy field(s): {', '.join(ascii(k)[:40] for k in sorted(unknown)[:8])}")
         kw: dict[str, Any] = {}
         if "mode" in changes:
             kw["mode"] = parse_choice("mode", changes["mode"], MODES)

@@ -70,6 +70,8 @@ def test_writes_only_from_the_servers_own_origin(client, origin, expect):
     (b"\xff\xfe", 400),
     (b"", 400),
     (b'{"x": "' + b"a" * 9000 + b'"}', 413),
+    (b'{"\\ud800": 1}', 400),  # a lone surrogate: no UTF-8 carries it (SGLang's msgpack IPC fails on it)
+    (b'{"x": ["\\udfff"]}', 400),
 ])
 def test_a_bad_body_is_a_4xx_and_strikes_nothing(client, data, status):
     """A body is the client's: however it is wrong, a 4xx, and the guard counts no failure of ours."""
