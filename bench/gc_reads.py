@@ -56,7 +56,7 @@ def answer(route: str, agg, s: int) -> dict:
         return {"status": status(agg, s), "state": agg.snapshot(with_requests=False).to_dict()}
     if route == "requests":
         return {"status": status(agg, s), "requests": agg.requests.slowest(1000, with_steps=False)}
-    rows = agg.recent_steps_json(2048)
+    rows = agg.recent_steps_json(2048)[0]
     return {"status": status(agg, s), **({"steps_rows": rows} if isinstance(rows, list) else {"steps_json": rows})}
 
 

@@ -300,8 +300,9 @@ class Aggregator:
         """The last ``n`` (at most ``MAX_TRACE_STEPS``) records with requests, oldest first, as dicts."""
         return [r.to_dict() for r in self.ring.records(n)]
 
-    def recent_steps_json(self, n: int) -> list[str]:
-        """``recent_steps(n)`` as JSON texts, one per row (``RecentSteps.json_rows``: each written once)."""
+    def recent_steps_json(self, n: int) -> tuple[list[str], int]:
+        """``recent_steps(n)`` as JSON texts, one per row, and the older steps left out by the bound on
+        their request rows (``RecentSteps.json_rows``: each written once)."""
         return self.ring.json_rows(n)
 
     def snapshot(self, with_request_steps: bool = False, with_requests: bool = True) -> Snapshot:

@@ -16,7 +16,7 @@ from collections import deque
 from itertools import islice
 from typing import Iterator, NamedTuple, Optional
 
-from ..model.names import MAX_TRACE_STEPS
+from ..model.names import MAX_TRACE_ROWS, MAX_TRACE_STEPS
 from ..model.records import StepRecord
 
 # Recent steps kept for the per-request waterfall.
@@ -61,16 +61,25 @@ class RecentSteps:
         newest = [row.record for row in islice(reversed(self._ring), n) if row.record is not None]
         return newest[::-1]
 
-    def json_rows(self, n: Optional[int] = None) -> list[str]:
-        """``records(n)`` as ``StepRecord.to_dict()`` rows in JSON text, oldest first.  A record's
-        row is written once and kept while it is among the rows last served, so a read loop costs
-        the scheduler only the steps since its previous read; a list of strings is cheap to pickle,
-        and the reader can tell the rows it already laid out by their text (``views.trace_json``)."""
+    def json_rows(self, n: Optional[int] = None, max_rows: int = MAX_TRACE_ROWS) -> tuple[list[str], int]:
+        """``records(n)`` as ``StepRecord.to_dict()`` rows in JSON text, oldest first, and how many of
+        them were left out: the newest steps whose batches hold ``max_rows`` request rows in all (at
+        least one step).  A record's row is written once and kept while it is among the rows last
+        served, so a read loop costs the scheduler only the steps since its previous read; a list of
+        strings is cheap to pickle, and the reader can tell the rows it already laid out by their text
+        (``views.trace_json``)."""
+        recs = self.records(n)
+        start, rows = len(recs), 0
+        while start > 0:
+            rows += len(recs[start - 1].rids) or 1
+            if rows > max_rows and start < len(recs):
+                break
+            start -= 1
         memo, fresh = self._json, {}
-        for rec in self.records(n):
+        for rec in recs[start:]:
             hit = memo.get(id(rec))
             if hit is None or hit[0] is not rec:
                 hit = (rec, json.dumps(rec.to_dict(), separators=(",", ":")))
             fresh[id(rec)] = hit
         self._json = fresh
-        return [row for _, row in fresh.values()]
+        return [row for _, row in fresh.values()], start

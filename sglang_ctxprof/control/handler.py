@@ -147,7 +147,8 @@ def _handle(req: Json, scheduler: object, session: CtxProfSession, p: Profiler) 
         return _capture(p, req)
     if cmd == CMD_RECENT:
         n = _int(req, "last", 0)
-        return {"status": p.status(), "steps_rows": p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))}
+        rows, left = p.recorder.with_aggregator(lambda a: a.recent_steps_json(n))
+        return {"status": p.status(), "steps_rows": rows, "steps_left_out": left}
     raise BadRequest(f"unknown command {cmd!r}")
 
 

@@ -190,6 +190,9 @@ FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable st
 CACHED_TOKENS = "cached_tokens"
 MAX_TRACE_STEPS = 2048  # step records each rank keeps for the trace export; the most ?last=N answers
 DEFAULT_TRACE_STEPS = 256
+# request rows (a step's batch) one trace read writes at most per rank, the newest steps first: the
+# scheduler thread writes them (~1 us a row), so a read of 2048 steps at batch 256 stays ~40 ms
+MAX_TRACE_ROWS = 32768
 # A request id the routes accept (``rids.valid_rid``): SGLang takes any string as a rid, so any
 # text of 1-RID_MAX characters but a control, format, line-separator or surrogate character (a rid
 # reaches logs and terminals).  Only a plain one goes in a URL path as it is (RID_PLAIN, and not "."

@@ -63,7 +63,8 @@ def trace_reply(payloads: list[dict[str, Any]], n: int) -> Response:
         return _error(503, "; ".join(errors))
     ranks = [((p.get("status") or {}).get("rank") or i, p.get("steps_rows") or [])
              for i, p in enumerate(payloads) if "error" not in p]
-    return Response(content=TRACE_WRITER.render(ranks, n).encode(), media_type="application/json")
+    left = sum(int(p.get("steps_left_out") or 0) for p in payloads if "error" not in p)
+    return Response(content=TRACE_WRITER.render(ranks, n, left).encode(), media_type="application/json")
 
 
 async def trace_policy(rc: ReadContext, request: Request):

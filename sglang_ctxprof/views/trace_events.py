@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..aggregate.request_entry import rows_not_kept
 from ..model import layout
-from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_STEPS
+from ..model.names import CACHED_TOKENS, KIND_DECODE, MAX_TRACE_ROWS, MAX_TRACE_STEPS
 from ..model.records import accepted_drafts, prompt_rows, step_end_ns
 
 PID = 1
@@ -114,10 +114,12 @@ def rank_label(rank: Any) -> str:
     return _rank_label(rank)
 
 
-def other_data(t0: int, last: int, steps: int) -> dict[str, Any]:
+def other_data(t0: int, last: int, steps: int, left_out: int = 0) -> dict[str, Any]:
+    """``left_out``: older steps of the ``last`` the ranks left out, past ``MAX_TRACE_ROWS`` request rows."""
     return {"source": PROCESS, "t0_ns": t0, "last": last, "max_last": MAX_TRACE_STEPS,
-            "bound": f"the last {last} step records per rank (each rank keeps at most {MAX_TRACE_STEPS})",
-            "steps": steps, "layout": LAYOUT_NOTE}
+            "bound": f"the last {last} step records per rank (each rank keeps at most {MAX_TRACE_STEPS}), "
+                     f"newest first up to {MAX_TRACE_ROWS} request rows",
+            "steps": steps, "steps_left_out": left_out, "layout": LAYOUT_NOTE}
 
 
 def request_trace(req: Mapping[str, Any]) -> dict[str, Any]:

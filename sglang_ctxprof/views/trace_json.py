@@ -68,8 +68,9 @@ class TraceWriter:
         self._memo: dict[tuple[int, str], Entry] = {}
         self.written = 0  # step rows laid out (not found in the memo), for tests and benches
 
-    def render(self, ranks: Sequence[tuple[Any, Sequence[str]]], last: int) -> str:
-        """``ranks``: (rank dict or label, that rank's step rows as JSON texts) per track."""
+    def render(self, ranks: Sequence[tuple[Any, Sequence[str]]], last: int, left_out: int = 0) -> str:
+        """``ranks``: (rank dict or label, that rank's step rows as JSON texts) per track; ``left_out``:
+        the older steps the ranks left out (``names.MAX_TRACE_ROWS``)."""
         memo, fresh = self._memo, {}
         tracks: list[tuple[str, list[Entry]]] = []
         for i, (rank, rows) in enumerate(ranks):
@@ -94,4 +95,4 @@ class TraceWriter:
                 parts += [en[k + 1] + repr((en[k] - t0) / 1e3) + en[k + 2] for k in range(1, len(en), 3)]
         steps = sum(len(ents) for _, ents in tracks)
         return ('{"traceEvents":[' + ",".join(parts) + '],"displayTimeUnit":"ms","otherData":'
-                + _dumps(other_data(t0, last, steps)) + "}")
+                + _dumps(other_data(t0, last, steps, left_out)) + "}")

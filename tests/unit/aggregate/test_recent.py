@@ -33,6 +33,12 @@ def test_fewer_steps_than_the_record_window():
     assert ring.records() == [_rec(1)] and list(ring)[0].record == _rec(1)
 
 
+def _rows(ring, *a):
+    rows, left = ring.json_rows(*a)
+    assert left == 0
+    return rows
+
+
 def test_json_rows_write_each_record_once_and_equal_the_records(monkeypatch):
     import json
 
@@ -42,9 +48,25 @@ def test_json_rows_write_each_record_once_and_equal_the_records(monkeypatch):
     monkeypatch.setattr(StepRecord, "to_dict", lambda self: calls.append(self.step_id) or real(self))
     for i in range(6):
         ring.add(_rec(i))
-    assert list(map(json.loads, ring.json_rows())) == [real(r) for r in ring.records()]
+    assert list(map(json.loads, _rows(ring))) == [real(r) for r in ring.records()]
     assert calls == [2, 3, 4, 5]
     ring.add(_rec(6))
-    assert [d["step_id"] for d in map(json.loads, ring.json_rows(4))] == [3, 4, 5, 6]
+    assert [d["step_id"] for d in map(json.loads, _rows(ring, 4))] == [3, 4, 5, 6]
     assert calls == [2, 3, 4, 5, 6]  # a later read writes only the new step
-    assert ring.json_rows(0) == [] and list(map(json.loads, ring.json_rows(2))) == [real(r) for r in ring.records(2)]
+    assert _rows(ring, 0) == [] and list(map(json.loads, _rows(ring, 2))) == [real(r) for r in ring.records(2)]
+
+
+def test_a_read_writes_the_newest_steps_up_to_a_bound_on_their_request_rows():
+    """A large batch's rows cost the scheduler thread ~1 us each: a read stops at ``max_rows`` request
+    rows, newest steps first, and says how many older steps it left out; one step always comes."""
+    import json
+    from dataclasses import replace
+
+    ring = RecentSteps(depth=10, with_records=8)
+    for i in range(8):
+        ring.add(replace(_rec(i), rids=tuple(f"r{k}" for k in range(3)), ctx_lens=(5,) * 3))
+    rows, left = ring.json_rows(8, max_rows=7)
+    assert [json.loads(r)["step_id"] for r in rows] == [6, 7] and left == 6
+    rows, left = ring.json_rows(5, max_rows=1)
+    assert [json.loads(r)["step_id"] for r in rows] == [7] and left == 4
+    assert ring.json_rows(8, max_rows=24)[1] == 0

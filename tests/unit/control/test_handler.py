@@ -100,7 +100,8 @@ def test_toggle_and_recent(session):
     assert ask(session, names.CMD_ENABLE)["status"]["enabled"] is True and p.active
     p.recorder.submit(_rec(1))
     p.recorder.submit(_rec(2))
-    assert [r["step_id"] for r in map(json.loads, ask(session, names.CMD_RECENT, last=1)["steps_rows"])] == [2]
+    got = ask(session, names.CMD_RECENT, last=1)
+    assert [r["step_id"] for r in map(json.loads, got["steps_rows"])] == [2] and got["steps_left_out"] == 0
 
 
 def test_slowest_requests_ship_no_step_rows_unless_asked(session):

@@ -30,7 +30,7 @@ def _rows(n, start=0, t=1_000_000_007, rank=RankId()):
     for i in range(start, start + n):
         agg.observe(trace_rec(i, t + i * 3_333_333, [0.5 + i % 3, 1.25, 2.0, 0.3, 0.7, 0.11], rank=rank,
                               kind="prefill" if i % 5 == 0 else "decode"))
-    return agg.recent_steps_json(n)
+    return agg.recent_steps_json(n)[0]
 
 
 times = st.lists(st.floats(0.001, 40.0, allow_nan=False), min_size=len(LEAVES), max_size=len(LEAVES))
