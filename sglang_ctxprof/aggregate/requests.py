@@ -243,6 +243,9 @@ class RequestLog:
             if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
                 r["partial"] = True  # it had output (a re-prefill's chunk, or a mixed decode row):
                 # its first prefill and steps went unseen
+            elif retracted and rec.ctx_lens[i] == prompt and (r["steps"] or r["step_rows"]):
+                r["partial"] = True  # prefilled again without the output it decoded: SGLang dropped it
+                # (input_embeds), so the tokens held are not its completion_tokens any more
             if r["prompt_tokens"] is None and (prompt is not None or not com):
                 r["prompt_tokens"] = rec.ctx_lens[i] if prompt is None else prompt
         if rec.trace_parents:

@@ -317,3 +317,21 @@ def test_a_request_aborted_between_chunks_while_off_is_not_merged_with_the_next_
     log.observe(replace(_prefill(5, 1), ctx_lens=(7000,), prompt_lens=(7000,)))
     r = log.get("r0")
     assert (r["use"], r["prompt_tokens"], r["partial"]) == (1, 7000, False)
+
+
+def test_a_retraction_that_drops_the_output_leaves_the_request_partial():
+    """SGLang drops an ``input_embeds`` request's output at a retraction: its re-prefill has no output
+    (the prompt alone), and its completion_tokens count from there.  The tokens the history holds are
+    not SGLang's count any more: the request is partial (checked against no books)."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    log.observe(_step(1, 1))
+    log.observe(replace(_prefill(2, 1), ctx_lens=(100,), prompt_lens=(100,), retractions=(1,)))
+    r = log.get("r0")
+    assert r["retractions"] == 1 and r["use"] == 0 and r["partial"]
+    assert log.tally("r0") is None
+    kept = RequestLog()  # output kept (prompt + output prefilled again): whole
+    kept.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    kept.observe(_step(1, 1))
+    kept.observe(replace(_prefill(2, 1), ctx_lens=(102,), prompt_lens=(100,), committed=(1,), retractions=(1,)))
+    assert not kept.get("r0")["partial"] and kept.tally("r0") is not None
