@@ -30,6 +30,7 @@ from ..model.names import FORWARD_SPLIT, TIMING_CPU_MODES, TIMING_CUDA_GRAPH, TI
 _D, _V, _DE = Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value
 _VA, _VM, _VR = Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value
 _DEC = Phase.DECODE.value
+_TOP = frozenset((_D, _V, _DE, _DEC))  # the phases that tile a step (the blocks nest inside them)
 
 if TYPE_CHECKING:
     from .clocks import Clock, Token
@@ -128,10 +129,21 @@ def resolve(b: StepBuilder, clock: Clock, full_phases: bool) -> Optional[tuple[f
         phases[Phase.OVERHEAD.value] = rest
     else:
         phases[Phase.UNATTRIBUTED.value] = rest
-    # A clock that is not perfectly nested (rounding) must still give leaves that sum to the span.
-    if named > step_ms:
-        step_ms = named
+    if named > step_ms and not _timed_twice(b, clock):
+        step_ms = named  # marks not nested in the span, or phases overlapping on two streams: the leaves
+    # still tile the step; a phase timed twice (a hook firing inside itself) keeps the span, for leaf_sum
     return step_ms, phases
+
+
+def _timed_twice(b: StepBuilder, clock: Clock) -> bool:
+    """Whether two marks of one top-level phase overlap by more than 1 us (the rare path: the named
+    phases overran the span; a phase's own calls run one after another on one stream)."""
+    top = [(p, x, y) for p, x, y in b.marks if p in _TOP]
+    for i, (p, x, y) in enumerate(top):
+        for q, u, v in top[i + 1:]:
+            if q == p and min(clock.elapsed_ms(u, y) or 0.0, clock.elapsed_ms(x, v) or 0.0) > 1e-3:
+                return True
+    return False
 
 
 def timing_label(b: StepBuilder, clock_mode: str) -> str:

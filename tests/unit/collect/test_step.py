@@ -124,6 +124,19 @@ def test_named_phases_longer_than_the_span_stretch_the_step():
     assert step_ms == 10.0 and ph["overhead"] == 0.0 and leaves(ph) == step_ms
 
 
+def test_a_phase_timed_twice_inside_the_span_is_not_hidden():
+    """Marks inside the span whose phases add up to more than it (a hook that fires twice, two phases
+    overlapping): the step stays as measured, so the leaves exceed it and the audit's leaf_sum says so."""
+    b = StepBuilder("decode", 0)
+    b.span = (0, 10 * MS)
+    b.marks = [("draft", 1 * MS, 5 * MS), ("draft", 1 * MS, 5 * MS), ("verify", 5 * MS, 9 * MS)]
+    step_ms, ph = resolve(b, Clock(), True)
+    assert step_ms == 10.0 and ph["draft"] == 8.0 and leaves(ph) == 12.0
+    b.marks = [("draft", 0, 5 * MS), ("verify", 5 * MS, 10 * MS + 500)]  # rounding: nanoseconds past it
+    step_ms, ph = resolve(b, Clock(), True)
+    assert leaves(ph) == step_ms
+
+
 def test_timing_label_says_what_ran():
     b = StepBuilder("decode", 0)
     assert timing_label(b, TIMING_CPU) == TIMING_CPU
