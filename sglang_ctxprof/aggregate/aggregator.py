@@ -200,7 +200,7 @@ class Aggregator:
         yield from self.requests.stages(rec)
         if self.audit is not None:
             yield
-            self.audit.observe(rec, self.requests)
+            yield from self.audit.stages(rec, self.requests)
 
     def interrupt(self) -> None:
         """Steps went unrecorded (profiling stopped, or a step was lost): the running requests miss

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import compress
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..model.names import AUDIT_INVARIANTS, KIND_DECODE, Phase
 from ..model.records import StepRecord, leaf_phases
@@ -69,11 +69,17 @@ class Audit:
                             "t_ns": rec.t_start_ns})
 
     def observe(self, rec: StepRecord, requests: Optional[RequestLog] = None) -> None:
+        for _ in self.stages(rec, requests):
+            pass
+
+    def stages(self, rec: StepRecord, requests: Optional[RequestLog] = None) -> Iterator[None]:
+        """``observe`` in pieces: the step's checks, then one piece per request that finished at it
+        (its books sum its kept rows: thousands for a long request), a hand-over before each."""
         if rec.kind == KIND_DECODE and rec.rids:
             self.checked["steps"] += 1
             self._step(rec)
         if rec.books and requests is not None:
-            self._finished(rec, requests)
+            yield from self._finished(rec, requests)
 
     def _step(self, rec: StepRecord) -> None:
         ph = rec.phases_ms
@@ -110,10 +116,11 @@ class Audit:
             missing, extra = sorted(set(want) - fired), sorted(fired - set(want))
             self._bad("hook_once", rec, "", f"hooks missing {missing}, unexpected {extra}")
 
-    def _finished(self, rec: StepRecord, requests: RequestLog) -> None:
+    def _finished(self, rec: StepRecord, requests: RequestLog) -> Iterator[None]:
         for rid, (vct, out, correct) in compress(zip(rec.rids, rec.books), rec.finished):
             if out < 0:
                 continue  # no books read for it
+            yield
             books = requests.tally(rid)
             if books is None:
                 continue  # not held whole (evicted, or back without its prefill): nothing to check against

@@ -209,3 +209,23 @@ def test_adaptive_speculation_that_skips_the_draft_at_zero_steps_is_no_missing_h
     assert agg.audit.status()["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0)
     agg.observe(_decode("a", 9, phases_ms={**PH, "verify_moe": 0.0, "verify_rest": 1.5}))
     assert agg.audit.status()["violations"]["hook_once"] == 1
+
+
+def test_each_finished_request_is_checked_in_a_piece_of_its_own():
+    """A request's books sum its kept rows (thousands for a long one): a batch that finishes together
+    is checked one request a piece, the drain handing over between two, not in one long piece."""
+    rids = tuple(f"r{k}" for k in range(4))
+
+    def pieces(books) -> tuple[int, Aggregator]:
+        agg = Aggregator()
+        for rid in rids:
+            agg.observe(_prefill(rid, 0))
+        last = _decode("x", 1, rids=rids, ctx_lens=(101,) * 4, accepted=(3,) * 4, committed=(3,) * 4,
+                       finished=(True,) * 4, books=books)
+        return sum(1 for _ in agg.stages(last)), agg
+
+    unchecked, _ = pieces(())
+    checked, agg = pieces(((1, 4, 2),) * 4)
+    assert checked == unchecked + 4
+    st = agg.audit.status()
+    assert st["checked"]["requests"] == 4 and st["violations"] == dict.fromkeys(AUDIT_INVARIANTS, 0), st["latest"]
