@@ -82,7 +82,7 @@ class ServerClient:
             raise ClientError(f"cannot reach {self.url} ({method} {path}): {_reason(exc)}") from None
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's recursion
             raise ClientError(f"{self.url}{path} did not answer JSON: is this an SGLang server?") from None
 
     # ------------------------------------------------------------------------------ SGLang API

@@ -69,6 +69,15 @@ def missing_package_line(exc: ModuleNotFoundError) -> str:
     return f"the Python package {top!r} is not installed ({name}): {hint}"
 
 
+# What reading a reply or a file of an unexpected shape raises (a field missing, of another type, a
+# number out of range, nested past the parser): said in one line, as bad input is.
+REPLY_SHAPE = (LookupError, TypeError, AttributeError, ValueError, ArithmeticError, RecursionError)
+
+
+def unexpected(exc: BaseException) -> str:
+    return f"a reply of an unexpected shape ({type(exc).__name__}: {printable(str(exc))[:120]})"
+
+
 class CliError(Exception):
     """An expected failure: printed as one line, exit code 2 (or .code)."""
 
@@ -83,7 +92,7 @@ def read_json_object(path: Any, key: str, what: str, role: str = "") -> dict:
     name = f"{role} {path}" if role else str(path)
     try:
         obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CliError(f"cannot read {name}: {exc}") from None
     if not isinstance(obj, dict) or key not in obj:
         raise CliError(f"{name} is not {what} (no {key!r})")
@@ -197,6 +206,9 @@ def _run(argv: list[str] | None) -> int:
         print(f"sglang-ctxprof {ns.command}: error: {exc}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
         return getattr(exc, "code", 2)
+    except (RecursionError, ArithmeticError) as exc:  # a reply or file nested too deep, a number out of range
+        print(f"sglang-ctxprof {ns.command}: error: {unexpected(exc)}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"sglang-ctxprof {ns.command}: error: {os_error_line(exc)}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import sweep_results as res
-from .main import CliError, os_error_line, unescaped
+from .main import REPLY_SHAPE, CliError, os_error_line, unescaped, unexpected
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
@@ -231,6 +231,8 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
                     r = sustained(client, ctx, args.sustained, args.window, plan, has_profile)
             except ClientError as exc:
                 raise ClientError(_failure(exc, kind, ctx, rep, ran, out, server)) from None
+            except REPLY_SHAPE as exc:  # a reply whose fields are not what SGLang sends
+                raise ClientError(_failure(unexpected(exc), kind, ctx, rep, ran, out, server)) from None
             if path is not None:
                 try:
                     res.write_json(path, r)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import sweep_results as res
-from .main import CliError
+from .main import REPLY_SHAPE, CliError, unexpected
 
 if TYPE_CHECKING:
     from .sweep import SweepArgs
@@ -148,8 +148,9 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
                         clients[arm].generate(warm[ctx], 1)
                         warmed.add((arm, ctx))
                     r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
-                except ClientError as exc:
-                    raise ClientError(f"{exc} during {arm} ctx {ctx} repeat {rep + 1}; finished results are "
+                except (ClientError, *REPLY_SHAPE) as exc:
+                    why = exc if isinstance(exc, ClientError) else unexpected(exc)
+                    raise ClientError(f"{why} during {arm} ctx {ctx} repeat {rep + 1}; finished results are "
                                       f"kept in {args.out}; rerun with --resume to continue") from None
                 res.write_json(path, r)
             done += 1

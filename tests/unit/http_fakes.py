@@ -71,6 +71,7 @@ class FakeSGLang(JsonHandler):
     stall_short_s = 0.0  # real seconds a request for under 10 new tokens waits first (a busy machine)
     calls = 0
     model_path = "fake/model"
+    bad_meta_after = None  # generate calls before the fake answers meta_info of the wrong shape
 
     def do_GET(self):
         if self.path == "/model_info":
@@ -110,6 +111,8 @@ class FakeSGLang(JsonHandler):
                 self.wfile.write(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\n\ndata: [DONE]\n\n")
                 return
             spend(prefill_s + n * per_token_s)
+            if cls.bad_meta_after is not None and cls.calls > cls.bad_meta_after:
+                return self._json(200, {"text": "x", "meta_info": []})
             return self._json(200, {"text": "x", "meta_info": meta})
         return self._json(404, {"detail": "Not Found"})
 

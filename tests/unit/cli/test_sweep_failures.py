@@ -271,3 +271,20 @@ def test_a_model_path_with_brackets_is_text(fake, tmp_path, capsys):
     text = capsys.readouterr()
     assert "evil[/bold] [bold red]model[/]" in text.err and "Traceback" not in text.err, text.err
     assert "ob[/x]" in text.out
+
+
+def test_a_reply_of_the_wrong_shape_mid_sweep_is_one_line_and_keeps_the_finished_points(fake, tmp_path, capsys):
+    url = fake(bad_meta_after=4)  # the first point finishes, then meta_info comes as a list
+    out = tmp_path / "run"
+    assert main(["sweep", "--url", url, "--ctx", "32", "64", "--out", str(out)] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "unexpected" in line and "--resume" in line and "kept" in line, line
+    assert sorted(p.name for p in out.glob("point-*.json")) == ["point-c000032-r00.json"]
+
+
+def test_a_reply_nested_past_the_parser_is_one_line(fake, tmp_path, capsys, monkeypatch):
+    from sglang_ctxprof.cli import client
+
+    monkeypatch.setattr(client.json, "loads", lambda raw: (_ for _ in ()).throw(RecursionError("deep")))
+    assert main(["sweep", "--url", fake(), "--ctx", "32"] + SMALL) == 2
+    assert "JSON" in _err_line(capsys)
