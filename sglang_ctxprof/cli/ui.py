@@ -62,6 +62,9 @@ def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTT
             if not self._local():
                 self.send_error(403, "foreign Host or Origin: this forwarder serves only its own page")
                 return
+            if not (self.path.isascii() and self.path.isprintable()):
+                self.send_error(400, "the path must be printable ASCII (percent-encode the rest)")
+                return
             if self.command == "GET" and _route_ok(self.path, READ_ROUTES, PREFIX_ROUTES):
                 auth = self.headers.get("Authorization") or f"Bearer {api_key}"
             elif self.command == "POST" and _route_ok(self.path, WRITE_ROUTES) and self.headers.get("Authorization"):
@@ -85,6 +88,9 @@ def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTT
                 status, ctype, data = exc.code, exc.headers.get("Content-Type", ""), exc.read()
             except OSError as exc:
                 self.send_error(502, f"cannot reach {target}: {exc}")
+                return
+            except ValueError as exc:  # a URL urllib will not send (http.client.InvalidURL)
+                self.send_error(400, f"cannot forward this path: {type(exc).__name__}")
                 return
             self.send_response(status)
             self.send_header("Content-Type", ctype or "application/octet-stream")

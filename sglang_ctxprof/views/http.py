@@ -271,7 +271,7 @@ async def get_requests(rc: ReadContext, request: Request):
     try:
         n = int(raw)
     except ValueError:
-        return _error(400, f"slowest must be an integer, got {raw!r}")
+        return _error(400, f"slowest must be an integer, got {raw[:40]!r}")
     if not 1 <= n <= MAX_SLOWEST:
         return _error(400, f"slowest must be between 1 and {MAX_SLOWEST}, got {n}")
     ask = {"slowest": n, **({"steps": True} if qp.get("steps") == "1" else {})}

@@ -125,7 +125,7 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
     not one either) or that the client stopped sending.  A body over ``INLINE_BODY`` bytes is parsed
     on the build thread (``off_loop``), not on the event loop SGLang's tokenizer manager runs on."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         return None, error(413, f"body is {declared} bytes; this route takes at most {limit}")
     chunks, n = [], 0
     try:

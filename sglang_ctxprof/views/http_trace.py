@@ -49,7 +49,7 @@ async def get_trace_json(rc: ReadContext, request: Request):
     try:
         n = int(raw)
     except ValueError:
-        return _error(400, f"last must be an integer, got {raw!r}")
+        return _error(400, f"last must be an integer, got {raw[:40]!r}")
     if not 1 <= n <= names.MAX_TRACE_STEPS:
         return _error(400, f"last must be between 1 and {names.MAX_TRACE_STEPS} (each rank keeps the "
                            f"last {names.MAX_TRACE_STEPS} steps), got {n}")

@@ -127,3 +127,16 @@ def test_a_request_target_that_is_not_a_path_and_a_bad_length_are_refused(fw):
     for length in ("abc", "-1", "1e3"):
         assert _raw_cl(port, "POST", "/ctx_profile/reset", length) == 400, length
     assert Upstream.seen == []
+
+
+def test_a_path_no_url_carries_is_a_400(fw):
+    """A path with a control or non-ASCII character cannot be forwarded as it is: a 400, never a
+    dropped connection and a traceback."""
+    import socket
+
+    _, port = fw
+    for path in (b"/ctx_profile/requests/a\x01b", "/ctx_profile/requests/\u00e9".encode()):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port)
+            assert s.recv(64).startswith(b"HTTP/1.0 400"), path
+    assert Upstream.seen == []

@@ -199,3 +199,24 @@ def test_the_hosts_a_write_may_name_are_this_machines_and_the_allowed_ones(monke
     monkeypatch.setattr(http_guard, "_HOSTS", None)
     monkeypatch.setenv("SGLANG_CTXPROF_ALLOWED_HOSTS", " Gpu-Box.example , other ")
     assert http_guard.own_hosts() >= {"localhost", socket.gethostname().lower(), "gpu-box.example", "other"}
+
+
+@pytest.mark.parametrize("declared, status", [("\u00b2", None), ("9" * 5000, 413), ("12", None)])
+def test_an_odd_declared_length_never_raises(declared, status):
+    """Content-Length is the client's: a digit no int() reads, or thousands of digits, is no failure
+    of ours (the body is read and checked as it streams)."""
+    import asyncio
+
+    async def run():
+        sent = iter([{"type": "http.request", "body": b'{"x": 1}', "more_body": False}])
+
+        async def receive():
+            return next(sent)
+
+        scope = {"type": "http", "method": "POST", "path": "/b", "headers": [
+            (b"content-length", declared.encode("utf-8"))], "query_string": b""}
+        return await http_guard.json_body(Request(scope, receive), 8192, "a small JSON body")
+
+    got, bad = asyncio.run(run())
+    assert (bad.status_code if bad is not None else None) == status
+    assert status is not None or got == {"x": 1}
