@@ -203,14 +203,14 @@ def _run(argv: list[str] | None) -> int:
         print(f"sglang-ctxprof {ns.command}: error: {missing_package_line(exc)}", file=sys.stderr)
         return 2
     except (CliError, ValueError) as exc:
-        print(f"sglang-ctxprof {ns.command}: error: {exc}", file=sys.stderr)
+        print(f"sglang-ctxprof {ns.command}: error: {printable(exc)}", file=sys.stderr)  # a server's words, too
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
         return getattr(exc, "code", 2)
     except (RecursionError, ArithmeticError) as exc:  # a reply or file nested too deep, a number out of range
         print(f"sglang-ctxprof {ns.command}: error: {unexpected(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"sglang-ctxprof {ns.command}: error: {os_error_line(exc)}", file=sys.stderr)
+        print(f"sglang-ctxprof {ns.command}: error: {printable(os_error_line(exc))}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

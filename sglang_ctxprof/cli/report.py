@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import sweep_results as res
+from .main import printable
 
 
 def add_cli_args(ap) -> None:
@@ -38,7 +39,7 @@ def run(ns) -> int:
         return 0
     console = res.screen_console()
     console.print(f"run {_shown(ns.dir)}", highlight=False, markup=False, soft_wrap=True)  # a path may be any length
-    console.print(f"model {meta.get('model_path', '?')}, {len(points)} two-point result(s), "
+    console.print(f"model {printable(meta.get('model_path', '?'))}, {len(points)} two-point result(s), "
                   f"{len(sust)} sustained", highlight=False, markup=False)
     res.render_table(rows, meta, console)
     out = Path(ns.plots_dir or ns.dir)

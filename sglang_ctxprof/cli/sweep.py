@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from . import sweep_results as res
-from .main import REPLY_SHAPE, CliError, os_error_line, unescaped, unexpected
+from .main import REPLY_SHAPE, CliError, os_error_line, printable, unescaped, unexpected
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
 from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
@@ -200,7 +200,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
             "fixed_acceptance": args.fixed_acceptance,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out = _prepare_out(args, meta)
-    err.print(f"model {info.get('model_path')}; prompts: {args.prompt} (exact length, two different prompts "
+    err.print(f"model {printable(info.get('model_path'))}; prompts: {args.prompt} (exact length, two different prompts "
               f"per point so the prefix cache cannot skip prefill)", highlight=False, markup=False)
     if not has_profile:
         err.print(f"[yellow]{NO_PROFILE_NOTE}; measuring throughput only[/yellow]")

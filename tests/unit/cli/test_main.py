@@ -95,7 +95,7 @@ def test_no_command_prints_usage_and_fails():
 
 
 # ------------------------------------------------------------------ other people's strings, escaped
-HOSTILE = "\x1b]0;owned\x07\x1b[2J\rrid\u202e"
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\rrid\u202e\x1b[8mhidden\x1b[0m"  # a title, a clear, bidi, concealed text
 
 
 class _Hostile(JsonHandler):
