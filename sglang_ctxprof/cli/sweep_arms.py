@@ -254,7 +254,7 @@ def _long_point(pt: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The long request's own decode steps in the shape of ``aggregate.ledger``: its accepted tokens
     per step (bonus included) and mean step time, with the point's typical host gap between steps."""
     r = (pt.get("server_requests") or {}).get("long") or {}
-    if not r.get("steps") or not r.get("decode_ms"):
+    if not r.get("steps") or not r.get("decode_ms") or r.get("accepted") is None:
         return None
     ph = {"step": r["decode_ms"] / r["steps"]}
     if pt["breakdown"].get("host_gap_ms") is not None:

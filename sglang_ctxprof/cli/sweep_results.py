@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -127,6 +128,8 @@ def _num(obj: dict, key: str, where: str = "", integer: bool = False, required: 
     if not isinstance(v, int if integer else (int, float)) or isinstance(v, bool):
         what = "missing" if v is None else f"{json.dumps(v)[:40]}, not {'an integer' if integer else 'a number'}"
         raise _Bad(f"{where}{key} is {what}")
+    if type(v) is float and not math.isfinite(v):  # a sweep writes none (hand-edited: Infinity, NaN)
+        raise _Bad(f"{where}{key} is {v}, not a finite number")
 
 
 def _obj(obj: dict, key: str, where: str = "", kind: type = dict, required: bool = False) -> Any:
@@ -145,7 +148,7 @@ def _check_breakdown(obj: dict, phases_required: bool) -> None:
         return
     phases = _obj(b, "phases_ms", "breakdown.", required=phases_required)
     for ph in phases:
-        _num(phases, ph, "breakdown.phases_ms.")
+        _num(phases, ph, "breakdown.phases_ms.", required=True)
     for key in ("accepted_per_step", "server_tok_s", "host_gap_ms"):
         _num(b, key, "breakdown.")
     _check_meta(b, "breakdown.")

@@ -154,3 +154,24 @@ def test_a_miscounted_bonus_token_breaks_the_pair_agreement(tmp_path):
 def test_a_step_time_missing_a_phase_breaks_the_pair_agreement(tmp_path):
     table = _pair_run(tmp_path, step_missed_ms=9.0)  # the step's clock misses draft_extend's 9 ms of 60
     assert all(t["pair_error"] > 0.10 for t in table.values()), table
+
+
+@pytest.mark.parametrize("edit", [
+    lambda p: p.update(server_requests={"long": {"steps": 10, "decode_ms": 50.0, "accepted": None}}),
+    lambda p: p["breakdown"]["phases_ms"].update(draft=None),
+    lambda p: p.update(server_wall_tok_s=float("inf")),
+    lambda p: p["breakdown"].update(accepted_per_step=float("nan")),
+])
+def test_a_hand_edited_arms_point_is_one_line(tmp_path, capsys, edit):
+    """A point file edited by hand (a null where a number was, a non-finite number) is refused in one
+    line naming the file, or read without it: never a traceback."""
+    test_arms_report_from_saved_directories(tmp_path)
+    capsys.readouterr()
+    f = tmp_path / "spec" / "point-c004000-r00.json"
+    p = json.loads(f.read_text())
+    edit(p)
+    f.write_text(json.dumps(p))
+    rc = main(["report", str(tmp_path), "--no-plots"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert rc == 0 or (rc == 2 and "point-c004000-r00.json" in err), err
