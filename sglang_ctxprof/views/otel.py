@@ -18,9 +18,8 @@ Time layout, honestly: a step span starts at the record's ``t_start_ns`` (wall c
 CPU when ``run_batch`` began) and lasts ``step_ms``.  Phases are *measured durations* (CPU monotonic
 intervals, or CUDA-event intervals on GPU), not timestamps; they are laid back to back inside the
 step by ``model.layout`` (the trace export's layout), although real attention and MoE calls
-interleave layer by layer.  On GPU this anchors the
-event-relative durations on the step's CPU wall-clock start, the same way for every step.  Each span
-carries ``ctxprof.phase_layout = "sequential"`` to say so.
+interleave layer by layer (on GPU anchored on the step's CPU wall-clock start).  Each span carries
+``ctxprof.phase_layout = "sequential"`` to say so.  The rid goes out as UTF-8 carries it.
 
 A request whose spans could never fit the span queue, however empty (over ~1,000 decode steps at
 the default queue of 8,192: 8 spans a step), goes out whole without phase spans: one span a step,
@@ -30,14 +29,10 @@ each leaf phase's ms an attribute of it (``ctxprof.phase_ms.<phase>``: they sum 
 
 A request SGLang aborted while it waited is exported the same way, its root span named by
 ``ctxprof.aborted`` (``names.ABORT_KINDS``); one aborted before its first step is a root span alone,
-at the time of the abort.
-
-The request span names the deep captures that covered its steps (``sglang.ctxprof.capture.*``: id,
+at the time of the abort.  The request span names the deep captures that covered its steps (``sglang.ctxprof.capture.*``: id,
 trigger, where to fetch it, the trace file, the steps covered; see ``views.capture_refs``), when
-the request summary lists them (``captures``).
-
-The request span's parent is the record's W3C ``traceparent`` when SGLang passed one (see
-``adapter.req_trace_parent``), else it starts a new trace.
+the request summary lists them (``captures``).  Its parent is the record's W3C ``traceparent`` when
+SGLang passed one (see ``adapter.req_trace_parent``), else it starts a new trace.
 
 :func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
 environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
@@ -73,6 +68,10 @@ _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
                      "opentelemetry.exporter.otlp.common.http",
                      "opentelemetry.exporter.otlp.proto.grpc.exporter")
 
+
+
+def _utf8(s: str) -> str:  # a lone surrogate (a client's rid may hold one) written as an escape
+    return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 class _OurExportThread(logging.Filter):
     def __init__(self) -> None:
@@ -300,7 +299,7 @@ class OtelView:
             t_end = max(t_end, step_end_ns(r["t_start_ns"], r["step_ms"]))
         t_end = max(t_end, t0)
         attrs: dict[str, Any] = {
-            names.ATTR_RID: str(req["rid"]),
+            names.ATTR_RID: _utf8(str(req["rid"])),
             names.ATTR_STEPS: int(req.get("steps") or 0),
             names.ATTR_ACCEPTED: int(req.get("accepted") or 0),
             names.ATTR_COMMITTED: int(req.get("committed") or 0),

@@ -270,3 +270,22 @@ def test_the_root_counts_every_step_without_a_span_as_the_trace_export_does():
     steps = [s for s in exp.get_finished_spans() if s.name == names.SPAN_STEP]
     assert root.attributes[names.ATTR_STEPS_TRUNCATED] == 4 - len(steps)
     assert request_trace(req)["otherData"]["step_rows_not_kept"] == 4 - len(steps)
+
+
+def test_a_rid_no_utf8_carries_is_exported_escaped():
+    """SGLang (pickle IPC) takes a rid with a lone surrogate (a JSON ``\\ud800`` escape): the OTLP
+    encoder would drop the attribute with a traceback in the server's log for each span; it goes out
+    with the surrogate written as an escape instead."""
+    from dataclasses import replace
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    view, exp = _view()
+    log = RequestLog()
+    for rec in (_rec(0, "prefill", 100), _rec(1, "decode", 101, fin=True, t=T0 + 30 * 10**6)):
+        log.observe(replace(rec, rids=("ab\ud800c",)))
+    view.export_request(log.get("ab\ud800c"))
+    spans = exp.get_finished_spans()
+    root = next(s for s in spans if s.name == names.SPAN_REQUEST)
+    assert root.attributes[names.ATTR_RID] == "ab\\ud800c"
+    encode_spans(spans).SerializeToString()  # every attribute encodes
