@@ -16,10 +16,13 @@ acceptance (~3.7 of 4); ``--draft eagle3`` runs the Kimi-K2-style EAGLE-3 path (
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
+from .plots import PLOT_FILES
 from .server import cpu_args
+from .sweep_point import SCHEMA
 from .sweep import SweepArgs, run_args
 from .tiny_model import TinyModelArgs, build
 
@@ -60,7 +63,7 @@ def run(ns) -> int:
     alg = "EAGLE3" if ns.draft == "eagle3" else "EAGLE"
     print(f"tiny DeepSeek-V3 (MLA+MoE) + {alg} draft on CPU; sweep at ctx {' '.join(map(str, ns.ctx))}",
           flush=True)
-    if any(os.path.isfile(os.path.join(ns.out, f)) for f in ("meta.json", "arms.json", "spec/meta.json")):
+    if _previous_demo(Path(ns.out)):
         clear_previous(Path(ns.out))  # a previous demo sweep (one arm or both): start afresh
     args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
@@ -71,17 +74,30 @@ def run(ns) -> int:
 
 # What a demo writes into --out (and each arm's folder): a re-run removes these and nothing else.
 DEMO_FILES = ("meta.json", "arms.json", "summary.json", "summary.csv", "table.txt", "spec-server.log",
-              "plain-server.log")
-DEMO_GLOBS = ("point-c*.json", "sustained-c*.json", "*.png", "*.tmp")
+              "plain-server.log", *PLOT_FILES)
+DEMO_GLOBS = ("point-c*.json", "sustained-c*.json")
+
+
+def _previous_demo(out: Path) -> bool:
+    """Whether ``out`` holds a previous demo's sweep (one arm or both), by its sweep meta.json."""
+    for meta in (out / "meta.json", out / "spec" / "meta.json"):
+        try:
+            if json.loads(meta.read_text()).get("schema") == SCHEMA:
+                return True
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+    return False
 
 
 def clear_previous(out: Path) -> None:
-    """Remove a previous demo's results from ``out``: its files, and each arm's folder once emptied of
-    them; whatever else the folder holds (``--out`` may name a project's own folder) stays."""
+    """Remove a previous demo's results from ``out``: its files (and their temporary files), and each
+    arm's folder once emptied of them; whatever else the folder holds (``--out`` may name a project's
+    own folder) stays."""
     for d in (out, out / "spec", out / "plain"):
         if not d.is_dir():
             continue
-        for f in [d / n for n in DEMO_FILES] + [f for g in DEMO_GLOBS for f in d.glob(g)]:
+        ours = [d / n for n in DEMO_FILES] + [f for g in DEMO_GLOBS for f in d.glob(g)]
+        for f in ours + [f.with_name(f.name + ".tmp") for f in ours]:
             if f.is_file() or f.is_symlink():
                 f.unlink()
         if d != out and not any(d.iterdir()):

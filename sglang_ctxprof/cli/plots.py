@@ -15,6 +15,8 @@ from pathlib import Path
 from ..model.records import leaf_columns
 from .sweep_results import SHORT
 
+PLOT_FILES = ("decode_tok_s.png", "phase_ms.png", "accept.png", "overview.png")  # what write_plots may write
+
 COLORS = {"draft": "#4C72B0", "verify": "#D4A373", "verify_attn": "#DD8452", "verify_moe": "#55A868",
           "verify_rest": "#C44E52", "draft_extend": "#8172B3", "overhead": "#937860", "unattributed": "#BBBBBB",
           "decode": "#64B5CD", "decode_attn": "#E5AE38", "decode_moe": "#6D904F", "decode_rest": "#8B8B8B"}
@@ -112,17 +114,17 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
     fig, ax = plt.subplots(figsize=(7, 4.2))
     _tok_s(ax, rows)
     ax.set_title("decode throughput vs context" + suffix)
-    save(fig, "decode_tok_s.png")
+    save(fig, PLOT_FILES[0])
     if present:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         _phases(ax, rows)
         ax.set_title("where a decode step's time goes" + suffix)
-        save(fig, "phase_ms.png")
+        save(fig, PLOT_FILES[1])
     if any(r["accept_per_step"] for r in rows):
         fig, ax = plt.subplots(figsize=(7, 4.2))
         _accept(ax, rows)
         ax.set_title("speculative acceptance vs context" + suffix)
-        save(fig, "accept.png")
+        save(fig, PLOT_FILES[2])
     if present:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
         _tok_s(a1, rows)
@@ -131,5 +133,5 @@ def write_plots(rows: list[dict], out_dir: str | os.PathLike, title: str = "") -
         a2.set_title("ms per decode step, by phase (server)")
         if title:
             fig.suptitle(title, fontsize=10)
-        save(fig, "overview.png")
+        save(fig, PLOT_FILES[3])
     return paths

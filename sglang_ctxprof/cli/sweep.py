@@ -27,7 +27,7 @@ from . import sweep_results as res
 from .main import REPLY_SHAPE, CliError, os_error_line, printable, unescaped, unexpected
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
-from .sweep_point import NO_PROFILE_NOTE, sustained, two_point
+from .sweep_point import NO_PROFILE_NOTE, SCHEMA, sustained, two_point
 
 @dataclass
 class SweepArgs:
@@ -192,7 +192,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
     plan.plan(ctxs, args.repeat, ("short", "long"))
     if args.sustained:
         plan.plan(ctxs, 1, ("sustained",))
-    meta = {"schema": "ctxprof-sweep/1", "url": client.url, "model_path": info.get("model_path"),
+    meta = {"schema": SCHEMA, "url": client.url, "model_path": info.get("model_path"),
             "server_args": list(args.server_args) or None, "ctx": ctxs, "repeat": args.repeat,
             "short": args.short, "long": args.long, "prompt_mode": args.prompt, "seed": args.seed,
             "cache_policy": CACHE_POLICY, "sustained": args.sustained, "window": args.window,

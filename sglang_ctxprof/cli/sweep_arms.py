@@ -111,7 +111,7 @@ def run_arms(args: "SweepArgs", after: Optional[Callable[..., None]] = None) -> 
 def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
     from .client import ClientError
     from .prompts import PromptPlan, tokenize_corpus
-    from .sweep_point import two_point
+    from .sweep_point import SCHEMA, two_point
 
     stream, max_len = tokenize_corpus(clients["spec"])
     ctxs = sorted(set(args.ctx))
@@ -121,7 +121,7 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
     plan = PromptPlan(stream, args.prompt, args.seed)
     plan.plan(ctxs, args.repeat, ("short", "long"))
     has_profile = {arm: c.profile() is not None for arm, c in clients.items()}
-    base = {"schema": "ctxprof-sweep/1", "ctx": ctxs, "repeat": args.repeat, "short": args.short,
+    base = {"schema": SCHEMA, "ctx": ctxs, "repeat": args.repeat, "short": args.short,
             "long": args.long, "prompt_mode": args.prompt, "seed": args.seed, "sustained": 0,
             "window": args.window, "arms": list(ARMS)}
     dirs = {}

@@ -46,11 +46,14 @@ def test_spec_alone_keeps_the_sustained_run_and_the_plots(tmp_path, asked):
     assert asked["after"] is demo._server_profile
 
 
-@pytest.mark.parametrize("left", ["meta.json", "arms.json", "spec/meta.json"])
+SWEEP_META = json.dumps({"schema": "ctxprof-sweep/1"})
+
+
+@pytest.mark.parametrize("left", ["meta.json", "spec/meta.json"])
 def test_a_rerun_replaces_the_previous_demo_folder(tmp_path, asked, left):
     old = tmp_path / "sweep" / left
     old.parent.mkdir(parents=True)
-    old.write_text(json.dumps({}))
+    old.write_text(SWEEP_META)
     (tmp_path / "sweep" / "point-c000064-r00.json").write_text("{}")
     assert demo.run(_ns(tmp_path)) == 0
     assert not (tmp_path / "sweep" / left).exists()
@@ -62,11 +65,11 @@ def test_a_rerun_removes_only_what_a_demo_writes(tmp_path, asked):
     in a project): they stay."""
     out = tmp_path / "sweep"
     for name in ("meta.json", "summary.csv", "summary.json", "table.txt", "decode_tok_s.png", "arms.json",
-                 "point-c000064-r00.json", "sustained-c000064.json", "spec/meta.json",
+                 "point-c000064-r00.json", "sustained-c000064.json", "spec/meta.json", "summary.csv.tmp",
                  "spec/point-c000064-r01.json", "plain/summary.json", "plain/table.txt", "spec-server.log"):
         (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text("{}")
-    keep = ("src/code.py", "notes.txt", "spec/mine.txt")
+        (out / name).write_text(SWEEP_META)
+    keep = ("src/code.py", "notes.txt", "spec/mine.txt", "logo.png", "build.tmp")
     for name in keep:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("mine")
@@ -106,3 +109,13 @@ def test_the_servers_own_view_interleaves_the_two_servers_per_context():
     assert gens == [("spec", 64), ("plain", 64), ("plain", 64), ("spec", 64),
                     ("spec", 1024), ("plain", 1024), ("plain", 1024), ("spec", 1024)]
     assert log[-2:] == [("profile", "spec"), ("profile", "plain")]
+
+
+def test_a_folder_whose_meta_json_is_not_a_sweeps_is_left_alone(tmp_path, asked):
+    """``--out .`` in a project of its own with a meta.json of its own: nothing of it is removed."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    for name in ("meta.json", "summary.json", "logo.png", "table.txt"):
+        (out / name).write_text(json.dumps({"name": "my project"}))
+    assert demo.run(_ns(tmp_path)) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["logo.png", "meta.json", "summary.json", "table.txt"]
