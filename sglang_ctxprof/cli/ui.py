@@ -74,7 +74,7 @@ def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTT
                                 "only the page's reads (GET) and a write with its own key are forwarded")
                 return
             length = self.headers.get("Content-Length") or "0"
-            if not (length.isascii() and length.isdigit()) or int(length) > MAX_FORWARDED_BODY:
+            if not (length.isascii() and length.isdigit()) or len(length) > 18 or int(length) > MAX_FORWARDED_BODY:
                 self.send_error(400, f"Content-Length must be a number of bytes up to {MAX_FORWARDED_BODY}")
                 return
             n = int(length)

@@ -126,7 +126,7 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
     on the build thread (``off_loop``), not on the event loop SGLang's tokenizer manager runs on."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-        return None, error(413, f"body is {declared} bytes; this route takes at most {limit}")
+        return None, error(413, f"body is {declared[:20]} bytes; this route takes at most {limit}")
     chunks, n = [], 0
     try:
         async for chunk in request.stream():
@@ -146,11 +146,12 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
 
 
 def _parse(raw: bytes) -> Any:
-    """Strict JSON whose strings are all text: a ``\\ud800`` escape (a lone surrogate) parses to a
-    string no UTF-8 carries, which fails where a reply naming it is encoded (SGLang's msgpack IPC, in
-    the scheduler); UnicodeEncodeError is a ValueError."""
-    obj = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
-    if b"\\u" in raw:
+    """Strict JSON in strict UTF-8 whose strings are all text: a lone surrogate (encoded in the bytes,
+    or a ``\\ud800`` escape) is a string no UTF-8 carries, which fails where a reply naming it is
+    encoded (SGLang's msgpack IPC, in the scheduler).  UnicodeError is a ValueError."""
+    text = raw.decode("utf-8")  # json.loads on bytes would take UTF-16 and encoded surrogates
+    obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    if "\\u" in text:
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
     return obj
 

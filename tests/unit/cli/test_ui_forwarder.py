@@ -124,7 +124,7 @@ def test_a_request_target_that_is_not_a_path_and_a_bad_length_are_refused(fw):
     base, port = fw
     for target in ("a.evil.example://x/ctx_profile", "http://evil.example/ctx_profile", "ctx_profile"):
         assert raw(port, "GET", target, {"Host": f"127.0.0.1:{port}"}) in (400, 403), target
-    for length in ("abc", "-1", "1e3"):
+    for length in ("abc", "-1", "1e3", "9" * 5000):
         assert _raw_cl(port, "POST", "/ctx_profile/reset", length) == 400, length
     assert Upstream.seen == []
 

@@ -72,6 +72,8 @@ def test_writes_only_from_the_servers_own_origin(client, origin, expect):
     (b'{"x": "' + b"a" * 9000 + b'"}', 413),
     (b'{"\\ud800": 1}', 400),  # a lone surrogate: no UTF-8 carries it (SGLang's msgpack IPC fails on it)
     (b'{"x": ["\\udfff"]}', 400),
+    (b'{"\xed\xa0\x80": 1}', 400),  # the same surrogate encoded in the bytes
+    ('{"\ud800": 1}'.encode("utf-16-le", "surrogatepass"), 400),  # UTF-16, which json.loads on bytes takes
 ])
 def test_a_bad_body_is_a_4xx_and_strikes_nothing(client, data, status):
     """A body is the client's: however it is wrong, a 4xx, and the guard counts no failure of ours."""
@@ -214,7 +216,7 @@ def test_an_odd_declared_length_never_raises(declared, status):
             return next(sent)
 
         scope = {"type": "http", "method": "POST", "path": "/b", "headers": [
-            (b"content-length", declared.encode("utf-8"))], "query_string": b""}
+            (b"content-length", declared.encode("latin-1"))], "query_string": b""}
         return await http_guard.json_body(Request(scope, receive), 8192, "a small JSON body")
 
     got, bad = asyncio.run(run())
