@@ -203,7 +203,8 @@ def _run(argv: list[str] | None) -> int:
         print(f"sglang-ctxprof {ns.command}: error: {missing_package_line(exc)}", file=sys.stderr)
         return 2
     except (CliError, ValueError) as exc:
-        print(f"sglang-ctxprof {ns.command}: error: {printable(exc)}", file=sys.stderr)  # a server's words, too
+        why = printable(exc, keep="\n")  # a server's words too: every control sequence but a newline escaped
+        print(f"sglang-ctxprof {ns.command}: error: {why}", file=sys.stderr)
         print(f"  see: sglang-ctxprof {ns.command} --help", file=sys.stderr)
         return getattr(exc, "code", 2)
     except (RecursionError, ArithmeticError) as exc:  # a reply or file nested too deep, a number out of range

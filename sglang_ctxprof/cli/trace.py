@@ -9,7 +9,8 @@ the raw answer.  An answer of another shape (not this version's) is one line.  N
 needed.
 
 ``--perfetto out.json`` instead writes Chrome trace events (``GET /ctx_profile/trace.json``): the last
-``--last N`` steps of every rank (default 256, at most 2048: what each rank keeps), or with a RID that
+``--last N`` steps of every rank (default 256, at most 2048: what each rank keeps; at a large batch its
+newest up to ``names.MAX_TRACE_ROWS`` request rows, the rest counted), or with a RID that
 request's prefill and steps, for ui.perfetto.dev or chrome://tracing.  The file is written whole or
 not at all (a failed write leaves what was there).
 """
@@ -78,8 +79,12 @@ def perfetto(ns) -> int:
     except ODD as exc:
         raise _odd(ns, exc) from None
     write_atomic(ns.perfetto, json.dumps(body))
+    left = (body.get("otherData") or {}).get("steps_left_out") if isinstance(body, dict) else None
     print(f"wrote {len(ev)} trace events ({steps} steps and prefill batches) to {ns.perfetto}; "
           "open it in https://ui.perfetto.dev or chrome://tracing")
+    if isinstance(left, int) and left > 0:
+        print(f"{left} older step(s) left out: a read sends each rank's newest steps up to "
+              f"{names.MAX_TRACE_ROWS} request rows")
     return 0
 
 

@@ -12,7 +12,8 @@ own code disables the ``control`` component.
 Commands: ``snapshot`` (state + status; with ``known``, the versions of states the reader holds,
 one of which is answered ``unchanged`` without its state), ``reset`` (with ``clock``: and switch the CPU clock), ``enable``,
 ``disable``, ``status``, ``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid``
-with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``), ``trace_policy``,
+with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``, the newest up to
+``names.MAX_TRACE_ROWS`` request rows, ``steps_left_out`` the rest), ``trace_policy``,
 ``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
 ``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
 A rank whose ``control`` component failed answers every command with an error, except what every

@@ -69,3 +69,14 @@ def test_a_threshold_is_a_number_not_a_boolean_and_minus_zero_is_zero():
         with pytest.raises(ValueError, match="not a number"):
             p.updated({"slow_tok_s": bad})
     assert str(p.updated({"slow_step_ms": -0.0}).slow_step_ms) == "0.0"
+
+
+def test_an_unknown_field_is_named_in_ascii():
+    """The error names the client's field as ``ascii()`` writes it: a reply no encoder refuses (a lone
+    surrogate, a control character), a few of them, each cut short."""
+    from sglang_ctxprof.views.policy import TracePolicy
+
+    with pytest.raises(ValueError) as e:
+        TracePolicy().updated({"\ud800": 1, "a\x1bb" + "x" * 100: 2})
+    msg = str(e.value)
+    assert msg.isascii() and msg.isprintable() and "'\\ud800'" in msg and len(msg) < 150, msg

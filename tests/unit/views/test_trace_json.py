@@ -93,3 +93,12 @@ def test_the_memo_of_2048_steps_leaves_nothing_for_the_collector_to_walk():
     gc.collect()
     assert len(w._memo) == 2048
     assert sum(_tracked(key) + _tracked(entry) for key, entry in w._memo.items()) == 0
+
+
+def test_the_steps_a_rank_left_out_are_counted_in_other_data():
+    from sglang_ctxprof.views.http_trace import trace_reply
+
+    rows = _rows(4)
+    body = json.loads(trace_reply([{"status": {"rank": {"tp": 0}}, "steps_rows": rows, "steps_left_out": 7},
+                                   {"status": {"rank": {"tp": 1}}, "steps_rows": rows, "steps_left_out": 2}], 16).body)
+    assert body["otherData"]["steps_left_out"] == 9 and body["otherData"]["steps"] == 8
