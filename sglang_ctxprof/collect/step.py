@@ -136,8 +136,8 @@ def resolve(b: StepBuilder, clock: Clock, full_phases: bool) -> Optional[tuple[f
 
 
 def _timed_twice(b: StepBuilder, clock: Clock) -> bool:
-    """Whether two marks of one top-level phase overlap by more than 1 us (the rare path: the named
-    phases overran the span; a phase's own calls run one after another on one stream)."""
+    """Whether two marks of one top-level phase overlap, each starting over 1 us before the other ends
+    (the rare path: the named phases overran the span; a phase's own calls run one after another)."""
     top = [(p, x, y) for p, x, y in b.marks if p in _TOP]
     for i, (p, x, y) in enumerate(top):
         for q, u, v in top[i + 1:]:

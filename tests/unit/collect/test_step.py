@@ -125,8 +125,9 @@ def test_named_phases_longer_than_the_span_stretch_the_step():
 
 
 def test_a_phase_timed_twice_inside_the_span_is_not_hidden():
-    """Marks inside the span whose phases add up to more than it (a hook that fires twice, two phases
-    overlapping): the step stays as measured, so the leaves exceed it and the audit's leaf_sum says so."""
+    """Marks inside the span whose phases add up to more than it because two marks of one phase overlap
+    (a hook firing inside itself): the step stays as measured, so the leaves exceed it and the audit's
+    leaf_sum says so."""
     b = StepBuilder("decode", 0)
     b.span = (0, 10 * MS)
     b.marks = [("draft", 1 * MS, 5 * MS), ("draft", 1 * MS, 5 * MS), ("verify", 5 * MS, 9 * MS)]
