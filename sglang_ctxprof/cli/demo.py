@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from typing import Iterable
 import os
 from pathlib import Path
 
@@ -63,8 +64,7 @@ def run(ns) -> int:
     alg = "EAGLE3" if ns.draft == "eagle3" else "EAGLE"
     print(f"tiny DeepSeek-V3 (MLA+MoE) + {alg} draft on CPU; sweep at ctx {' '.join(map(str, ns.ctx))}",
           flush=True)
-    if _previous_demo(Path(ns.out)):
-        clear_previous(Path(ns.out))  # a previous demo sweep (one arm or both): start afresh
+    clear_previous(Path(ns.out), Path(ns.models))  # a previous demo sweep (one arm or both): start afresh
     args = SweepArgs(
         launch=True, server_args=cpu_args(paths["target"], algorithm=alg, draft=paths["draft"]),
         ctx=list(ns.ctx), repeat=ns.repeat, long=ns.long, sustained=0 if arms else ns.sustained, window=64,
@@ -72,36 +72,42 @@ def run(ns) -> int:
     return run_args(args, after=_servers_ledger if arms else _server_profile)
 
 
-# What a demo writes into --out (and each arm's folder): a re-run removes these and nothing else.
-DEMO_FILES = ("meta.json", "arms.json", "summary.json", "summary.csv", "table.txt", "spec-server.log",
-              "plain-server.log", *PLOT_FILES)
-DEMO_GLOBS = ("point-c*.json", "sustained-c*.json")
+# What a demo writes into a sweep folder (--out, or each arm's), and beside the arms' folders: a re-run
+# removes these, in a folder whose meta.json says a demo wrote it, and nothing else.
+SWEEP_FILES = ("meta.json", "summary.json", "summary.csv", "table.txt", *PLOT_FILES)
+SWEEP_GLOBS = ("point-c*.json", "sustained-c*.json", "point-c*.json.tmp", "sustained-c*.json.tmp")
+ARMS_FILES = ("arms.json", "spec-server.log", "plain-server.log")
 
 
-def _previous_demo(out: Path) -> bool:
-    """Whether ``out`` holds a previous demo's sweep (one arm or both), by its sweep meta.json."""
-    for meta in (out / "meta.json", out / "spec" / "meta.json"):
-        try:
-            if json.loads(meta.read_text()).get("schema") == SCHEMA:
-                return True
-        except (OSError, ValueError, AttributeError, RecursionError):
-            continue
-    return False
+def _demo_sweep(d: Path, models: Path) -> bool:
+    """Whether ``d`` is a sweep folder a demo wrote: its meta.json a sweep's, of a model under ``models``
+    (the tiny models' cache); a sweep of the user's own is left for ``--resume`` or another --out."""
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        model = Path(str(meta["model_path"])).resolve()
+    except (OSError, ValueError, TypeError, LookupError, RecursionError):
+        return False
+    return meta.get("schema") == SCHEMA and model.is_relative_to(models.resolve())
 
 
-def clear_previous(out: Path) -> None:
-    """Remove a previous demo's results from ``out``: its files (and their temporary files), and each
-    arm's folder once emptied of them; whatever else the folder holds (``--out`` may name a project's
-    own folder) stays."""
+def _remove(d: Path, names: Iterable[str], globs: Iterable[str] = ()) -> None:
+    ours = [d / n for n in names] + [f for g in globs for f in d.glob(g)]
+    for f in ours + [f.with_name(f.name + ".tmp") for f in ours]:
+        if f.is_file() or f.is_symlink():
+            f.unlink()
+
+
+def clear_previous(out: Path, models: Path) -> None:
+    """Remove a previous demo's results from ``out``: each sweep folder's files (a one-arm demo's at the
+    top, an arms demo's in ``spec/`` and ``plain/``, each folder emptied of them removed) and the arms'
+    report and logs; whatever else the folder holds (``--out`` may name a project's own) stays."""
+    if _demo_sweep(out / "spec", models):
+        _remove(out, ARMS_FILES)
     for d in (out, out / "spec", out / "plain"):
-        if not d.is_dir():
-            continue
-        ours = [d / n for n in DEMO_FILES] + [f for g in DEMO_GLOBS for f in d.glob(g)]
-        for f in ours + [f.with_name(f.name + ".tmp") for f in ours]:
-            if f.is_file() or f.is_symlink():
-                f.unlink()
-        if d != out and not any(d.iterdir()):
-            d.rmdir()
+        if d.is_dir() and _demo_sweep(d, models):
+            _remove(d, SWEEP_FILES, SWEEP_GLOBS)
+            if d != out and not any(d.iterdir()):
+                d.rmdir()
 
 
 OWN_VIEW_TOKENS = 64  # new tokens of each request behind the servers' own view

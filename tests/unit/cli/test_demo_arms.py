@@ -46,37 +46,58 @@ def test_spec_alone_keeps_the_sustained_run_and_the_plots(tmp_path, asked):
     assert asked["after"] is demo._server_profile
 
 
-SWEEP_META = json.dumps({"schema": "ctxprof-sweep/1"})
+def _meta(tmp_path, model: str = "models/deepseek-v3-eagle-ha/target") -> str:
+    """A sweep's meta.json, of a model under the demo's --models folder (tmp_path/models) by default."""
+    return json.dumps({"schema": "ctxprof-sweep/1", "model_path": str(tmp_path / model)})
+
+
+def _write(out, names, text) -> None:
+    for name in names:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+
+
+def _files(out) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("left", ["meta.json", "spec/meta.json"])
 def test_a_rerun_replaces_the_previous_demo_folder(tmp_path, asked, left):
-    old = tmp_path / "sweep" / left
-    old.parent.mkdir(parents=True)
-    old.write_text(SWEEP_META)
-    (tmp_path / "sweep" / "point-c000064-r00.json").write_text("{}")
+    out = tmp_path / "sweep"
+    _write(out, [left, left.replace("meta.json", "point-c000064-r00.json")], _meta(tmp_path))
     assert demo.run(_ns(tmp_path)) == 0
-    assert not (tmp_path / "sweep" / left).exists()
-    assert not (tmp_path / "sweep" / "point-c000064-r00.json").exists()
+    assert _files(out) == [] and not (out / "spec").exists()
 
 
 def test_a_rerun_removes_only_what_a_demo_writes(tmp_path, asked):
     """``--out`` may name a folder that holds other things beside a previous demo's results (``--out .``
-    in a project): they stay."""
+    in a project): they stay, the project's own meta.json, summary and plots among them when the demo
+    there was an arms one (its sweeps are in spec/ and plain/)."""
     out = tmp_path / "sweep"
-    for name in ("meta.json", "summary.csv", "summary.json", "table.txt", "decode_tok_s.png", "arms.json",
-                 "point-c000064-r00.json", "sustained-c000064.json", "spec/meta.json", "summary.csv.tmp",
-                 "spec/point-c000064-r01.json", "plain/summary.json", "plain/table.txt", "spec-server.log"):
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text(SWEEP_META)
-    keep = ("src/code.py", "notes.txt", "spec/mine.txt", "logo.png", "build.tmp")
-    for name in keep:
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text("mine")
+    _write(out, ["arms.json", "spec-server.log", "spec/meta.json", "spec/point-c000064-r01.json",
+                 "spec/point-c000064-r00.json.tmp", "plain/meta.json", "plain/summary.json",
+                 "plain/table.txt", "plain/decode_tok_s.png"], _meta(tmp_path))
+    keep = ["src/code.py", "notes.txt", "spec/mine.txt", "logo.png", "build.tmp", "meta.json", "summary.json",
+            "table.txt", "decode_tok_s.png"]
+    _write(out, keep, json.dumps({"name": "my project"}))
     assert demo.run(_ns(tmp_path)) == 0
-    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert left == sorted(keep)
-    assert not (out / "plain").exists()
+    assert _files(out) == sorted(keep) and not (out / "plain").exists()
+    one = tmp_path / "one"  # a one-arm demo's folder: its files at the top, and a killed write's .tmp
+    _write(one, ["meta.json", "summary.csv", "table.txt", "accept.png", "point-c000064-r00.json",
+                 "sustained-c000064.json.tmp"], _meta(tmp_path))
+    _write(one, ["logo.png"], "mine")
+    demo.clear_previous(one, tmp_path / "models")
+    assert _files(one) == ["logo.png"]
+
+
+@pytest.mark.parametrize("meta", [{"name": "my project"}, {"schema": "ctxprof-sweep/1", "model_path": "/srv/m"}])
+def test_a_folder_that_is_not_a_demos_is_left_alone(tmp_path, asked, meta):
+    """A meta.json of a project's own, or a sweep of the user's own model: nothing of it is removed (the
+    sweep then refuses a folder that holds results, unless --resume)."""
+    out = tmp_path / "sweep"
+    _write(out, ["meta.json", "summary.json", "logo.png", "table.txt", "point-c000064-r00.json"], json.dumps(meta))
+    assert demo.run(_ns(tmp_path)) == 0
+    assert _files(out) == ["logo.png", "meta.json", "point-c000064-r00.json", "summary.json", "table.txt"]
 
 
 class _Client:
@@ -109,13 +130,3 @@ def test_the_servers_own_view_interleaves_the_two_servers_per_context():
     assert gens == [("spec", 64), ("plain", 64), ("plain", 64), ("spec", 64),
                     ("spec", 1024), ("plain", 1024), ("plain", 1024), ("spec", 1024)]
     assert log[-2:] == [("profile", "spec"), ("profile", "plain")]
-
-
-def test_a_folder_whose_meta_json_is_not_a_sweeps_is_left_alone(tmp_path, asked):
-    """``--out .`` in a project of its own with a meta.json of its own: nothing of it is removed."""
-    out = tmp_path / "sweep"
-    out.mkdir()
-    for name in ("meta.json", "summary.json", "logo.png", "table.txt"):
-        (out / name).write_text(json.dumps({"name": "my project"}))
-    assert demo.run(_ns(tmp_path)) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["logo.png", "meta.json", "summary.json", "table.txt"]
