@@ -79,10 +79,11 @@ def perfetto(ns) -> int:
     except ODD as exc:
         raise _odd(ns, exc) from None
     write_atomic(ns.perfetto, json.dumps(body))
-    left = (body.get("otherData") or {}).get("steps_left_out") if isinstance(body, dict) else None
+    other = body.get("otherData") if isinstance(body, dict) else None
+    left = other.get("steps_left_out") if isinstance(other, dict) else None
     print(f"wrote {len(ev)} trace events ({steps} steps and prefill batches) to {ns.perfetto}; "
           "open it in https://ui.perfetto.dev or chrome://tracing")
-    if isinstance(left, int) and left > 0:
+    if type(left) is int and left > 0:
         print(f"{left} older step(s) left out: a read sends each rank's newest steps up to "
               f"{names.MAX_TRACE_ROWS} request rows")
     return 0

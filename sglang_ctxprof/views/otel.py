@@ -29,10 +29,10 @@ each leaf phase's ms an attribute of it (``ctxprof.phase_ms.<phase>``: they sum 
 
 A request SGLang aborted while it waited is exported the same way, its root span named by
 ``ctxprof.aborted`` (``names.ABORT_KINDS``); one aborted before its first step is a root span alone,
-at the time of the abort.  The request span names the deep captures that covered its steps (``sglang.ctxprof.capture.*``: id,
-trigger, where to fetch it, the trace file, the steps covered; see ``views.capture_refs``), when
-the request summary lists them (``captures``).  Its parent is the record's W3C ``traceparent`` when
-SGLang passed one (see ``adapter.req_trace_parent``), else it starts a new trace.
+at the time of the abort.  The request span names the deep captures that covered its steps
+(``sglang.ctxprof.capture.*``: id, trigger, where to fetch it, the trace file, the steps covered; see
+``views.capture_refs``), when the request summary lists them (``captures``).  Its parent is the
+record's W3C ``traceparent`` when SGLang passed one (``adapter.req_trace_parent``), else a new trace.
 
 :func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
 environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
@@ -69,9 +69,9 @@ _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
                      "opentelemetry.exporter.otlp.proto.grpc.exporter")
 
 
-
 def _utf8(s: str) -> str:  # a lone surrogate (a client's rid may hold one) written as an escape
     return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 class _OurExportThread(logging.Filter):
     def __init__(self) -> None:

@@ -16,8 +16,10 @@ EVENTS = {"traceEvents": [{"ph": "X", "cat": "decode", "name": "step", "ts": 0, 
 
 
 class _Trace(JsonHandler):
+    other: object = None
+
     def do_GET(self):
-        self._json(200, EVENTS)
+        self._json(200, EVENTS if self.other is None else {**EVENTS, "otherData": self.other})
 
 
 @pytest.fixture()
@@ -76,3 +78,17 @@ def test_an_answer_of_another_shape_is_one_line(body, capsys):
     finally:
         servers.close()
     assert "another shape" in _one_error(capsys)
+
+
+@pytest.mark.parametrize("other, said", [({"steps_left_out": 5}, "5 older step(s) left out"), ("x", None),
+                                         ([1], None), ({"steps_left_out": True}, None)])
+def test_perfetto_says_the_steps_the_ranks_left_out(tmp_path, capsys, other, said):
+    servers = Servers()
+    try:
+        url = servers.start(_Trace, other=other)
+        assert main(["trace", "--url", url, "--perfetto", str(tmp_path / "t.json")]) == 0
+    finally:
+        servers.close()
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and ("left out" in out.out) == (said is not None), out
+    assert said is None or said in out.out
