@@ -2,7 +2,9 @@
 
 Every ``/ctx_profile`` route answers wrong parameters, out-of-range values, unknown formats, wrong
 methods, a huge ``slowest=N`` and malformed rids with a 4xx and a JSON error, and the server keeps
-generating.  Then hypothesis fuzzes methods, paths, query parameters and bodies: never a 5xx.
+generating.  Then hypothesis fuzzes methods, paths, query parameters and bodies: never a 5xx.  The
+server carries its control replies over SGLang's msgpack IPC (``SGLANG_USE_PICKLE_IPC=0``), the
+stricter of its two: a reply that cannot be encoded there (a lone surrogate) would stop the scheduler.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from sglang_ctxprof.model import names, rids
 
 pytestmark = pytest.mark.server
 
-server = make_server_fixture("bad-input", lambda: ctxprof_ref.model_args() + [names.CLI_FLAG])
+server = make_server_fixture("bad-input", lambda: ctxprof_ref.model_args() + [names.CLI_FLAG],
+                             env={"SGLANG_USE_PICKLE_IPC": "0"})
 R = names.ROUTE
 
 
@@ -231,7 +234,8 @@ def test_malformed_bodies_are_4xx_and_switch_nothing_off(server, warm):
              (f"{R}/trace_policy", b'{"slow_tok_s": NaN}', 400), (f"{R}/plain", json.dumps(robust_x).encode(), 400),
              (f"{R}/plain", json.dumps(gap_x).encode(), 400), (f"{R}/plain", json.dumps(nan_ms).encode(), 400),
              (f"{R}/trace_policy", b'{"slow_tok_s": 1e999}', 400),
-             (f"{R}/trace_policy", b'{"mode": "' + b"a" * 10_000 + b'"}', 413)]
+             (f"{R}/trace_policy", b'{"mode": "' + b"a" * 10_000 + b'"}', 413),
+             (f"{R}/trace_policy", b'{"\\ud800": 1}', 400), (f"{R}/trace_policy", b'{"\xed\xa0\x80": 1}', 400)]
     for path, data, want in cases:
         for _ in range(4):
             status, body, ctype = raw("POST", server.url + path, data)
