@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..model.names import ENV_CLI_DEBUG
+
 # name -> (module, help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("sglang_ctxprof.cli.tiny_model", "write a tiny random-weight model (+ draft), no download"),
@@ -209,6 +211,12 @@ def _run(argv: list[str] | None) -> int:
         return getattr(exc, "code", 2)
     except (RecursionError, ArithmeticError) as exc:  # a reply or file nested too deep, a number out of range
         print(f"sglang-ctxprof {ns.command}: error: {unexpected(exc)}", file=sys.stderr)
+        return 2
+    except (LookupError, TypeError, AttributeError) as exc:  # a field of a reply or file not as read
+        if os.environ.get(ENV_CLI_DEBUG):
+            raise
+        print(f"sglang-ctxprof {ns.command}: error: {unexpected(exc)}; {ENV_CLI_DEBUG}=1 shows where",
+              file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"sglang-ctxprof {ns.command}: error: {printable(os_error_line(exc))}", file=sys.stderr)

@@ -122,6 +122,7 @@ ENV_READ_SHARE = "SGLANG_CTXPROF_READ_SHARE"  # the most of the HTTP process rea
 ENV_ALLOWED_HOSTS = "SGLANG_CTXPROF_ALLOWED_HOSTS"  # host names a browser's write may come through
 ENV_CONTROL_TIMEOUT_S = "SGLANG_CTXPROF_CONTROL_TIMEOUT_S"  # how long a route waits for every scheduler
 ENV_FAULT = "SGLANG_CTXPROF_FAULT"  # test-only fault injection: component name to break
+ENV_CLI_DEBUG = "SGLANG_CTXPROF_DEBUG"  # 1: the CLI shows the traceback of a reply or file it cannot read
 ENV_TRACE_SLOW_TOK_S = "SGLANG_CTXPROF_SLOW_TOK_S"
 ENV_TRACE_SLOW_STEP_MS = "SGLANG_CTXPROF_SLOW_STEP_MS"
 # Variables that no longer exist, with what replaced them (a set one is a clear start-up error).

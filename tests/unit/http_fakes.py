@@ -72,6 +72,7 @@ class FakeSGLang(JsonHandler):
     calls = 0
     model_path = "fake/model"
     bad_meta_after = None  # generate calls before the fake answers meta_info of the wrong shape
+    tokens_answer = None  # what /tokenize answers as "tokens" instead (a reply of the wrong shape)
 
     def do_GET(self):
         if self.path == "/model_info":
@@ -82,7 +83,10 @@ class FakeSGLang(JsonHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path == "/tokenize":
             toks = [10 + (ord(c) % 400) for c in body["prompt"]]
-            return self._json(200, {"tokens": toks, "count": len(toks), "max_model_len": self.max_len})
+            if self.tokens_answer is not None:
+                toks = self.tokens_answer
+            count = len(toks) if isinstance(toks, list) else 0
+            return self._json(200, {"tokens": toks, "count": count, "max_model_len": self.max_len})
         if self.path == "/generate":
             cls = type(self)
             cls.calls += 1

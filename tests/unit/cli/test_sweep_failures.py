@@ -288,3 +288,18 @@ def test_a_reply_nested_past_the_parser_is_one_line(fake, tmp_path, capsys, monk
     monkeypatch.setattr(client.json, "loads", lambda raw: (_ for _ in ()).throw(RecursionError("deep")))
     assert main(["sweep", "--url", fake(), "--ctx", "32"] + SMALL) == 2
     assert "JSON" in _err_line(capsys)
+
+
+def test_a_reply_of_the_wrong_shape_before_the_first_point_is_one_line(fake, tmp_path, capsys, monkeypatch):
+    """/tokenize answering a number for its tokens: one line naming the error (the environment switch
+    shows the traceback, for a bug of ours)."""
+    from sglang_ctxprof.model.names import ENV_CLI_DEBUG
+
+    url = fake(tokens_answer=5)
+    argv = ["sweep", "--url", url, "--ctx", "32"] + SMALL
+    assert main(argv) == 2
+    line = _err_line(capsys)
+    assert "TypeError" in line and ENV_CLI_DEBUG in line, line
+    monkeypatch.setenv(ENV_CLI_DEBUG, "1")
+    with pytest.raises(TypeError):
+        main(argv)
