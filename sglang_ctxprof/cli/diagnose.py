@@ -37,22 +37,18 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
 
 
-# what a profile another version wrote, or a hand edited, raises when read: at the file boundary only
-_UNREADABLE = (LookupError, TypeError, AttributeError, ValueError, ArithmeticError)
-
-
 def evidence_of(body: dict, source: str, name: str) -> "Evidence":
     """Evidence of a ``/ctx_profile`` body, read once in every role it may play (source, baseline,
     plain arm, printed): a body the diagnosis cannot read is a :class:`CliError` naming ``name``."""
     from ..views.diagnosis import diagnose, evidence_from_profile
     from ..views.diagnosis_text import render_text
     from ..views.profile import Profile
-    from .main import CliError
+    from .main import REPLY_SHAPE, CliError
 
-    try:
+    try:  # what a profile another version wrote, or a hand edited, raises when read: at the file boundary only
         ev = evidence_from_profile(Profile.from_dict(body), source=source)
         render_text(diagnose(ev, ev, plain=ev))
-    except _UNREADABLE as exc:
+    except REPLY_SHAPE as exc:
         raise CliError(f"{name} cannot be read as a /ctx_profile profile ({type(exc).__name__}: "
                        f"{str(exc)[:120]}): another version's, or edited?") from None
     return ev
