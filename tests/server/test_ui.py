@@ -153,6 +153,48 @@ def test_promtool_checks_the_rules():
     assert "SUCCESS" in p.stdout
 
 
+def _phase_series(instance: str, phases: dict[str, float], steps: int = 10) -> list[dict]:
+    """Input series for ``promtool test rules``: one instance's phase histogram in one context bucket,
+    one decode step a minute, each phase ``phases[ph]`` ms a step."""
+    out = []
+    for ph, ms in phases.items():
+        labels = f'instance="{instance}", model_name="m", phase="{ph}", ctx_bucket="0-1k"'
+        out.append({"series": f"sglang_ctxprof_phase_seconds_sum{{{labels}}}", "values": f"0+{ms / 1000}x{steps}"})
+        out.append({"series": f"sglang_ctxprof_phase_seconds_count{{{labels}}}", "values": f"0+1x{steps}"})
+    return out
+
+
+@pytest.mark.parametrize("phases", [
+    pytest.param({"step": 10.0, "decode": 9.0, "decode_attn": 2.0, "decode_moe": 5.0, "decode_rest": 2.0,
+                  "overhead": 1.0}, id="plain-decode-split"),
+    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "draft_extend": 1.0, "overhead": 1.0},
+                 id="speculative-verify-whole"),
+    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0,
+                  "draft_extend": 1.0, "overhead": 1.0}, id="speculative-verify-split"),
+])
+def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(phases, tmp_path):
+    """The board's stacked panel draws exactly a step's leaf phases (``records.leaf_phases``, as the
+    page does): a plain server's decode split, and a forward timed whole (never split) as itself;
+    evaluated by Prometheus itself (``promtool test rules``) on the series our metrics export."""
+    _need("promtool")
+    import yaml
+
+    from sglang_ctxprof.model.records import leaf_phases
+
+    panel = json.loads((DASH / "ctxprof-grafana.json").read_text())["panels"][0]
+    expr = panel["targets"][0]["expr"]
+    for k, v in GRAFANA_VARS.items():
+        expr = expr.replace(k, v)
+    leaves = leaf_phases(phases)
+    assert sum(phases[p] for p in leaves) == pytest.approx(phases["step"])
+    want = [{"labels": f'{{ctx_bucket="0-1k", phase="{p}"}}', "value": phases[p]} for p in leaves]
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": _phase_series("a", phases),
+        "promql_expr_test": [{"expr": f"round({expr}, 0.001)", "eval_time": "10m", "exp_samples": want}]}]}))
+    p = subprocess.run(["promtool", "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
 def test_every_dashboard_and_rule_expression_answers(server, prometheus, traffic):
     # recording rules are evaluated every second; wait until the last group has produced its series
     t0 = time.time()
