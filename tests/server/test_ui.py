@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -548,6 +549,8 @@ def _contract_server():
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             path = self.path[len(R):]
+            srv.reads[path] += 1
+            time.sleep(srv.delay.get(path, 0.0))
             if path.startswith("/ui"):
                 name = path[len("/ui/"):] or "index.html"
                 body, ctype = ui.read(name), ui.FILES[name]
@@ -564,6 +567,7 @@ def _contract_server():
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     srv.diag, srv.routes = diag, routes
+    srv.reads, srv.delay = Counter(), {}  # reads per route path; seconds a route waits before answering
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, prof
 
@@ -635,6 +639,47 @@ def test_a_request_that_fails_to_load_clears_the_drill_down_and_a_failed_reset_s
         _wait(browser, "return document.getElementById('msg').textContent.startsWith('reset failed')")
         logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and e.get("source") != "network"]
         assert not logs, logs  # no uncaught error in the page
+    finally:
+        srv.shutdown()
+
+
+def test_a_slow_server_gets_one_refresh_at_a_time(browser):
+    """While a read is still waiting, the page's 3 s ticks start no new refresh: a slow server is not
+    sent a pile of reads that the browser holds back and lets go at once when it recovers."""
+    srv, _ = _contract_server()
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}" + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        n = browser.execute_script("return window.ctxprof.state.refreshes")
+        srv.delay[""] = 10.0
+        srv.reads.clear()
+        time.sleep(9.5)  # three of the page's ticks
+        assert srv.reads[""] <= 1, srv.reads
+        srv.delay.clear()
+        _wait(browser, f"return window.ctxprof.state.refreshes > {n}")  # and it goes on when the server answers
+    finally:
+        srv.shutdown()
+
+
+def test_the_drill_down_shows_the_request_clicked_last(browser):
+    """A request clicked while an earlier one's read is still waiting: the late answer of the first
+    does not replace the second under its name."""
+    srv, _ = _contract_server()
+    try:
+        srv.routes["/requests/r1"] = dict(srv.routes["/requests/r0"], rid="r1", prompt_tokens=111)
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}" + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        srv.delay["/requests/r0"] = 3.0
+        browser.find_element("css selector", "#slow tbody tr[data-rid='r0']").click()
+        browser.execute_script("document.querySelector('#slow tbody').insertAdjacentHTML('beforeend', "
+                               "'<tr data-rid=\"r1\"><td>r1</td></tr>');"
+                               "document.querySelector('#slow tbody tr[data-rid=r1]').click();")
+        _wait(browser, "return document.getElementById('detail-rid').textContent === 'r1'")
+        time.sleep(4.0)  # r0's answer has come by now
+        assert browser.execute_script("return [document.getElementById('detail-rid').textContent, "
+                                      "window.ctxprof.state.rid]") == ["r1", "r1"]
+        assert browser.execute_script("return document.getElementById('detail-head').textContent").startswith(
+            "prompt 111 tokens")
     finally:
         srv.shutdown()
 

@@ -4,6 +4,7 @@
 (function () {
   const BASE = location.pathname.replace(/\/ui\/?$/, "");   // "/ctx_profile" (also behind a prefix)
   const REFRESH_MS = 3000;
+  const READ_TIMEOUT_MS = 30000;
   const SLOWEST = 20;
   // The phases that add up to a step, as the server's records.leaf_phases: a target forward (a
   // speculative step's verify, a plain step's decode) counts whole where none of its parts was timed
@@ -26,8 +27,9 @@
   const f = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(d);
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 
-  async function getJSON(path) {
-    const r = await fetch(BASE + path, { headers: { Accept: "application/json" }, cache: "no-store" });
+  async function getJSON(path) {   // a read that has not answered in READ_TIMEOUT_MS fails (a hung server)
+    const r = await fetch(BASE + path, { headers: { Accept: "application/json" }, cache: "no-store",
+      signal: AbortSignal.timeout(READ_TIMEOUT_MS) });
     let body = null;
     try { body = await r.json(); } catch (e) { body = null; }
     return { status: r.status, body };
@@ -281,11 +283,14 @@
   // takes any string: "/", "@", spaces) goes by the route's ?rid= form, which carries any rid.
   const plainRid = (rid) => /^[A-Za-z0-9_.:-]+$/.test(rid) && rid !== "." && !rid.includes("..");
   const requestPath = (rid) => (plainRid(rid) ? "/requests/" : "/requests?rid=") + encodeURIComponent(rid);
+  let opened = 0;   // the latest drill-down asked for (a click, a close, a reset): an older answer is dropped
   async function openRequest(rid) {
+    const mine = ++opened;
     state.rid = rid;
     document.querySelectorAll("#slow tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.rid === rid));
     let r;
     try { r = await getJSON(requestPath(rid)); } catch (e) { r = { status: 0, body: null, error: e.message }; }
+    if (mine !== opened) return;
     const box = $("detail");
     box.hidden = false;
     $("detail-rid").textContent = rid;
@@ -338,7 +343,18 @@
   }
 
   // ---- refresh loop ---------------------------------------------------------------------------------
-  async function refresh() {
+  // One refresh at a time: a tick while one is waiting starts none; an asked-for refresh (a reset, the
+  // tab shown again) runs once more after it, so what it shows is read after the ask.
+  let running = null, again = false;
+  function refresh() {
+    if (running) { again = true; return running; }
+    running = (async () => {
+      try { do { again = false; await refreshOnce(); } while (again); } finally { running = null; }
+    })();
+    return running;
+  }
+
+  async function refreshOnce() {
     try {
       const [p, st, sl, dg] = await Promise.all([getJSON(""), getJSON("/status"), getJSON(`/requests?slowest=${SLOWEST}`), getJSON("/diagnosis")]);
       if (p.status !== 200) throw new Error(`/ctx_profile answered HTTP ${p.status}: ${(p.body && p.body.error) || ""}`);
@@ -368,7 +384,7 @@
     try { r = await fetch(BASE + "/reset", { method: "POST", headers, body: "{}" }); } catch (e) {
       message(`reset failed: ${e.message} (is the server up?)`, true); return;
     }
-    if (r.ok) { message("profile reset", false); state.rid = null; $("detail").hidden = true; refresh(); return; }
+    if (r.ok) { message("profile reset", false); closeRequest(); refresh(); return; }
     let why = ""; try { why = (await r.json()).error || ""; } catch (e) { why = ""; }
     message(`reset refused: HTTP ${r.status} ${why}` + (r.status === 401 || r.status === 403 ? " (wrong or missing admin key)" : ""), true);
   }
@@ -376,9 +392,10 @@
   $("reset").addEventListener("click", reset);
   $("slow").addEventListener("click", (ev) => { const tr = ev.target.closest("tr[data-rid]"); if (tr) openRequest(tr.dataset.rid); });
   $("captures").addEventListener("click", (ev) => { const a = ev.target.closest("a[data-rid]"); if (a) { ev.preventDefault(); openRequest(a.dataset.rid); } });
-  $("detail-close").addEventListener("click", () => { state.rid = null; $("detail").hidden = true; });
+  function closeRequest() { opened += 1; state.rid = null; $("detail").hidden = true; }
+  $("detail-close").addEventListener("click", closeRequest);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   window.addEventListener("resize", () => Object.entries(charts).forEach(([n, u]) => u.setSize({ width: width(u.root.parentNode), height: u.height })));
-  setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
+  setInterval(() => { if (!document.hidden && !running) refresh(); }, REFRESH_MS);
   refresh();
 })();
