@@ -132,7 +132,7 @@ class Capture:
                                reason=reason, requested_ns=int(now * 1e9), trigger_step=trigger_step)
             self.current, self.last_s = info, now
             self.fired[trigger] += 1
-            self.history.append(info)
+            self.files.listed(self.history, info)
             self.armed = True
             return {"accepted": True, "capture": info.to_dict()}
 
@@ -340,15 +340,16 @@ class Capture:
             prof.export_chrome_trace(path)
             info.bytes = os.path.getsize(path)
         except Exception as exc:  # noqa: BLE001
-            info.export_ms = (time.perf_counter() - t0) * 1e3
             self._end(info, names.CAPTURE_FAILED, f"export failed: {type(exc).__name__}: {exc}")
             return
-        info.export_ms = (time.perf_counter() - t0) * 1e3
+        finally:
+            info.export_ms = (time.perf_counter() - t0) * 1e3
         with self._lock:  # the scheduler thread takes it at every step meanwhile: no file work under it
-            files = KeptFiles.kept(self.history)
+            files, older = KeptFiles.kept(self.history), list(self.files.older)
         on_disk = [c for c in files if os.path.exists(c.path or "")]
+        removed = [p for p, _ in older if not os.path.exists(p)]
         with self._lock:
-            gone, failed = self.files.enforce(info, on_disk)
+            gone, failed = self.files.enforce(info, on_disk, removed)
             for c in failed:
                 self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
         for path in gone:

@@ -5,11 +5,14 @@ underscored fields are the state machine's own, never shown).  :class:`KeptFiles
 books (``deleted``, ``bytes_kept``) and decides, after an export, which files go: the new capture
 first when it alone is over the cap (the older ones stay), then the oldest kept until the rest fit.
 It only decides: the caller (``collect.capture``, under its lock) ends the captures it fails and
-removes the files after releasing the lock.  Pure: no SGLang, no torch, no file system.
+removes the files after releasing the lock.  It counts every kept file this server wrote, also
+those of captures the status no longer lists (``older``); files from another run count nothing.
+Pure: no SGLang, no torch, no file system.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -46,6 +49,7 @@ class CaptureInfo:
     _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
     _unstarted: bool = False  # "running" on a rank where it failed to start: it follows the others' steps
     _ticks: int = 0  # steps run while it ran (counted or not): bounded (``capture.most_ticks``)
+    _left: bool = False  # let go of by the history (``KeptFiles.listed``)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed
@@ -53,23 +57,42 @@ class CaptureInfo:
 
 
 class KeptFiles:
-    """The byte cap (``max_mb``) on the kept trace files, and its books."""
+    """The byte cap (``max_mb``) on the kept trace files, and its books.  The status lists only the
+    newest captures; a kept file of one it no longer lists stays in the books (``older``: its path
+    and bytes, oldest first) until the cap removes it, so the cap bounds every file this server wrote."""
 
     def __init__(self, max_mb: float) -> None:
         self.max_mb = max_mb
         self.deleted = 0  # captures whose file the cap removed
         self.bytes_kept = 0  # the kept files' bytes after the last export
+        self.older: deque[tuple[str, int]] = deque()  # kept files of captures the history let go of
+
+    def listed(self, history: deque[CaptureInfo], info: CaptureInfo) -> None:
+        """Append ``info`` to ``history`` (a bounded deque); the capture it lets go of keeps its file
+        in the books (one still exporting joins them when its export ends, ``enforce``)."""
+        if len(history) == history.maxlen:
+            old = history[0]
+            if old.path and old.state == names.CAPTURE_DONE:
+                self.older.append((old.path, old.bytes))
+            old._left = True
+        history.append(info)
+
 
     @staticmethod
     def kept(history: Iterable[CaptureInfo]) -> list[CaptureInfo]:
         """The captures whose file counts against the cap, oldest first."""
         return [c for c in history if c.path and c.state in KEPT]
 
-    def enforce(self, new: CaptureInfo, on_disk: list[CaptureInfo]) -> tuple[list[str], list[CaptureInfo]]:
-        """After ``new`` was written (``on_disk``: kept captures found on disk, oldest first): the files
-        to remove, and the captures still exporting that go with them (the caller fails those); a
-        done capture that goes is marked ``deleted`` here."""
+    def enforce(self, new: CaptureInfo, on_disk: list[CaptureInfo],
+                removed: Iterable[str] = ()) -> tuple[list[str], list[CaptureInfo]]:
+        """After ``new`` was written (``on_disk``: kept captures found on disk, oldest first; ``removed``:
+        files of ``older`` no longer on disk, removed by hand, which count nothing now): the files to
+        remove, and the captures still exporting that go with them (the caller fails those); a done
+        capture that goes is marked ``deleted`` here."""
         cap, gone, failed = int(self.max_mb * 1024 * 1024), [], []
+        if removed:
+            lost = set(removed)
+            self.older = deque(f for f in self.older if f[0] not in lost)
 
         def drop(c: CaptureInfo) -> None:
             self.deleted += 1
@@ -81,8 +104,15 @@ class KeptFiles:
 
         if new.bytes > cap:
             drop(new)
+        elif new._left:  # it left the history while exporting: its file is an older one now
+            self.older.append((new.path or "", new.bytes))
         kept = [c for c in on_disk if c.state in KEPT and all(c is not f for f in failed)]
-        total = sum(c.bytes for c in kept)
+        total = sum(b for _, b in self.older) + sum(c.bytes for c in kept)
+        while self.older and total > cap:  # the files of captures no longer listed are the oldest
+            path, size = self.older.popleft()
+            self.deleted += 1
+            gone.append(path)
+            total -= size
         for c in kept:
             if total <= cap:
                 break

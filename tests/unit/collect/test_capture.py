@@ -15,7 +15,7 @@ import pytest
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect import hooks
-from sglang_ctxprof.collect.capture import MIN_BUCKET_STEPS, Capture, CaptureInfo
+from sglang_ctxprof.collect.capture import HISTORY, MIN_BUCKET_STEPS, Capture, CaptureInfo
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings
 from sglang_ctxprof.model.records import RankId, StepRecord
@@ -90,6 +90,27 @@ def test_the_byte_cap_deletes_the_oldest_first(tmp_path):
     s.step(tiny)
     c = wait_state(tiny, cid)
     assert c.state == names.CAPTURE_FAILED and "byte cap" in c.error and not os.path.exists(c.path)
+
+
+def test_the_byte_cap_counts_the_files_of_captures_the_history_no_longer_lists(tmp_path):
+    """The status lists the newest HISTORY captures; the cap counts every file this server kept, so
+    a server that keeps capturing never holds more than the cap on disk."""
+    s = CaptureScheduler()
+
+    def capture(cap: Capture, i: int) -> CaptureInfo:
+        cid = cap.request(names.TRIGGER_MANUAL, now_s=float(i))["capture"]["id"]
+        s.step(cap)
+        s.step(cap)
+        return wait_state(cap, cid)
+
+    one = capture(Capture(settings(tmp_path / "probe", interval_s=0.0, steps=1)), 0).bytes
+    max_mb = (HISTORY + 4) * one / 2**20  # more than the history's files, less than all of them
+    cap, d = Capture(settings(tmp_path / "caps", interval_s=0.0, max_mb=max_mb, steps=1)), tmp_path / "caps"
+    for i in range(HISTORY + 8):
+        capture(cap, i)
+    on_disk = sum(os.path.getsize(d / f) for f in os.listdir(d))
+    assert on_disk <= max_mb * 2**20 and cap.status()["bytes_kept"] == on_disk
+    assert cap.status()["deleted"] == HISTORY + 8 - len(os.listdir(d)) > 0
 
 
 def test_a_rid_capture_waits_for_its_request_and_stops_when_it_leaves(tmp_path):

@@ -30,3 +30,20 @@ def test_the_oldest_go_until_the_rest_fit_and_a_file_not_on_disk_counts_nothing(
     assert books.bytes_kept == c.bytes + new.bytes and books.deleted == 2
     assert KeptFiles.kept([a, b, c, new]) == [c, new]
     assert KeptFiles(1.0).enforce(info("n", 0.1), []) == ([], [])
+
+
+def test_a_kept_file_the_history_let_go_of_stays_in_the_books_and_goes_first():
+    from collections import deque
+
+    books, history = KeptFiles(1.0), deque(maxlen=2)
+    a, b = info("a", 0.4), info("b", 0.3, names.CAPTURE_EXPORTING)
+    c, d = info("c", 0.3, names.CAPTURE_FAILED), info("d", 0.3, names.CAPTURE_FAILED)
+    for x in (a, b, c, d):
+        books.listed(history, x)
+    assert list(history) == [c, d] and list(books.older) == [("/x/a", a.bytes)]  # b still exports
+    assert books.enforce(b, []) == ([], []) and list(books.older) == [("/x/a", a.bytes), ("/x/b", b.bytes)]
+    new = info("new", 0.5, names.CAPTURE_EXPORTING)
+    books.listed(history, new)
+    assert books.enforce(new, [new]) == (["/x/a"], []) and books.bytes_kept == b.bytes + new.bytes
+    books.enforce(info("n2", 0.1), [new], removed=["/x/b"])  # removed by hand: counts nothing now
+    assert not books.older and books.bytes_kept == new.bytes and books.deleted == 1
