@@ -58,6 +58,7 @@ HISTORY = 32  # captures remembered (status, links)
 MAX_RIDS = 256  # request ids remembered per capture
 RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this many steps fails
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
+BUSY_RETRY_S = 1.0  # the least retry_after_s while a capture is pending, running or exporting
 RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
 MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
@@ -117,14 +118,15 @@ class Capture:
             raise ValueError(f"steps must be between 1 and {self.cfg.max_steps}, got {n}")
         now = time.time() if now_s is None else float(now_s)
         with self._lock:
-            why = ""
-            if self.current is not None or (self.exporting is not None and self.ranks == 1):
-                why = "a capture is already pending, running or exporting"
+            why, busy = "", self.current or (self.exporting if self.ranks == 1 else None)
+            if busy is not None:
+                why = f"one capture at a time: {busy.id} is {busy.state}"
             elif self.last_s is not None and now - self.last_s < self.cfg.interval_s:
                 why = f"cooling off: one capture per {self.cfg.interval_s:g} s"
             if why:
                 self.suppressed[trigger] += 1
-                retry = max(0.0, self.cfg.interval_s - (now - self.last_s)) if self.last_s is not None else 0.0
+                left = self.cfg.interval_s - (now - self.last_s) if self.last_s is not None else 0.0
+                retry = max(left, BUSY_RETRY_S if busy is not None else 0.0)  # when it ends is not known
                 return {"accepted": False, "reason": why, "retry_after_s": round(retry, 3),
                         "suppressed": dict(self.suppressed)}
             self._seq += 1
@@ -173,9 +175,8 @@ class Capture:
         followed unstarted to the barrier; a running one counts the failed step, or stops where the
         others stop, by the count of steps (a failure on a prefill a rid capture passes over, or on a
         step where its request left, still parts them: each needs the batch this rank failed to
-        read).  A running
-        capture stops after :func:`most_ticks` steps whatever happens, on every rank alike:
-        SGLang's profiler is never left recording."""
+        read).  A running capture stops after :func:`most_ticks` steps whatever happens, on every
+        rank alike: SGLang's profiler is never left recording."""
         try:
             info = self.current
             if info is not None and info.state == names.CAPTURE_RUNNING:
@@ -211,8 +212,7 @@ class Capture:
                 self._end(info, names.CAPTURE_FAILED, f"{why}; then {type(again).__name__}: {again}")
 
     def halt(self, scheduler: Any) -> None:
-        """Profiling is being turned off (scheduler thread): stop a running capture now, drop a
-        pending one."""
+        """Profiling is being turned off (scheduler thread): stop a running capture, drop a pending one."""
         info = self.current
         if info is not None and info.state == names.CAPTURE_RUNNING:
             self._stop(scheduler, info)

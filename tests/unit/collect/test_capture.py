@@ -15,7 +15,7 @@ import pytest
 
 from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.collect import hooks
-from sglang_ctxprof.collect.capture import HISTORY, MIN_BUCKET_STEPS, Capture, CaptureInfo
+from sglang_ctxprof.collect.capture import BUSY_RETRY_S, HISTORY, MIN_BUCKET_STEPS, Capture, CaptureInfo
 from sglang_ctxprof.model import names
 from sglang_ctxprof.model.config import CaptureSettings
 from sglang_ctxprof.model.records import RankId, StepRecord
@@ -60,8 +60,9 @@ def test_the_budget_suppresses_and_counts(tmp_path):
         cap.request(names.TRIGGER_MANUAL, steps=0)
     first = cap.request(names.TRIGGER_SLOW_STEP, now_s=1000.0)
     assert first["accepted"]
-    busy = cap.request(names.TRIGGER_MANUAL, now_s=2000.0)
-    assert not busy["accepted"] and "already" in busy["reason"]
+    busy = cap.request(names.TRIGGER_MANUAL, now_s=2000.0)  # past the interval, but one is pending
+    assert not busy["accepted"] and f"{first['capture']['id']} is pending" in busy["reason"]
+    assert busy["retry_after_s"] == BUSY_RETRY_S  # not 0: "now" would be refused again
     for _ in range(5):
         s.step(cap)
     wait_state(cap, first["capture"]["id"])
