@@ -22,6 +22,7 @@ from ..model.rids import short_rid
 from .adapter import batch_kind
 
 Export = Callable[[Any, str], None]  # (stopped torch profiler, path SGLang chose) -> None
+NOTHING_EXPORTED = "SGLang's profiler exported nothing: another caller (POST /stop_profile) stopped it first"
 
 
 class _DeferredExport:
@@ -86,13 +87,15 @@ def start(scheduler: Any, output_dir: str, profile_id: str, gpu: bool) -> Option
     return None
 
 
-def stop(scheduler: Any, export: Export) -> tuple[Optional[str], float]:
-    """Stop SGLang's profiler through its own ``_stop_profile``; the export goes to ``export``.
-    Returns the trace path SGLang chose (None when nothing was exported) and the ms torch's own
-    ``stop()`` took (the rest of the scheduler thread's time is SGLang's stop bookkeeping)."""
+def stop(scheduler: Any, export: Export, profile_id: str) -> tuple[Optional[str], float]:
+    """Stop SGLang's profiler through its own ``_stop_profile``, if it still runs the capture
+    ``profile_id``; the export goes to ``export``.  Returns the trace path SGLang chose (None when
+    nothing was exported: another caller, ``POST /stop_profile``, stopped it first, and what runs
+    now, if anything, is theirs) and the ms torch's own ``stop()`` took (the rest of the scheduler
+    thread's time is SGLang's stop bookkeeping)."""
     pm = manager(scheduler)
     real = getattr(pm, "torch_profiler", None)
-    if real is None:
+    if real is None or getattr(pm, "profile_id", profile_id) != profile_id:
         return None, 0.0
     proxy = _DeferredExport(pm, real, export)
     pm.torch_profiler = proxy

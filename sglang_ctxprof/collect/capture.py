@@ -306,13 +306,13 @@ class Capture:
                 path = adapter_capture.stop_barrier(scheduler)
             else:
                 path, info.profiler_stop_ms = adapter_capture.stop(
-                    scheduler, lambda prof, p: self._export_async(info, prof, p))
+                    scheduler, lambda prof, p: self._export_async(info, prof, p), info.id)
         except Exception as exc:  # noqa: BLE001
             path, info.error = None, f"{type(exc).__name__}: {exc}"
         info.stop_ms = (time.time_ns() - t0) / 1e6
         if path is None:
             self.exporting = None
-            self._end(info, names.CAPTURE_FAILED, info.error or "SGLang's profiler exported nothing")
+            self._end(info, names.CAPTURE_FAILED, info.error or adapter_capture.NOTHING_EXPORTED)
 
     def _rearm(self) -> None:
         """``armed`` from what is pending, running or exporting (caller holds the lock)."""

@@ -185,6 +185,26 @@ def test_sglangs_running_profiler_is_left_alone(tmp_path):
     assert hooks._around is hooks._around_plain
 
 
+def test_a_profile_an_admin_started_after_stopping_a_capture_is_left_alone(tmp_path):
+    """``POST /stop_profile`` mid-capture stops ours (SGLang writes its file); a ``/start_profile``
+    after it is the admin's: the capture, at its last step, neither stops it nor claims its trace."""
+    cap, s = Capture(settings(tmp_path / "caps", interval_s=0.0, steps=8)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_MANUAL, now_s=0.0)["capture"]["id"]
+    s.step(cap)
+    s.step(cap)
+    pm = s.profiler_manager
+    pm._stop_profile()  # the admin's /stop_profile, then their own /start_profile
+    user = SimpleNamespace(output_dir=str(tmp_path / "user"), profile_id="mine", profile_prefix="", activities=["CPU"])
+    assert pm._profile(user).success
+    theirs = pm.torch_profiler
+    for _ in range(8):
+        s.step(cap)
+    c = wait_state(cap, cid)
+    assert pm.profile_in_progress and pm.torch_profiler is theirs and not theirs.stopped
+    assert c.state == names.CAPTURE_FAILED and "another caller" in c.error and c.path is None
+    assert not cap.armed and hooks._around is hooks._around_plain
+
+
 def test_an_idle_server_stops_a_running_capture_at_the_second_control_request(tmp_path):
     cap, s = Capture(settings(tmp_path, steps=8)), CaptureScheduler()
     cid = cap.request(names.TRIGGER_MANUAL)["capture"]["id"]
