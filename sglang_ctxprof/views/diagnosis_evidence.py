@@ -69,6 +69,7 @@ class Evidence:
     outliers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     captures: tuple[Mapping[str, Any], ...] = ()  # recent deep captures (views.capture_refs)
     audit: Mapping[str, int] = field(default_factory=dict)  # the ranks' self-audit: invariant -> violations
+    partial: tuple[str, ...] = ()  # a served profile's ranks that gave nothing, or not all (why, one each)
 
 
 def leaves(phases: Mapping[str, float]) -> dict[str, float]:
@@ -98,7 +99,18 @@ def evidence_from_profile(profile: Profile, source: str = "profile") -> Evidence
                     dict(profile.host), int(profile.dropped or 0), int(profile.totals.requests_evicted),
                     round(max(budgets)) - 1 if budgets else None,
                     tuple((b.label, b.robust) for b in profile.buckets if b.robust and b.robust.get("outliers")),
-                    capture_refs.recent(profile), audit_counts(profile.ranks))
+                    capture_refs.recent(profile), audit_counts(profile.ranks), partial_ranks(profile))
+
+
+def partial_ranks(profile: Profile) -> tuple[str, ...]:
+    """Why the served profile is not every rank's whole record: a rank that did not answer (its
+    error), and the components that failed on the ranks that did (``degraded``; they record no more)."""
+    out = [f"rank {i} did not answer: {r['error']}" for i, r in enumerate(profile.ranks)
+           if isinstance(r, Mapping) and "error" in r]
+    for d in profile.degraded or ():
+        comps = d.get("components") if isinstance(d, Mapping) else None
+        out.append(f"failed on a rank: {', '.join(sorted(comps))}" if isinstance(comps, Mapping) else str(d))
+    return tuple(out)
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:

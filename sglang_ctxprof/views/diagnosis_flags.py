@@ -9,7 +9,9 @@
 * ``lost_records``: step records dropped or requests evicted from the history;
 * ``captures``: the recent deep captures, with where to fetch them (``views.capture_refs``);
 * ``invariant_violations``: the live self-audit found numbers that disagree with the engine's books
-  or with themselves (``views.audit_view``).
+  or with themselves (``views.audit_view``);
+* ``partial``: a rank did not answer, or a component of ours failed on one (the served profile's
+  ``ranks`` and ``degraded``): the verdict reads the rest.
 
 Pure: imports nothing of SGLang, torch or OTel.
 """
@@ -55,5 +57,8 @@ def flags(ev: Evidence, dec: Optional[dict]) -> list[dict[str, str]]:
     if ev.dropped or ev.evicted:
         flags.append({"kind": "lost_records", "message": f"{ev.dropped} step records dropped, "
                                                          f"{ev.evicted} requests evicted from the history"})
+    if ev.partial:
+        flags.append({"kind": "partial", "message": "the verdict reads what the ranks recorded, and not all of "
+                                                    "them did: " + "; ".join(ev.partial)})
     return flags + capture_refs.flag(ev.captures) + audit_flags(ev.audit)
 

@@ -104,6 +104,20 @@ def test_flags_host_bubbles_downgrade_and_lost_records():
     assert any(f["kind"] == "lost_records" for f in diagnose(evidence_from_profile(prof))["flags"])
 
 
+def test_a_rank_that_did_not_answer_or_a_failed_component_makes_the_verdict_say_it_is_partial():
+    """A merged read serves what answered (200): the diagnosis says which ranks are missing or
+    stopped recording, so a verdict from part of the server does not read as the whole."""
+    ok = {"status": {"enabled": True}}
+    prof = run().served(ranks=(ok, {"error": "rank 1: control timed out"}),
+                        degraded=[{"components": {"aggregator": "RuntimeError: x"}}])
+    d = diagnose(evidence_from_profile(prof))
+    [flag] = [f for f in d["flags"] if f["kind"] == "partial"]
+    assert "rank 1 did not answer: rank 1: control timed out" in flag["message"]
+    assert "failed on a rank: aggregator" in flag["message"] and "partial" in render_text(d)
+    assert not [f for f in diagnose(evidence_from_profile(run().served(ranks=(ok, ok))))["flags"]
+                if f["kind"] == "partial"]
+
+
 def test_a_server_idle_between_requests_has_no_host_bubbles():
     """A minute with no request is not scheduler overhead: the typical gap counts, as in the ledger."""
     d = diagnose(evidence_from_profile(run(gap_ms=0.1, idle_ms=60_000.0)))
