@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     from sglang_ctxprof.cli.server import ServerProcess
@@ -25,11 +25,12 @@ START_TIMEOUT_S = 900.0
 
 
 def start_server(log_path: Union[str, Path], env: Optional[Mapping[str, str]] = None, quiet: bool = True,
-                 freeze_gc: bool = True) -> "ServerProcess":
+                 freeze_gc: bool = True, extra_args: Sequence[str] = ()) -> "ServerProcess":
     """Build the tiny model if needed, start the server with ``--enable-ctx-profile`` and wait for it.
     ``env``: extra variables for the server's processes; ``quiet``: no tiny-model build messages
     (``CTXPROF_QUIET``, unless already set); ``freeze_gc``: ``ServerProcess``'s (SGLang's
-    ``freeze_gc`` once the server is up)."""
+    ``freeze_gc`` once the server is up); ``extra_args``: after the others (a repeated flag's last
+    value wins)."""
     from sglang_ctxprof.cli.server import ServerProcess, cpu_args
     from sglang_ctxprof.cli.tiny_model import TinyModelArgs, build
 
@@ -37,7 +38,7 @@ def start_server(log_path: Union[str, Path], env: Optional[Mapping[str, str]] = 
         os.environ.setdefault("CTXPROF_QUIET", "1")
     m = build(TinyModelArgs(arch="deepseek-v3", out=str(MODEL_DIR), draft="eagle", high_acceptance=True))
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    srv = ServerProcess(cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile"],
-                        log_path=str(log_path), timeout=START_TIMEOUT_S, env=env, freeze_gc=freeze_gc)
+    args = cpu_args(m["target"], algorithm="EAGLE", draft=m["draft"]) + ["--enable-ctx-profile", *extra_args]
+    srv = ServerProcess(args, log_path=str(log_path), timeout=START_TIMEOUT_S, env=env, freeze_gc=freeze_gc)
     srv.start()
     return srv

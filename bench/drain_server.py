@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The drain thread's delay of a real server's scheduler loop, at decode batches of 1, 32 and 256.
+
+``bench/drain_gil.py`` models the scheduler loop; this measures SGLang's own.  One real server on
+this CPU (``bench_server``: tiny DeepSeek-V3 + the identity EAGLE head, ``--enable-ctx-profile``)
+with ``bench/drain_server_probe`` path-loaded: in the scheduler process it times every
+``run_batch`` call (wall, the thread's CPU, its run-queue wait) and alternates windows of
+``--window`` seconds with the recorder's drain thread held (**idle**: the records wait in its queue)
+and running (**busy**, counted from when the held window's backlog is drained).
+
+Per batch size, the client sends one ``/generate`` with that many prompts of ``--ctx`` random
+tokens and ``--new`` output tokens each (greedy, ``ignore_eos``: the requests run side by side
+to the end, so the decode batch is that size), again and again for ``--seconds``.  Then the probe
+writes its samples, and per batch size the decode step-to-step times (two decode calls in a row in
+one window, the batch at least 90% of the size) are compared, busy against idle:
+
+* **wall**: the step's p50 and p99 (ms) and the added delay at p99, busy - idle, as % of the idle
+  p50 step (the goal: at most 1%);
+* **GIL %**: the same for the step's wall time less the scheduler thread's CPU and run-queue wait,
+  which is what waiting for the GIL (and for a device, none here) leaves; the machine's other load
+  is mostly taken out;
+* **floor**: the same p99 difference between the idle windows of odd and even rounds: this
+  machine's noise alone (a busy figure within it is not resolved).
+
+And the drain's CPU µs per record in the busy windows at that size (the recorder's ``Cost``, as
+``/ctx_profile/status`` reports it).  Run it alone on the machine, under the server lock.  A benchmark, not a test: it asserts nothing about timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # appended: a PYTHONPATH checkout (another revision) wins
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import start_server  # noqa: E402
+
+PROBE = Path(__file__).resolve().parent / "drain_server_probe"
+IDLE, BUSY = 0, 1
+
+
+def _post(url: str, body: dict, timeout: float = 900) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def probe_env(folder: str) -> dict[str, str]:
+    """The env that path-loads the probe plugin (an entry point written into ``folder``)."""
+    d = os.path.join(folder, "drain_server_probe-0.1.0.dist-info")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: drain-server-probe\nVersion: 0.1.0\n")
+    with open(os.path.join(d, "entry_points.txt"), "w") as f:
+        f.write("[sglang.srt.plugins]\ndrain_server_probe = drain_server_probe:register\n")
+    path = os.pathsep.join(x for x in (str(PROBE), folder, os.environ.get("PYTHONPATH", "")) if x)
+    return {"PYTHONPATH": path, "CTXPROF_DRAIN_PROBE": folder}
+
+
+def load(url: str, batch: int, ctx: int, new: int, seconds: float, seed: int) -> int:
+    """Batches of ``batch`` prompts until ``seconds`` have passed; the number of batches sent."""
+    rng, t_end, n = random.Random(seed), time.monotonic() + seconds, 0
+    while time.monotonic() < t_end:
+        ids = [[rng.randint(10, 3999) for _ in range(ctx)] for _ in range(batch)]
+        _post(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+        n += 1
+    return n
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def steps(samples: list, size: int) -> dict:
+    """Decode step-to-step times at about ``size``, by mode: wall and GIL-wait lists (ms), and
+    the idle ones split by window parity (the floor)."""
+    out: dict = {"wall": {IDLE: [], BUSY: []}, "gil": {IDLE: [], BUSY: []}, "halves": ([], [])}
+    for a, b in zip(samples, samples[1:]):
+        mode, window, decode, n = a[0], a[1], a[2], a[3]
+        if mode not in (IDLE, BUSY) or (b[0], b[1]) != (mode, window) or not (decode and b[2]):
+            continue
+        if not (0.9 * size <= n <= size):
+            continue
+        dwall, dcpu, drunq = b[4] - a[4], b[5] - a[5], b[6] - a[6]
+        out["wall"][mode].append(dwall / 1e6)
+        gil = max(0, dwall - dcpu - drunq) / 1e6
+        out["gil"][mode].append(gil)
+        if mode == IDLE:
+            out["halves"][window % 4 == 1].append(gil)  # idle windows are every other one
+    return out
+
+
+def drain_cost(samples: list, marks: list, size: int) -> float:
+    """The drain's CPU µs per record over the busy windows whose decode steps were mostly at about
+    ``size`` (each counted from its backlog drained to the next window)."""
+    sizes: dict[int, list[int]] = {}
+    for mode, window, decode, n, *_ in samples:
+        if mode == BUSY and decode:
+            sizes.setdefault(window, []).append(n)
+    ns = records = 0
+    for (w, mode, ns0, r0), (_, _, ns1, r1) in zip(marks, marks[1:]):
+        got = sizes.get(w, [])
+        if mode == BUSY and got and pct([0.9 * size <= n <= size for n in got], 0.5):
+            ns, records = ns + ns1 - ns0, records + r1 - r0
+    return ns / 1e3 / records if records else float("nan")
+
+
+def summarize(samples: list, marks: list, size: int) -> dict:
+    s = steps(samples, size)
+    w, g = s["wall"], s["gil"]
+    i50 = pct(w[IDLE], 0.5)
+    row = {"batch": size, "steps_idle": len(w[IDLE]), "steps_busy": len(w[BUSY]),
+           "idle_p50_ms": i50, "idle_p99_ms": pct(w[IDLE], 0.99),
+           "busy_p50_ms": pct(w[BUSY], 0.5), "busy_p99_ms": pct(w[BUSY], 0.99)}
+    row["wall_p99_pct"] = (row["busy_p99_ms"] - row["idle_p99_ms"]) / i50 * 100
+    row["gil_p50_pct"] = (pct(g[BUSY], 0.5) - pct(g[IDLE], 0.5)) / i50 * 100
+    row["gil_p99_pct"] = (pct(g[BUSY], 0.99) - pct(g[IDLE], 0.99)) / i50 * 100
+    h = s["halves"]
+    row["gil_p99_floor_pct"] = abs(pct(h[0], 0.99) - pct(h[1], 0.99)) / i50 * 100 if all(h) else float("nan")
+    row["drain_us_per_record"] = drain_cost(samples, marks, size)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,32,256")
+    ap.add_argument("--seconds", type=float, default=60.0, help="load per batch size")
+    ap.add_argument("--window", type=float, default=3.0)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "drain_server.log"))
+    a = ap.parse_args()
+    sizes = [int(x) for x in a.batches.split(",")]
+    folder = tempfile.mkdtemp(prefix="drain-probe-")
+    env = {**probe_env(folder), "CTXPROF_DRAIN_PROBE_WINDOW_S": str(a.window)}
+    most = max(sizes)
+    tokens = max(16384, 2 * most * (a.ctx + a.new + 64))
+    srv = start_server(a.log, env=env, extra_args=["--max-running-requests", str(most),
+                                                   "--max-total-tokens", str(tokens)])
+    try:
+        sent = {}
+        for i, size in enumerate(sizes):
+            sent[size] = load(srv.url, size, a.ctx, a.new, a.seconds, seed=1000 + i)
+        Path(folder, "dump").touch()
+        t0 = time.monotonic()
+        while not list(Path(folder).glob("samples-*.json")) and time.monotonic() - t0 < 60:
+            time.sleep(0.2)
+    finally:
+        srv.stop()
+    files = sorted(Path(folder).glob("samples-*.json"))
+    if not files:
+        sys.exit(f"drain_server: the probe wrote no samples (is it loaded? see {a.log})")
+    data = json.loads(files[0].read_text())
+    rows = [summarize(data["samples"], data["marks"], size) for size in sizes]
+    print(f"windows of {data['window_s']} s; batches sent per size: {sent}")
+    print(f"{'batch':>5} {'steps i/b':>11} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | "
+          f"{'wall p99 %':>10} | {'GIL % p50':>9} {'p99':>6} {'floor':>6} | {'drain us/rec':>12}")
+    for r in rows:
+        print(f"{r['batch']:5d} {r['steps_idle']:5d}/{r['steps_busy']:<5d} | {r['idle_p50_ms']:8.2f} "
+              f"{r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} {r['busy_p99_ms']:7.2f} | "
+              f"{r['wall_p99_pct']:10.2f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} "
+              f"{r['gil_p99_floor_pct']:6.2f} | {r['drain_us_per_record']:12.0f}")
+    print("goal: p99 delay <= 1% of the step (GIL %: the wait left when the thread's CPU and run-queue wait "
+          "are taken out; floor: idle against idle)")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"rows": rows, "sent": sent, "window_s": data["window_s"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

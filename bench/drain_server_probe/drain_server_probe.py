@@ -1,0 +1,100 @@
+"""Bench-only SGLang plugin: the scheduler loop's step-to-step time with the drain thread busy or held.
+
+Loaded by ``bench/drain_server.py`` (path-loaded through an entry point, as the test plugins are),
+in every SGLang process; it acts only where ``CTXPROF_DRAIN_PROBE`` names an output folder and only
+in a scheduler process.  It wraps ``Scheduler.run_batch`` (before ``--enable-ctx-profile`` wraps it
+in turn) to take, at each call on the scheduler thread, the wall clock, the thread's CPU time
+(``time.thread_time_ns``) and its run-queue wait (``/proc/thread-self/schedstat``), with the batch's
+size, whether it is a decode step, and the window it ran in.
+
+A window thread alternates windows of ``CTXPROF_DRAIN_PROBE_WINDOW_S`` seconds: **idle** (the
+recorder's drain thread held by ``Recorder.stop``; what the scheduler submits waits in its queue)
+and **busy** (the drain thread started again; the window counts only from the moment its backlog
+is drained, records and sinks, so what it measures is the drain keeping pace with the steps).  The stop's own
+synchronous drain and the busy window's catch-up are marked as transitions (mode -1), not counted.
+
+At the start of each window and of its counted part, the window thread also notes the drain's CPU
+time and records so far (the recorder's ``Cost``).  When the file ``<folder>/dump`` appears, it
+leaves the drain running, writes the samples and notes to ``<folder>/samples-<pid>.json`` and
+ends.  A benchmark's probe, not part of the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+ENV = "CTXPROF_DRAIN_PROBE"
+WINDOW_ENV = "CTXPROF_DRAIN_PROBE_WINDOW_S"
+IDLE, BUSY, TRANSITION = 0, 1, -1
+
+
+def _runq_ns() -> int:
+    with open("/proc/thread-self/schedstat") as f:
+        return int(f.read().split()[1])
+
+
+def register() -> None:
+    out = os.environ.get(ENV)
+    if not out:
+        return
+    from sglang.srt.managers.scheduler import Scheduler
+
+    orig = Scheduler.run_batch
+    samples: list[tuple] = []
+    state = {"mode": TRANSITION, "window": 0, "thread": None}
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+
+    def run_batch(self, batch, *args, **kwargs):
+        if state["thread"] is None:
+            state["thread"] = t = threading.Thread(target=_windows, args=(out, samples, state),
+                                                   name="drain-probe", daemon=True)
+            t.start()
+        decode = bool(batch is not None and batch.forward_mode.is_decode())
+        size = batch.batch_size() if batch is not None else 0
+        samples.append((state["mode"], state["window"], decode, size, wall(), cpu(), _runq_ns()))
+        return orig(self, batch, *args, **kwargs)
+
+    Scheduler.run_batch = run_batch
+
+
+def _recorder():
+    from sglang_ctxprof.collect import hooks
+
+    while hooks.SESSION is None:
+        time.sleep(0.1)
+    return hooks.SESSION.profiler.recorder
+
+
+def _windows(out: str, samples: list, state: dict) -> None:
+    rec = _recorder()
+    window_s = float(os.environ.get(WINDOW_ENV, "3"))
+    dump = os.path.join(out, "dump")
+    marks: list[tuple] = []  # (window, mode, drain CPU ns, records drained) as each mode begins
+
+    def mark(mode: int) -> None:
+        state["mode"] = mode
+        marks.append((state["window"], mode, rec.cost.drain_ns, rec.cost.drain_records))
+
+    idle = True
+    while not os.path.exists(dump):
+        mark(TRANSITION)
+        state["window"] += 1
+        t0 = time.monotonic()
+        if idle:
+            rec.stop()
+        else:
+            rec.start()
+            while (rec._q or rec._fan) and time.monotonic() - t0 < window_s:  # the held window's backlog
+                time.sleep(0.005)
+        mark(IDLE if idle else BUSY)
+        time.sleep(window_s)
+        idle = not idle
+    mark(TRANSITION)
+    rec.start()
+    path = os.path.join(out, f"samples-{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"window_s": window_s, "samples": samples, "marks": marks}, f)
+    os.replace(path + ".tmp", path)
