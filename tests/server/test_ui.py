@@ -154,14 +154,18 @@ def test_promtool_checks_the_rules():
     assert "SUCCESS" in p.stdout
 
 
-def _phase_series(instance: str, phases: dict[str, float], steps: int = 10) -> list[dict]:
+def _phase_series(instance: str, phases: dict[str, float], steps: int = 10, stale: tuple = ()) -> list[dict]:
     """Input series for ``promtool test rules``: one instance's phase histogram in one context bucket,
-    one decode step a minute, each phase ``phases[ph]`` ms a step."""
+    one decode step a minute, each phase ``phases[ph]`` ms a step; a ``stale`` phase only in the first
+    3 steps (its series stays, flat: a forward whose split was timed a while, then not)."""
     out = []
     for ph, ms in phases.items():
         labels = f'instance="{instance}", model_name="m", phase="{ph}", ctx_bucket="0-1k"'
-        out.append({"series": f"sglang_ctxprof_phase_seconds_sum{{{labels}}}", "values": f"0+{ms / 1000}x{steps}"})
-        out.append({"series": f"sglang_ctxprof_phase_seconds_count{{{labels}}}", "values": f"0+1x{steps}"})
+        grow, flat = (3, steps - 3) if ph in stale else (steps, 0)
+        rest = (lambda v: f" {v}x{flat}") if flat else (lambda v: "")
+        out.append({"series": f"sglang_ctxprof_phase_seconds_sum{{{labels}}}",
+                    "values": f"0+{ms / 1000}x{grow}" + rest(grow * ms / 1000)})
+        out.append({"series": f"sglang_ctxprof_phase_seconds_count{{{labels}}}", "values": f"0+1x{grow}" + rest(grow)})
     return out
 
 
@@ -172,11 +176,15 @@ def _phase_series(instance: str, phases: dict[str, float], steps: int = 10) -> l
                  id="speculative-verify-whole"),
     pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0,
                   "draft_extend": 1.0, "overhead": 1.0}, id="speculative-verify-split"),
+    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0,
+                  "draft_extend": 1.0, "overhead": 1.0, "stale": ("verify_attn", "verify_moe", "verify_rest")},
+                 id="split-earlier-then-whole"),
 ])
 def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(phases, tmp_path):
     """The board's stacked panel draws exactly a step's leaf phases (``records.leaf_phases``, as the
-    page does): a plain server's decode split, and a forward timed whole (never split) as itself;
-    evaluated by Prometheus itself (``promtool test rules``) on the series our metrics export."""
+    page does): a plain server's decode split, and a forward timed whole as itself, also where its
+    parts' series stay from steps before the range; evaluated by Prometheus itself (``promtool test
+    rules``) on the series our metrics export."""
     _need("promtool")
     import yaml
 
@@ -186,11 +194,13 @@ def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(phases
     expr = panel["targets"][0]["expr"]
     for k, v in GRAFANA_VARS.items():
         expr = expr.replace(k, v)
-    leaves = leaf_phases(phases)
+    phases = dict(phases)
+    stale = phases.pop("stale", ())
+    leaves = leaf_phases(set(phases) - set(stale))  # what the range's steps timed
     assert sum(phases[p] for p in leaves) == pytest.approx(phases["step"])
     want = [{"labels": f'{{ctx_bucket="0-1k", phase="{p}"}}', "value": phases[p]} for p in leaves]
     (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": _phase_series("a", phases),
+        "interval": "1m", "input_series": _phase_series("a", phases, stale=stale),
         "promql_expr_test": [{"expr": f"round({expr}, 0.001)", "eval_time": "10m", "exp_samples": want}]}]}))
     p = subprocess.run(["promtool", "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
