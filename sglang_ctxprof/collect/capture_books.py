@@ -106,7 +106,7 @@ class KeptFiles:
             drop(new)
         elif new._left:  # it left the history while exporting: its file is an older one now
             self.older.append((new.path or "", new.bytes))
-        kept = [c for c in on_disk if c.state in KEPT and all(c is not f for f in failed)]
+        kept = [c for c in on_disk if c.state in KEPT and not c._left and all(c is not f for f in failed)]
         total = sum(b for _, b in self.older) + sum(c.bytes for c in kept)
         while self.older and total > cap:  # the files of captures no longer listed are the oldest
             path, size = self.older.popleft()

@@ -47,3 +47,19 @@ def test_a_kept_file_the_history_let_go_of_stays_in_the_books_and_goes_first():
     assert books.enforce(new, [new]) == (["/x/a"], []) and books.bytes_kept == b.bytes + new.bytes
     books.enforce(info("n2", 0.1), [new], removed=["/x/b"])  # removed by hand: counts nothing now
     assert not books.older and books.bytes_kept == new.bytes and books.deleted == 1
+
+
+def test_a_capture_the_history_lets_go_of_during_an_export_is_counted_once():
+    """With several ranks a capture may be asked for while another exports: the history can let go
+    of a capture between the exporter's look at the disk and the cap's books; it is then in both."""
+    from collections import deque
+
+    books, history = KeptFiles(3.0), deque(maxlen=2)
+    a, b = info("a", 1.0), info("b", 1.0)
+    books.listed(history, a)
+    books.listed(history, b)
+    on_disk = [a, b]  # what the exporter saw on disk
+    books.listed(history, info("c", 0.0, names.CAPTURE_PENDING))  # meanwhile: a leaves, its file counts in older
+    new = info("new", 1.0, names.CAPTURE_EXPORTING)
+    assert books.enforce(new, on_disk + [new]) == ([], []) and books.bytes_kept == 3 * MB
+    assert a.state == names.CAPTURE_DONE and books.deleted == 0
