@@ -25,6 +25,7 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control")
+RECORDING = ("hooks", "recorder", "aggregator")  # after a failure of one, the rank records no more steps
 FAULT_RUNTIME = "runtime"  # SGLANG_CTXPROF_FAULT value that enables the runtime fault switch
 
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
+from ..model.guard import RECORDING
 from ..model.names import LEAF_PHASES, Phase
 from ..model.records import leaf_ms
 from ..model.stats import theil_sen
@@ -104,12 +105,16 @@ def evidence_from_profile(profile: Profile, source: str = "profile") -> Evidence
 
 def partial_ranks(profile: Profile) -> tuple[str, ...]:
     """Why the served profile is not every rank's whole record: a rank that did not answer (its
-    error), and the components that failed on the ranks that did (``degraded``; they record no more)."""
+    error), and the recording components (``guard.RECORDING``) that failed on the ranks that did
+    (``degraded``): such a rank records no more steps.  An output's failure (logs, metrics, an
+    exporter) leaves the record whole."""
     out = [f"rank {i} did not answer: {r['error']}" for i, r in enumerate(profile.ranks)
            if isinstance(r, Mapping) and "error" in r]
     for d in profile.degraded or ():
         comps = d.get("components") if isinstance(d, Mapping) else None
-        out.append(f"failed on a rank: {', '.join(sorted(comps))}" if isinstance(comps, Mapping) else str(d))
+        stopped = sorted(c for c in comps if c in RECORDING) if isinstance(comps, Mapping) else ()
+        if stopped:
+            out.append(f"stopped recording on a rank: {', '.join(stopped)} failed")
     return tuple(out)
 
 
