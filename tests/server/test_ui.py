@@ -671,6 +671,20 @@ def test_a_slow_server_gets_one_refresh_at_a_time(browser):
         srv.shutdown()
 
 
+def test_the_page_reads_in_a_browser_without_abort_signal_timeout(browser):
+    """``AbortSignal.timeout`` came in Chrome 103, Firefox 100 and Safari 16: without it the page's
+    reads still run (their 30 s limit by an ``AbortController`` of their own)."""
+    srv, _ = _contract_server()
+    script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "delete AbortSignal.timeout;"})
+    try:
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}" + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        assert browser.execute_script("return [AbortSignal.timeout, window.ctxprof.state.lastError]") == [None, None]
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+        srv.shutdown()
+
+
 def test_the_drill_down_shows_the_request_clicked_last(browser):
     """A request clicked while an earlier one's read is still waiting: the late answer of the first
     does not replace the second under its name."""

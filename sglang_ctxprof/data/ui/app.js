@@ -27,9 +27,12 @@
   const f = (v, d = 2) => (v === null || v === undefined || Number.isNaN(v)) ? "-" : Number(v).toFixed(d);
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 
+  function readLimit() {   // AbortSignal.timeout where the browser has it (Chrome 103, Firefox 100, Safari 16)
+    if (AbortSignal.timeout) return AbortSignal.timeout(READ_TIMEOUT_MS);
+    const c = new AbortController(); setTimeout(() => c.abort(), READ_TIMEOUT_MS); return c.signal;
+  }
   async function getJSON(path) {   // a read that has not answered in READ_TIMEOUT_MS fails (a hung server)
-    const r = await fetch(BASE + path, { headers: { Accept: "application/json" }, cache: "no-store",
-      signal: AbortSignal.timeout(READ_TIMEOUT_MS) });
+    const r = await fetch(BASE + path, { headers: { Accept: "application/json" }, cache: "no-store", signal: readLimit() });
     let body = null;
     try { body = await r.json(); } catch (e) { body = null; }
     return { status: r.status, body };
