@@ -169,22 +169,26 @@ def _phase_series(instance: str, phases: dict[str, float], steps: int = 10, stal
     return out
 
 
-@pytest.mark.parametrize("phases", [
-    pytest.param({"step": 10.0, "decode": 9.0, "decode_attn": 2.0, "decode_moe": 5.0, "decode_rest": 2.0,
-                  "overhead": 1.0}, id="plain-decode-split"),
-    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "draft_extend": 1.0, "overhead": 1.0},
-                 id="speculative-verify-whole"),
-    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0,
-                  "draft_extend": 1.0, "overhead": 1.0}, id="speculative-verify-split"),
-    pytest.param({"step": 12.0, "draft": 2.0, "verify": 8.0, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0,
-                  "draft_extend": 1.0, "overhead": 1.0, "stale": ("verify_attn", "verify_moe", "verify_rest")},
-                 id="split-earlier-then-whole"),
+SPEC_WHOLE = {"step": 12.0, "draft": 2.0, "verify": 8.0, "draft_extend": 1.0, "overhead": 1.0}
+SPEC_SPLIT = {**SPEC_WHOLE, "verify_attn": 3.0, "verify_moe": 4.0, "verify_rest": 1.0}
+SPLIT = ("verify_attn", "verify_moe", "verify_rest")
+
+
+@pytest.mark.parametrize("fleet", [
+    pytest.param([({"step": 10.0, "decode": 9.0, "decode_attn": 2.0, "decode_moe": 5.0, "decode_rest": 2.0,
+                    "overhead": 1.0}, ())], id="plain-decode-split"),
+    pytest.param([(SPEC_WHOLE, ())], id="speculative-verify-whole"),
+    pytest.param([(SPEC_SPLIT, ())], id="speculative-verify-split"),
+    pytest.param([(SPEC_SPLIT, SPLIT)], id="split-earlier-then-whole"),
+    pytest.param([(SPEC_SPLIT, ()), ({**SPEC_WHOLE, "step": 24.0, "verify": 20.0}, ())], id="mixed-fleet"),
 ])
-def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(phases, tmp_path):
-    """The board's stacked panel draws exactly a step's leaf phases (``records.leaf_phases``, as the
-    page does): a plain server's decode split, and a forward timed whole as itself, also where its
-    parts' series stay from steps before the range; evaluated by Prometheus itself (``promtool test
-    rules``) on the series our metrics export."""
+def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(fleet, tmp_path):
+    """The board's stacked panel draws a step's leaf phases (``records.leaf_phases``, as the page
+    does), each as its mean share of the selected instances' steps, so the stack adds up to their mean
+    step: a plain server's decode split; a forward timed whole as itself, also where its parts'
+    series stay from steps before the range, and beside an instance that splits it.  Evaluated by
+    Prometheus itself (``promtool test rules``) on the series our metrics export (one step a minute
+    per instance; a ``stale`` phase only before the range)."""
     _need("promtool")
     import yaml
 
@@ -194,13 +198,18 @@ def test_the_stacked_phase_panel_draws_the_leaves_that_add_up_to_the_step(phases
     expr = panel["targets"][0]["expr"]
     for k, v in GRAFANA_VARS.items():
         expr = expr.replace(k, v)
-    phases = dict(phases)
-    stale = phases.pop("stale", ())
-    leaves = leaf_phases(set(phases) - set(stale))  # what the range's steps timed
-    assert sum(phases[p] for p in leaves) == pytest.approx(phases["step"])
-    want = [{"labels": f'{{ctx_bucket="0-1k", phase="{p}"}}', "value": phases[p]} for p in leaves]
+    share: Counter = Counter()
+    series = []
+    for i, (phases, stale) in enumerate(fleet):
+        leaves = leaf_phases(set(phases) - set(stale))  # what the range's steps timed
+        assert sum(phases[p] for p in leaves) == pytest.approx(phases["step"])
+        share.update({p: phases[p] / len(fleet) for p in leaves})
+        series += _phase_series(f"i{i}", phases, stale=stale)
+    mean_step = sum(phases["step"] for phases, _ in fleet) / len(fleet)
+    assert sum(share.values()) == pytest.approx(mean_step)
+    want = [{"labels": f'{{ctx_bucket="0-1k", phase="{p}"}}', "value": v} for p, v in sorted(share.items())]
     (tmp_path / "t.yml").write_text(yaml.safe_dump({"rule_files": [], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": _phase_series("a", phases, stale=stale),
+        "interval": "1m", "input_series": series,
         "promql_expr_test": [{"expr": f"round({expr}, 0.001)", "eval_time": "10m", "exp_samples": want}]}]}))
     p = subprocess.run(["promtool", "test", "rules", str(tmp_path / "t.yml")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
