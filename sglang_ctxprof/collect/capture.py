@@ -348,15 +348,15 @@ class Capture:
             files, older = KeptFiles.kept(self.history), list(self.files.older)
         on_disk = [c for c in files if os.path.exists(c.path or "")]
         removed = [p for p, _ in older if not os.path.exists(p)]
-        with self._lock:
+        with self._lock:  # the books and the capture's end at once: the history may let go of it after
             gone, failed = self.files.enforce(info, on_disk, removed)
             for c in failed:
                 self._end(c, names.CAPTURE_FAILED, f"{c.bytes} bytes: over the byte cap ({self.cfg.max_mb:g} MB)")
+            if info.state == names.CAPTURE_EXPORTING:
+                self._end(info, names.CAPTURE_DONE)
         for path in gone:
             with contextlib.suppress(OSError):
                 os.remove(path)
-        if info.state == names.CAPTURE_EXPORTING:
-            self._end(info, names.CAPTURE_DONE)
         logger.info("sglang-ctxprof: capture %s (%s) done: %d steps, %d bytes, export %.0f ms -> %s",
                     info.id, info.trigger, len(info.step_ids), info.bytes, info.export_ms, path)
 

@@ -88,7 +88,8 @@ class KeptFiles:
         """After ``new`` was written (``on_disk``: kept captures found on disk, oldest first; ``removed``:
         files of ``older`` no longer on disk, removed by hand, which count nothing now): the files to
         remove, and the captures still exporting that go with them (the caller fails those); a done
-        capture that goes is marked ``deleted`` here."""
+        capture that goes is marked ``deleted`` here.  The caller ends ``new`` in the same hold of its
+        lock, so the history never lets go of it between its books and its end."""
         cap, gone, failed = int(self.max_mb * 1024 * 1024), [], []
         if removed:
             lost = set(removed)
@@ -102,7 +103,9 @@ class KeptFiles:
                 c.state = names.CAPTURE_DELETED
             gone.append(c.path or "")  # kept captures have a path
 
-        if new.bytes > cap:
+        if new.state != names.CAPTURE_EXPORTING:
+            pass  # another export's books failed it meanwhile (several ranks): it counts nothing now
+        elif new.bytes > cap:
             drop(new)
         elif new._left:  # it left the history while exporting: its file is an older one now
             self.older.append((new.path or "", new.bytes))

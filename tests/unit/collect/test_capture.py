@@ -557,6 +557,44 @@ def test_ranks_accept_the_next_capture_alike_while_one_of_them_still_exports(tmp
         held.set()
 
 
+def test_a_capture_the_history_lets_go_of_as_its_export_ends_keeps_its_file_in_the_books(tmp_path, monkeypatch):
+    """With several ranks a capture may be asked for while another exports.  One that makes the
+    history let go of the exporting capture as its export ends (its books done, its end not yet)
+    must not leave its file out of the books: the capture ends in the same hold of the lock."""
+    from sglang_ctxprof.testing import fake_profiler as fp
+
+    held, export = threading.Event(), fp.FakeTorchProfiler.export_chrome_trace
+    monkeypatch.setattr(fp.FakeTorchProfiler, "export_chrome_trace",
+                        lambda self, p: (held.wait(10) if "-1-manual" in p else True) and export(self, p))
+    cap, sched = Capture(settings(tmp_path, interval_s=0.0, steps=1)), CaptureScheduler()
+    sched.server_args.tp_size = 2
+    cap.bind(sched)
+    ids = []
+    for i in range(HISTORY):  # the first still exports while the others run and end
+        ids.append(cap.request(names.TRIGGER_MANUAL, now_s=float(i))["capture"]["id"])
+        sched.step(cap)
+        sched.step(cap)
+        if i:
+            wait_state(cap, ids[-1])
+    first, end = cap.find(ids[0]), Capture._end
+    asked: list = []
+
+    def _end(self, info, state, error=""):
+        if info is first and state == names.CAPTURE_DONE and not asked:  # a request from another thread now
+            t = threading.Thread(target=lambda: asked.append(cap.request(names.TRIGGER_MANUAL, now_s=99.0)))
+            t.start()
+            t.join(0.5)
+        end(self, info, state, error)
+
+    monkeypatch.setattr(Capture, "_end", _end)
+    held.set()
+    t0 = time.time()
+    while not (asked and first.state != names.CAPTURE_EXPORTING) and time.time() - t0 < 10:
+        time.sleep(0.01)
+    assert asked and asked[0]["accepted"] and cap.find(ids[0]) is None  # the history let go of it
+    assert [p for p, _ in cap.files.older] == [first.path] and first.state == names.CAPTURE_DONE
+
+
 @pytest.mark.parametrize("where", ["batch_rids", "batch_ctx"])  # before the step is counted, after
 def test_a_tick_that_fails_mid_capture_never_leaves_sglangs_profiler_recording(tmp_path, monkeypatch, where):
     """One rank: the capture is stopped at once (its trace holds the steps before).  Several ranks:

@@ -63,3 +63,9 @@ def test_a_capture_the_history_lets_go_of_during_an_export_is_counted_once():
     new = info("new", 1.0, names.CAPTURE_EXPORTING)
     assert books.enforce(new, on_disk + [new]) == ([], []) and books.bytes_kept == 3 * MB
     assert a.state == names.CAPTURE_DONE and books.deleted == 0
+
+
+def test_a_capture_another_export_failed_meanwhile_is_not_dropped_again():
+    books = KeptFiles(1.0)
+    new = info("new", 2.0, names.CAPTURE_FAILED)  # over the cap, but another export's books failed it already
+    assert books.enforce(new, []) == ([], []) and books.deleted == 0 and not books.older
