@@ -10,8 +10,8 @@
 * ``captures``: the recent deep captures, with where to fetch them (``views.capture_refs``);
 * ``invariant_violations``: the live self-audit found numbers that disagree with the engine's books
   or with themselves (``views.audit_view``);
-* ``partial``: a rank did not answer, or a component of ours failed on one (the served profile's
-  ``ranks`` and ``degraded``): the verdict reads the rest.
+* ``partial``: a rank did not answer, or a component that records (``guard.RECORDING``) failed on
+  one (the served profile's ``ranks`` and ``degraded``): the verdict reads the rest.
 
 Pure: imports nothing of SGLang, torch or OTel.
 """
