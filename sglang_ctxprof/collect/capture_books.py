@@ -5,8 +5,8 @@ underscored fields are the state machine's own, never shown).  :class:`KeptFiles
 books (``deleted``, ``bytes_kept``) and decides, after an export, which files go: the new capture
 first when it alone is over the cap (the older ones stay), then the oldest kept until the rest fit.
 It only decides: the caller (``collect.capture``, under its lock) ends the captures it fails and
-removes the files after releasing the lock.  It counts every kept file this server wrote, also
-those of captures the status no longer lists (``older``); files from another run count nothing.
+removes the files after releasing the lock.  It counts every kept file this rank wrote, also those
+of captures the status no longer lists (``older``); files from another run count nothing.
 Pure: no SGLang, no torch, no file system.
 """
 
@@ -59,7 +59,7 @@ class CaptureInfo:
 class KeptFiles:
     """The byte cap (``max_mb``) on the kept trace files, and its books.  The status lists only the
     newest captures; a kept file of one it no longer lists stays in the books (``older``: its path
-    and bytes, oldest first) until the cap removes it, so the cap bounds every file this server wrote."""
+    and bytes, oldest first) until the cap removes it, so the cap bounds every file this rank wrote."""
 
     def __init__(self, max_mb: float) -> None:
         self.max_mb = max_mb
@@ -76,7 +76,6 @@ class KeptFiles:
                 self.older.append((old.path, old.bytes))
             old._left = True
         history.append(info)
-
 
     @staticmethod
     def kept(history: Iterable[CaptureInfo]) -> list[CaptureInfo]:
