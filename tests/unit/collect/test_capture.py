@@ -94,8 +94,8 @@ def test_the_byte_cap_deletes_the_oldest_first(tmp_path):
 
 
 def test_the_byte_cap_counts_the_files_of_captures_the_history_no_longer_lists(tmp_path):
-    """The status lists the newest HISTORY captures; the cap counts every file this server kept, so
-    a server that keeps capturing never holds more than the cap on disk."""
+    """The status lists the newest HISTORY captures; the cap counts every file this rank kept, so a
+    server that keeps capturing never holds more than the cap on disk (per rank)."""
     s = CaptureScheduler()
 
     def capture(cap: Capture, i: int) -> CaptureInfo:
