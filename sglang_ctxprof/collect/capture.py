@@ -3,11 +3,7 @@
 A trigger asks for a capture with :meth:`Capture.request`: the admin route (``manual``: the next N
 steps; ``rid``: that request's next N steps, passing over the prefills of other requests that SGLang
 runs between two of them) through the control channel, or the automatic triggers on the recorder's
-drain thread (:meth:`Capture.observe`, registered only when one is on): a decode step slower than
-``slow_factor`` x its context bucket's prediction (the bucket's p50 step time, once it holds
-``MIN_BUCKET_STEPS`` steps: warm-up and unseen contexts are not judged) for ``slow_run`` steps in
-a row, a host gap above ``host_gap_ms``, or (``slow_request``) a running request the trace policy
-judges slow, whose next steps are captured (``collect.tail_trigger``).
+drain thread (``collect.capture_triggers``: a slow step for its context, a host gap, a slow request).
 
 The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
@@ -42,15 +38,13 @@ import time
 from collections import Counter, deque
 from typing import Any, Optional
 
-from ..aggregate.aggregator import Aggregator
 from ..model import names
 from ..model.config import CaptureSettings
 from ..model.guard import Guard
-from ..model.records import StepRecord
 from ..model.sinks import BindFacts
 from . import adapter_capture, hooks
 from .capture_books import CaptureInfo, KeptFiles
-from .tail_trigger import TailTrigger
+from .capture_triggers import AutoTriggers
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +54,6 @@ RID_WAIT_STEPS = 4096  # a rid capture that never sees its request within this m
 AUTO_RID_WAIT_STEPS = 16  # ... an automatic one (its request was running): it finished meanwhile
 BUSY_RETRY_S = 1.0  # the least retry_after_s while a capture is pending, running or exporting
 RID_PASS_STEPS = 16  # other requests' prefills in a row a running rid capture passes over before it stops
-MIN_BUCKET_STEPS = 16  # decode steps a context bucket needs before the slow-step trigger judges
 
 
 def most_ticks(info: CaptureInfo) -> int:
@@ -72,11 +65,9 @@ def most_ticks(info: CaptureInfo) -> int:
 class Capture:
     def __init__(self, cfg: CaptureSettings, guard: Optional[Guard] = None) -> None:
         self.cfg = cfg
-        self.facts = BindFacts()  # the profiler's, from bind on: the slow-request trigger asks its policy()
-        self.tail = TailTrigger() if cfg.slow_request else None
+        self.triggers = AutoTriggers(cfg)  # their sink feeds them on the drain thread (``capture_triggers``)
         self.guard = guard
         self.armed = False  # the hot path's one check: a capture is pending, running or exporting
-        self.auto = cfg.auto  # automatic triggers (turned off on multi-rank groups at bind)
         self._lock = threading.RLock()  # current, exporting, armed, history (and the cap's books): any thread
         self.current: Optional[CaptureInfo] = None  # pending or running
         self.exporting: Optional[CaptureInfo] = None
@@ -88,23 +79,14 @@ class Capture:
         self.files = KeptFiles(cfg.max_mb)  # the byte cap's books
         self.gpu = False
         self.ranks = 1  # the ranks that must agree on a capture (SGLang's stop barrier), from bind on
-        self._seq = self._slow = 0  # captures asked for; slow decode steps in a row
-        self._prev_end_ns = self._last_tick_ns = 0
-
-    def gap_break(self) -> None:
-        """Steps went unrecorded (profiling off, or lost): the next record's host gap is not measured."""
-        self._prev_end_ns = 0
+        self._seq = self._last_tick_ns = 0  # captures asked for; when the last tick ran
 
     def bind(self, scheduler: Any, facts: BindFacts = BindFacts()) -> None:
         """Device and ranks, at the first step: GPU activity on a GPU; automatic triggers only where one
         rank decides (SGLang's stop barrier spans the TP group); ``facts``: the slow-request policy."""
-        self.facts = facts
         self.gpu = "cuda" in str(getattr(getattr(scheduler, "server_args", None), "device", "") or "")
         self.ranks = adapter_capture.world_size(scheduler)
-        if self.auto and self.ranks > 1:
-            self.auto = False
-            logger.warning("sglang-ctxprof: automatic capture triggers are off with more than one rank per "
-                           "group (ranks could disagree); POST /ctx_profile/capture works")
+        self.triggers.bind(facts, self.ranks)
 
     # ---- triggers (any thread) -----------------------------------------------------------------------
     def request(self, trigger: str, steps: Optional[int] = None, rid: Optional[str] = None,
@@ -137,33 +119,6 @@ class Capture:
             self.files.listed(self.history, info)
             self.armed = True
             return {"accepted": True, "capture": info.to_dict()}
-
-    def observe(self, rec: StepRecord, agg: Aggregator) -> None:
-        """The automatic triggers, for ``rec`` after the aggregator ``agg`` took it: the recorder feeds
-        its sinks (:class:`CaptureSink`) on the drain thread, or the thread that flushes it, under the
-        sink lock and outside the aggregator's lock, so ``agg`` may already hold later records."""
-        if not self.auto:
-            return
-        if self.tail is not None:  # first: it also names the request
-            self.tail.observe(rec, self.facts.policy(), self.request)
-        gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
-        self._prev_end_ns = max(self._prev_end_ns, rec.host_end_ns)
-        if self.cfg.host_gap_ms > 0 and gap_ms > self.cfg.host_gap_ms:
-            self.request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
-                         trigger_step=rec.step_id)
-        if self.cfg.slow_factor <= 0 or rec.kind != names.KIND_DECODE or not rec.ctx_lens:
-            return
-        b = agg.decode.get(agg.bucketing.index(rec.ctx_sum / len(rec.ctx_lens)))
-        st = b.phases.get(names.Phase.STEP.value) if b is not None else None
-        if st is None or st.count < MIN_BUCKET_STEPS:
-            return  # too few steps in this context bucket to predict (warm-up, a new context)
-        pred = st.quantile(0.5)
-        self._slow = self._slow + 1 if pred > 0 and rec.step_ms > self.cfg.slow_factor * pred else 0
-        if self._slow >= self.cfg.slow_run:
-            self._slow = 0
-            self.request(names.TRIGGER_SLOW_STEP, trigger_step=rec.step_id,
-                         reason=f"step {rec.step_id}: {rec.step_ms:.2f} ms > {self.cfg.slow_factor:g} x "
-                                f"{pred:.2f} ms, the p50 of its context bucket ({st.count} steps)")
 
     # ---- the state machine (scheduler thread) -------------------------------------------------------
     def tick(self, scheduler: Any, batch: Any) -> None:
@@ -372,29 +327,9 @@ class Capture:
         return {
             "budget": {"interval_s": c.interval_s, "max_steps": c.max_steps, "steps": c.steps,
                        "max_mb": c.max_mb, "dir": c.dir},
-            "triggers": {names.TRIGGER_SLOW_STEP: {"factor": c.slow_factor, "run": c.slow_run,
-                                                   "on": self.auto and c.slow_factor > 0},
-                         names.TRIGGER_HOST_GAP: {"ms": c.host_gap_ms, "on": self.auto and c.host_gap_ms > 0},
-                         names.TRIGGER_SLOW_REQUEST: {"on": self.auto and self.tail is not None}},
+            "triggers": self.triggers.status(),
             "fired": dict(self.fired), "suppressed": dict(self.suppressed),
             "deleted": self.files.deleted, "bytes_kept": self.files.bytes_kept,
             "captures": [x.to_dict() for x in list(self.history)],
         }
 
-
-class CaptureSink:
-    """The automatic triggers as a record sink (``capture``): each record, after the aggregator."""
-
-    name = "capture"
-
-    def __init__(self, capture: Capture, aggregator: Aggregator) -> None:
-        self.capture, self.aggregator = capture, aggregator
-
-    def observe(self, rec: StepRecord) -> None:
-        self.capture.observe(rec, self.aggregator)
-
-    def lost(self) -> None:  # steps went unrecorded (the recorder's loss mark): no host gap across them
-        self.capture.gap_break()
-
-    def stop(self) -> None:  # nothing of its own to stop
-        return None

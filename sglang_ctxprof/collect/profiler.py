@@ -15,9 +15,8 @@ taken at ``after_result`` as per-batch arrays (``host``; the record is built on 
 if the device times are not ready the step is parked and retried at the next result
 (``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the verify
 attention/MoE split on sampled steps.  Each record's ``timing`` says how *that* step was timed
-(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status names
-the hooked attention/MoE classes and the cost.  ``capture`` takes deep captures through SGLang's own
-profiler; the ``run_batch`` hook drives it only while armed.
+(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status names the
+hooked attention/MoE classes and the cost.  ``capture`` takes deep captures (SGLang's profiler).
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ from ..model.config import CtxProfConfig
 from ..model.names import (BLOCK_ALGORITHMS, FULL_PHASE_ALGORITHMS, KIND_DECODE, SCHEMA_VERSION,
                            TIMING_CUDA_EVENTS, TIMING_CUDA_GRAPH_EVENTS)
 from ..model.sinks import BindFacts, ExporterSet, Policy
-from .capture import Capture, CaptureSink
+from .capture import Capture
+from .capture_triggers import CaptureSink
 from .cost import Cost
 from .host import HostFacts, IdCache
 from .recorder import Recorder
@@ -101,8 +101,8 @@ class Profiler:
         self.parked: Parked[tuple[StepBuilder, HostFacts]] = Parked()
         self.hw: Optional[dict[str, Any]] = None
         self.capture = Capture(config.capture, self.guard)
-        if self.capture.auto:  # the automatic triggers read each record after the aggregator
-            self.recorder.sinks.append(CaptureSink(self.capture, self.aggregator))
+        if self.capture.triggers.on:
+            self.recorder.sinks.append(CaptureSink(self.capture.triggers, self.capture.request, self.aggregator))
 
     def attach_exporters(self, exporters: Optional[ExporterSet]) -> None:
         """Feed ``exporters``' sinks every record after the aggregator (and the capture triggers)."""
@@ -149,7 +149,7 @@ class Profiler:
         over the pause (``Aggregator.interrupt``; the capture's too); the drain thread ends when drained."""
         self.drop_pending()
         self.recorder.with_aggregator(lambda a: a.interrupt())
-        self.recorder.after_sinks(self.capture.gap_break)
+        self.recorder.after_sinks(self.capture.triggers.gap_break)
         self.recorder.park()
 
     def resume(self) -> None:

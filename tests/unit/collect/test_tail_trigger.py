@@ -33,7 +33,7 @@ def feed(cap: Capture, *recs: StepRecord) -> None:
     agg = Aggregator()
     for r in recs:
         agg.observe(r)
-        cap.observe(r, agg)
+        cap.triggers.observe(r, agg, cap.request)
 
 
 def test_running_reason_asks_the_trace_policy_with_the_totals_so_far():
@@ -50,7 +50,7 @@ def test_off_by_default_and_on_through_one_knob():
     assert CtxProfConfig.from_env({}).capture.slow_request is False
     cfg = CtxProfConfig.from_env({names.ENV_CAPTURE_SLOW_REQUEST: "1"}).capture
     assert cfg.slow_request and cfg.auto
-    assert Capture(CaptureSettings()).tail is None
+    assert Capture(CaptureSettings()).triggers.tail is None
     try:
         CtxProfConfig.from_env({names.ENV_CAPTURE_SLOW_REQUEST: "yes please"})
     except ValueError as exc:
@@ -112,9 +112,9 @@ def test_a_request_that_finished_before_its_capture_started_fails_it_soon(tmp_pa
 def test_tracking_is_dropped_when_a_request_finishes(tmp_path):
     cap, _ = tail_capture(tmp_path, TracePolicy(slow_tok_s=0.0, slow_step_ms=0.0))
     feed(cap, rec(1, 10.0, rids=("a", "b")), rec(2, 10.0, rids=("a", "b"), finished=(True, False)))
-    assert cap.tail.tracked() == 1
+    assert cap.triggers.tail.tracked() == 1
     feed(cap, rec(3, 10.0, rids=("b",), finished=(True,)))
-    assert cap.tail.tracked() == 0
+    assert cap.triggers.tail.tracked() == 0
 
 
 def test_the_profiler_hands_the_trigger_its_exporters_live_policy_through_bind_facts():
@@ -130,9 +130,9 @@ def test_the_profiler_hands_the_trigger_its_exporters_live_policy_through_bind_f
     p.attach_exporters(build(p.config, env={}))
     try:
         p.bind(sched)
-        assert p.capture.facts.policy() is p.exporters.policy
+        assert p.capture.triggers.facts.policy() is p.exporters.policy
         p.exporters.set_policy({"slow_step_ms": 5.0})
-        pol = p.capture.facts.policy()
+        pol = p.capture.triggers.facts.policy()
         assert pol is not None and pol.step_is_slow(6.0) and not pol.step_is_slow(4.0)
     finally:
         p.recorder.close()
