@@ -1,4 +1,5 @@
-"""``sglang-ctxprof capture --url URL [--rid RID] [--steps N]``: take one deep capture and fetch it.
+"""``sglang-ctxprof capture --url URL [--rid RID] [--steps N] [--wait-s S]``: take one deep capture and
+fetch it; ``--cancel [ID]``: cancel the pending or running one (only ID's, with an id).
 
 Asks ``POST /ctx_profile/capture`` (admin level: ``--admin-key``), waits until the capture is done
 (``/ctx_profile/status``; a 504, a scheduler late with its answer, is asked again until
@@ -10,6 +11,8 @@ another shape (not SGLang, another version) and a capture id that could name a f
 ``--out`` (the server chooses it).  A timeline the server will not give (over its size bound, a
 full read queue) leaves the saved trace: a line says why, exit 0.  The capture is asked with
 ``--admin-key``, or with ``--api-key`` where no admin key is given (SGLang then asks for that one).
+A capture not started within ``--wait-s`` (the server's default: 60 s) fails on the server; one the
+command stops waiting for (``--timeout``, or Ctrl-C) is cancelled on the server before it exits.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ def add_cli_args(ap) -> None:
     ap.add_argument("--url", default="http://127.0.0.1:30000", help="SGLang server base URL")
     ap.add_argument("--rid", default=None, help="capture this request's next steps")
     ap.add_argument("--steps", type=int, default=None, help="steps to capture (default: the server's)")
+    ap.add_argument("--wait-s", type=float, default=None,
+                    help="fail a capture not started within this many seconds (default: the server's, 60)")
+    ap.add_argument("--cancel", nargs="?", const="", default=None, metavar="ID",
+                    help="cancel the pending or running capture (only capture ID's, if given), then exit")
     ap.add_argument("--admin-key", default=None,
                     help="bearer token if the server uses --admin-api-key (else --api-key is sent)")
     ap.add_argument("--api-key", default=None, help="bearer token for read routes (--api-key)")
@@ -94,10 +101,30 @@ def _find(status: dict[str, Any], cid: str) -> Any:
         return None
 
 
+def cancel(ns, cid: str) -> dict[str, Any]:
+    """Cancel the pending or running capture (``cid``: only that one); its record (rank 0's)."""
+    from .main import CliError
+
+    path = names.ROUTE_CAPTURE_CANCEL + (f"?id={urllib.parse.quote(cid)}" if cid else "")
+    status, raw = _call(ns, "POST", path, ns.admin_key or ns.api_key)
+    body = _body(raw)
+    if status == 404 and isinstance(body, dict) and "cancelled" in body:  # nothing to cancel (no route: _json)
+        raise CliError(f"nothing cancelled: {_why(body)}")
+    done = _json(ns, status, raw, "cancel refused").get("cancelled")
+    if not (isinstance(done, list) and done and isinstance(done[0], dict)):
+        raise CliError(f"cancel: the server's answer names no capture: {printable(str(done)[:200])}")
+    return done[0]
+
+
 def run(ns) -> int:
     from .main import CliError
 
-    q = {k: v for k, v in (("rid", ns.rid), ("steps", ns.steps)) if v is not None}
+    if ns.cancel is not None:
+        info = cancel(ns, ns.cancel)
+        print(f"capture {printable(str(info.get('id')))} cancelled: {printable(str(info.get('state')))}, "
+              f"steps {info.get('step_ids')}")
+        return 0
+    q = {k: v for k, v in (("rid", ns.rid), ("steps", ns.steps), ("wait_s", ns.wait_s)) if v is not None}
     path = names.ROUTE_CAPTURE + ("?" + urllib.parse.urlencode(q) if q else "")
     body = _json(ns, *_call(ns, "POST", path, ns.admin_key or ns.api_key), "capture refused")
     caps = body.get("captures")
@@ -107,21 +134,15 @@ def run(ns) -> int:
     if not CAPTURE_ID_RE.match(cid):  # it names a file under --out and goes into URLs: the server's word only
         raise CliError(f"the server named its capture {printable(cid[:80])!s}: not a capture id")
     print(f"capture {cid} accepted; waiting for it ...", flush=True)
-    t0 = time.time()
-    info, late = None, None
-    while True:
-        status, raw = _call(ns, "GET", names.ROUTE_STATUS, ns.api_key)
-        if status == 504:  # a scheduler late with its answer (or that command still out): ask again
-            late = _why(_body(raw))
-        else:
-            info, late = _find(_json(ns, status, raw, "status"), cid), None
-            if info is not None and info.get("state") in (names.CAPTURE_DONE, names.CAPTURE_FAILED,
-                                                          names.CAPTURE_DELETED):
-                break
-        if time.time() - t0 > ns.timeout:
-            why = f"the last status answer: HTTP 504: {late}" if late else f"state {info and info.get('state')}"
-            raise CliError(f"capture {cid} not done after {ns.timeout:g} s ({why})")
-        time.sleep(0.5)
+    try:
+        info = _wait(ns, cid)
+    except (CliError, KeyboardInterrupt):
+        try:  # what the command no longer waits for must not hold the server's one capture
+            cancel(ns, cid)
+            print(f"capture {cid} cancelled on the server", flush=True)
+        except CliError:
+            pass  # it ended meanwhile, or the server cannot be reached: the error itself says why
+        raise
     if info["state"] != names.CAPTURE_DONE:
         raise CliError(f"capture {cid} {info['state']}: {printable(str(info.get('error')))}")
     os.makedirs(ns.out, exist_ok=True)
@@ -146,6 +167,28 @@ def run(ns) -> int:
     print(f"merged timeline: {tl_path} (clocks aligned on {clock.get('aligned_on')}, "
           f"+- {_ms((clock.get('error_bound_ns') or 0) / 1e3, 0)} us); open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
+
+
+def _wait(ns, cid: str) -> dict[str, Any]:
+    """Capture ``cid``'s record once done, failed or deleted (``/ctx_profile/status``); CliError at
+    ``--timeout``."""
+    from .main import CliError
+
+    t0 = time.time()
+    info, late = None, None
+    while True:
+        status, raw = _call(ns, "GET", names.ROUTE_STATUS, ns.api_key)
+        if status == 504:  # a scheduler late with its answer (or that command still out): ask again
+            late = _why(_body(raw))
+        else:
+            info, late = _find(_json(ns, status, raw, "status"), cid), None
+            if info is not None and info.get("state") in (names.CAPTURE_DONE, names.CAPTURE_FAILED,
+                                                          names.CAPTURE_DELETED):
+                return info
+        if time.time() - t0 > ns.timeout:
+            why = f"the last status answer: HTTP 504: {late}" if late else f"state {info and info.get('state')}"
+            raise CliError(f"capture {cid} not done after {ns.timeout:g} s ({why})")
+        time.sleep(0.5)
 
 
 def _ms(v: Any, nd: int) -> str:

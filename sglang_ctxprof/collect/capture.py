@@ -9,6 +9,9 @@ The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
 
 * one capture at a time, at most one per ``interval_s`` (a trigger inside it is suppressed and
   counted by trigger: ``suppressed``), at most ``max_steps`` steps;
+* a capture not started within its ``wait_s`` (by the HTTP process's clock, judged at the next control
+  request: every rank alike) fails, and so does one cancelled before it starts (:meth:`Capture.cancel`;
+  a running one stops there, its steps so far kept): either gives back the cooling-off it took;
 * a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds it is
   deleted and failed (the older ones stay), then the oldest go until the rest fit (outside the lock);
 * the trace export runs on a thread of its own (``adapter_capture.stop``; ``export_gap_ms``: the
@@ -90,14 +93,18 @@ class Capture:
 
     # ---- triggers (any thread) -----------------------------------------------------------------------
     def request(self, trigger: str, steps: Optional[int] = None, rid: Optional[str] = None,
-                now_s: Optional[float] = None, reason: str = "", trigger_step: Optional[int] = None) -> dict[str, Any]:
+                now_s: Optional[float] = None, reason: str = "", trigger_step: Optional[int] = None,
+                wait_s: Optional[float] = None) -> dict[str, Any]:
         """Ask for a capture.  Refused (and counted as suppressed) while one is pending, running or
-        (on one rank alone) exporting, or inside the cooling-off interval.  Bad ``steps`` raises
-        ValueError.  With several ranks an export still running does not refuse: when it ends is
-        each rank's own (its export thread), and ranks must accept or refuse alike."""
+        (on one rank alone) exporting, or inside the cooling-off interval.  Bad ``steps`` or
+        ``wait_s`` raise ValueError.  With several ranks an export still running does not refuse:
+        when it ends is each rank's own (its export thread), and ranks must accept or refuse alike."""
         n = self.cfg.steps if steps is None else int(steps)
         if not 1 <= n <= self.cfg.max_steps:
             raise ValueError(f"steps must be between 1 and {self.cfg.max_steps}, got {n}")
+        wait = names.CAPTURE_WAIT_S if wait_s is None else float(wait_s)
+        if not 0 < wait <= names.CAPTURE_MAX_WAIT_S:  # NaN too
+            raise ValueError(f"wait_s must be above 0 and at most {names.CAPTURE_MAX_WAIT_S:g}, got {wait_s}")
         now = time.time() if now_s is None else float(now_s)
         with self._lock:
             why, busy = "", self.current or (self.exporting if self.ranks == 1 else None)
@@ -113,8 +120,8 @@ class Capture:
                         "suppressed": dict(self.suppressed)}
             self._seq += 1
             info = CaptureInfo(id=f"{self._seq}-{trigger}-{int(now)}", trigger=trigger, steps=n, rid=rid,
-                               reason=reason, requested_ns=int(now * 1e9), trigger_step=trigger_step)
-            self.current, self.last_s = info, now
+                               reason=reason, requested_ns=int(now * 1e9), trigger_step=trigger_step, wait_s=wait)
+            info._before_s, self.current, self.last_s = self.last_s, info, now
             self.fired[trigger] += 1
             self.files.listed(self.history, info)
             self.armed = True
@@ -172,7 +179,7 @@ class Capture:
         if info is not None and info.state == names.CAPTURE_RUNNING:
             self._stop(scheduler, info)
         elif info is not None:
-            self._end(info, names.CAPTURE_FAILED, "profiling was disabled before the capture started")
+            self._unstarted_end(info, "profiling was disabled before the capture started")
 
     def _tick(self, scheduler: Any, batch: Any) -> None:
         t = time.time_ns()
@@ -204,7 +211,7 @@ class Capture:
             info._waited += 1
             wait = RID_WAIT_STEPS if info.trigger == names.TRIGGER_RID else AUTO_RID_WAIT_STEPS
             if info._waited > wait:
-                self._end(info, names.CAPTURE_FAILED, f"request {info.rid} not seen in {wait} steps")
+                self._unstarted_end(info, f"request {info.rid} not seen in {wait} steps")
             return
         elif not rids:
             return  # an idle batch: start on a real step
@@ -218,15 +225,35 @@ class Capture:
                 info.rids.append(r)
         self.label = f"step={info.step_ids[-1]} ctx={adapter_capture.batch_ctx(batch)}"
 
-    def idle(self, scheduler: Any) -> None:
-        """A control request arrived (scheduler thread): stop a running capture no step has fed
-        since the previous control request (the server went idle mid-capture)."""
+    def idle(self, scheduler: Any, now_s: Optional[float] = None) -> None:
+        """A control request arrived (scheduler thread), sent at ``now_s`` by the HTTP process's clock:
+        stop a running capture no step has fed since the previous control request (the server went
+        idle mid-capture); fail a pending one asked for more than its ``wait_s`` before."""
         info = self.current
         if info is not None and info.state == names.CAPTURE_RUNNING:
             if info._fed == len(info.step_ids):
                 self._stop(scheduler, info)
             else:
                 info._fed = len(info.step_ids)
+        elif info is not None and now_s is not None and now_s - info.requested_ns / 1e9 > info.wait_s:
+            why = f"request {info.rid} not seen" if info.rid else "no step ran"
+            self._unstarted_end(info, f"not started in {info.wait_s:g} s: {why}")
+
+    def cancel(self, scheduler: Any, cid: Optional[str] = None) -> dict[str, Any]:
+        """End the pending or running capture (``cid``: only that one) at a control request (scheduler
+        thread, every rank alike): a pending one fails, a running one stops here and exports the steps
+        it has.  ``cancelled``: its record, or None with the ``reason``."""
+        info = self.current
+        if info is None or (cid is not None and info.id != cid):
+            other = self.find(cid) if cid is not None else None
+            why = f"capture {cid} is {other.state}" if other is not None else "no capture is pending or running"
+            return {"cancelled": None, "reason": why if cid is None or other else f"capture {cid} not found"}
+        info.cancelled = True
+        if info.state == names.CAPTURE_RUNNING:
+            self._stop(scheduler, info)
+        else:
+            self._unstarted_end(info, "cancelled before it started")
+        return {"cancelled": info.to_dict()}
 
     def _start(self, scheduler: Any, info: CaptureInfo) -> bool:
         try:
@@ -268,6 +295,13 @@ class Capture:
         if path is None:
             self.exporting = None
             self._end(info, names.CAPTURE_FAILED, info.error or adapter_capture.NOTHING_EXPORTED)
+
+    def _unstarted_end(self, info: CaptureInfo, why: str) -> None:
+        """Fail a capture that never started, giving back the cooling-off its request took."""
+        with self._lock:
+            if self.current is info:
+                self.last_s = info._before_s
+            self._end(info, names.CAPTURE_FAILED, why)
 
     def _rearm(self) -> None:
         """``armed`` from what is pending, running or exporting (caller holds the lock)."""

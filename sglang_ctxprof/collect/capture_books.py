@@ -31,6 +31,8 @@ class CaptureInfo:
     state: str = names.CAPTURE_PENDING
     requested_ns: int = 0
     trigger_step: Optional[int] = None  # the step that fired an automatic trigger
+    wait_s: float = names.CAPTURE_WAIT_S  # how long it may stay pending (judged at control requests)
+    cancelled: bool = False  # cancelled by an admin (``Capture.cancel``)
     step_ids: list[int] = field(default_factory=list)
     rids: list[str] = field(default_factory=list)
     start_ns: int = 0
@@ -50,6 +52,7 @@ class CaptureInfo:
     _unstarted: bool = False  # "running" on a rank where it failed to start: it follows the others' steps
     _ticks: int = 0  # steps run while it ran (counted or not): bounded (``capture.most_ticks``)
     _left: bool = False  # let go of by the history (``KeptFiles.listed``)
+    _before_s: Optional[float] = None  # the cooling-off's start before it was asked for (given back if unstarted)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if not k.startswith("_")}  # not _waited, _fed, _passed

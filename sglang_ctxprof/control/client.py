@@ -38,17 +38,20 @@ def _retrieve(call: "asyncio.Future[Any]") -> None:
 
 class ControlClient:
     def __init__(self, tokenizer_manager: Callable[[], Any], make_request: Callable[[str], Any],
-                 timeout_s: float = CONTROL_TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout_s: float = CONTROL_TIMEOUT_S, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self._tokenizer_manager = tokenizer_manager
         self._make_request = make_request
         self.timeout_s = timeout_s
         self._clock = clock
+        self._wall = wall  # sent with every command (``now``): the clock every rank judges deadlines by
         self._left: list[tuple[asyncio.Future[Any], str, float]] = []  # calls nobody awaits: (call, cmd, sent)
         self.late_calls = 0  # calls that ran past ``timeout_s``
         self.refused = 0  # commands refused while a late call was out
 
     async def ask(self, cmd: str, **args: Any) -> list[dict[str, Any]]:
-        """Send ``cmd`` to every DP group's scheduler; their ``ctx_profile`` payloads, in rank order.
+        """Send ``cmd`` to every DP group's scheduler, with ``now`` (this process's clock, unless
+        ``args`` give one); their ``ctx_profile`` payloads, in rank order.
         Raises :class:`NoAnswer` when they have not all answered within ``timeout_s``, or at once
         while an earlier call is still waiting for its answer past that time."""
         self._left = [c for c in self._left if not c[0].done()]
@@ -60,7 +63,8 @@ class ControlClient:
         tm = self._tokenizer_manager()
         tm.auto_create_handle_loop()
         sent = self._clock()
-        call = asyncio.ensure_future(tm.get_internal_state_communicator(self._make_request(encode(cmd, **args))))
+        rid = encode(cmd, **{"now": self._wall(), **args})
+        call = asyncio.ensure_future(tm.get_internal_state_communicator(self._make_request(rid)))
         try:
             done, _ = await asyncio.wait((call,), timeout=self.timeout_s)
         except asyncio.CancelledError:  # our caller went away: the call finishes on its own

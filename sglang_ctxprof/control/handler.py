@@ -14,8 +14,10 @@ one of which is answered ``unchanged`` without its state), ``reset`` (with ``clo
 ``disable``, ``status``, ``requests`` (``slowest`` N, with step rows only if ``steps``; or one ``rid``
 with them), ``recent`` (the last N step records, as JSON texts, one per row: ``steps_rows``, the newest up to
 ``names.MAX_TRACE_ROWS`` request rows, ``steps_left_out`` the rest), ``trace_policy``,
-``capture`` (request a deep capture, or read one by ``id`` with its step records), and the test-only
-``fault`` switch.  Every command first lets a running capture notice an idle server (``Capture.idle``).
+``capture`` (request a deep capture, read one by ``id`` with its step records, or ``cancel`` the pending or
+running one, or only the one of that ``id``), and the test-only
+``fault`` switch.  Every command first lets a running capture notice an idle server, and a pending one
+its deadline (``Capture.idle``, by the HTTP process's clock the command carries: ``now``).
 A rank whose ``control`` component failed answers every command with an error, except what every
 rank must do alike (``_lockstep``: the capture's requests and idle checks, ``enable``, ``disable``),
 which it still does.
@@ -24,6 +26,7 @@ which it still does.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -105,7 +108,8 @@ def _lockstep(req: Json, scheduler: object, session: CtxProfSession, p: Profiler
     None for any other command."""
     cmd, cap = req.get("cmd"), p.capture
     if cap.armed:
-        cap.idle(scheduler)
+        now = req.get("now")  # the HTTP process's clock: the same on every rank
+        cap.idle(scheduler, float(now) if isinstance(now, (int, float)) and math.isfinite(now) else None)
     if cmd == CMD_ENABLE:
         if not p.active:  # one an automatic trigger asked for while off, from records drained after it
             cap.halt(scheduler)
@@ -115,6 +119,9 @@ def _lockstep(req: Json, scheduler: object, session: CtxProfSession, p: Profiler
         cap.halt(scheduler)
         session.disable()
         return {"status": p.status()}
+    if cmd == CMD_CAPTURE and req.get("cancel") is True:
+        cid = req.get("id")
+        return cap.cancel(scheduler, None if cid is None else str(cid))
     if cmd == CMD_CAPTURE and "id" not in req:
         return _capture(p, req)
     return None
@@ -168,7 +175,7 @@ def _trace_policy(p: Profiler, req: Json) -> Json:
 
 def _capture(p: Profiler, req: Json) -> Json:
     """``id``: that capture and the step records it covers; else request one (``steps``, ``rid``,
-    and ``now``, the HTTP process's clock, so every rank judges the cooling-off alike)."""
+    ``wait_s``, and ``now``, the HTTP process's clock, so every rank judges the cooling-off alike)."""
     cap = p.capture
     if "id" in req:
         info = cap.find(str(req["id"]))
@@ -181,7 +188,7 @@ def _capture(p: Profiler, req: Json) -> Json:
         if not p.active:  # nothing would run it: refused alike on every rank (the switch is lockstep)
             return {"accepted": False, "off": True, "reason": "profiling is off: POST /ctx_profile/enable first"}
         out = cap.request(TRIGGER_RID if req.get("rid") else TRIGGER_MANUAL, req.get("steps"), req.get("rid"),
-                          now_s=req.get("now"))
+                          now_s=req.get("now"), wait_s=req.get("wait_s"))
     except (TypeError, ValueError) as exc:
         return {"error": str(exc), "bad_request": True}
     return out

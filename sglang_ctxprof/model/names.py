@@ -184,7 +184,10 @@ ROUTE_DIAGNOSIS = ROUTE + "/diagnosis"  # ?format=json|text, ?ctx=N (what-if), t
 ROUTE_UI = ROUTE + "/ui"  # the live page; its files under ROUTE_UI + "/{name}"
 ROUTE_TRACE_JSON = ROUTE + "/trace.json"  # Chrome trace-event / Perfetto export, ?last=N or ?rid=
 ROUTE_PLAIN = ROUTE + "/plain"  # POST (admin) a plain server's profile: the diagnosis's ledger reference
-ROUTE_CAPTURE = ROUTE + "/capture"  # POST ?steps=N | ?rid=RID (admin); GET /{id}[?format=timeline]
+ROUTE_CAPTURE = ROUTE + "/capture"  # POST ?steps=N | ?rid=RID [&wait_s=S] (admin); GET /{id}[?format=timeline]
+ROUTE_CAPTURE_CANCEL = ROUTE_CAPTURE + "/cancel"  # POST [?id=ID] (admin): the pending or running capture
+CAPTURE_WAIT_S = 60.0  # a capture not started this long after it was asked for fails (``wait_s``) ...
+CAPTURE_MAX_WAIT_S = 3600.0  # ... which is at most this
 FORMAT_STATE = "state"  # GET /ctx_profile?format=state: the merged mergeable state (fleet view)
 # Prompt tokens found in the prefix cache: SGLang's name (``Req.cached_tokens``, ``meta_info``) and
 # ours wherever we show it (a prefill bucket, a sweep point, ``StepRecord.cached_tokens``).

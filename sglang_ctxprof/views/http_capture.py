@@ -3,7 +3,11 @@
 * ``POST /ctx_profile/capture?steps=N`` or ``?rid=RID`` (admin level, like reset): ask every rank for
   a capture of the next N steps, or of that request's next steps.  200 when accepted; 429 when the
   budget refuses it (a capture is running, or the cooling-off interval), with ``retry_after_s``;
-  the refusal is counted as suppressed in ``/ctx_profile/status``.
+  the refusal is counted as suppressed in ``/ctx_profile/status``.  ``&wait_s=S`` (default 60): a
+  capture not started S seconds after it was asked for fails, judged at the next control request.
+* ``POST /ctx_profile/capture/cancel[?id=ID]`` (admin): cancel the pending or running capture (only
+  that one, with ``id``): a pending one fails, a running one stops and keeps its steps so far; a
+  capture cancelled or failed before it started gives back its cooling-off.  404 when none is.
 * ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` (read level): the capture's record
   with the step records it covers; the trace file SGLang's profiler wrote (when it is on this
   host); or the merged timeline (``views.timeline``), built here in the HTTP process, never on
@@ -15,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from typing import Any
@@ -33,6 +38,7 @@ TIMELINE_MAX_BYTES = 64 * 2**20  # a trace file merged into a timeline here (its
 def routes(rc: ReadContext) -> list[Route]:
     """The capture routes, asking the ranks through ``rc``."""
     return [Route(names.ROUTE_CAPTURE, functools.partial(post_capture, rc), "POST", admin=True),
+            Route(names.ROUTE_CAPTURE_CANCEL, functools.partial(cancel_capture, rc), "POST", admin=True),
             Route(names.ROUTE_CAPTURE + "/{cid}", functools.partial(get_capture, rc))]
 
 
@@ -51,13 +57,19 @@ async def post_capture(rc: ReadContext, request: Request):
     """Ask for a deep capture (``collect.capture``): ``?steps=N`` the next N steps, ``?rid=RID`` that
     request's next steps.  200 when accepted, 429 when the budget refuses (counted as suppressed), 409
     while profiling is off."""
-    import time
-
     qp = dict(request.query_params)
-    unknown = set(qp) - {"steps", "rid"}
+    unknown = set(qp) - {"steps", "rid", "wait_s"}
     if unknown:
         return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
-    args: dict[str, Any] = {"now": time.time()}
+    args: dict[str, Any] = {}
+    if "wait_s" in qp:
+        try:
+            args["wait_s"] = float(qp["wait_s"][:40])
+        except ValueError:
+            args["wait_s"] = math.nan
+        if not 0 < args["wait_s"] <= names.CAPTURE_MAX_WAIT_S:
+            most = names.CAPTURE_MAX_WAIT_S
+            return _error(400, f"wait_s must be above 0 and at most {most:g}, got {qp['wait_s'][:40]}")
     if "steps" in qp:
         most = rc.config.capture.max_steps  # the ranks check it too (their own settings)
         try:
@@ -84,6 +96,28 @@ async def post_capture(rc: ReadContext, request: Request):
         return _error(429, refused[0].get("reason", "refused"), retry_after_s=refused[0].get("retry_after_s"),
                       suppressed=refused[0].get("suppressed"))
     return {"accepted": True, "captures": [p["capture"] for p in payloads]}
+
+
+async def cancel_capture(rc: ReadContext, request: Request):
+    """Cancel the pending or running capture (``?id=``: only that one) on every rank alike."""
+    qp = dict(request.query_params)
+    unknown = set(qp) - {"id"}
+    if unknown:
+        return _error(400, f"unknown query parameter(s): {', '.join(sorted(unknown))}")
+    args: dict[str, Any] = {"cancel": True}
+    if "id" in qp:
+        if not _CAPTURE_ID_RE.match(qp["id"]):
+            return _error(400, "malformed capture id")
+        args["id"] = qp["id"]
+    payloads = await rc.ask(names.CMD_CAPTURE, **args)
+    errors = [p["error"] for p in payloads if "error" in p]
+    if errors:
+        return _error(503, "; ".join(errors))
+    done = [p["cancelled"] for p in payloads if p.get("cancelled")]
+    if not done:
+        why = payloads[0].get("reason", "no capture is pending or running") if payloads else "no ranks"
+        return _error(404, why, cancelled=[])
+    return {"cancelled": done}
 
 
 def _load_trace(path: str) -> dict[str, Any]:

@@ -10,14 +10,16 @@ range.  In order:
    ``ctxprof.<phase>`` ranges and the planted work sits under ``verify_attn``;
 2. a second planted slow step inside the cooling-off window is suppressed and counted, and so is an
    admin ``POST /ctx_profile/capture``;
-3. without the admin key ``POST /ctx_profile/capture`` is refused (401) and starts nothing;
+3. without the admin key ``POST /ctx_profile/capture`` (and ``/cancel``) is refused (401) and starts nothing;
 4. ``?rid=`` captures that request's steps, and the request links to the capture;
 5. the merged timeline loads as JSON and our step slices overlap the trace's step ranges;
 6. the CLIs show and take captures;
 7. the slow-request trigger (on, but the trace policy starts with both criteria at 0: nothing is
    slow until the test sets ``slow_step_ms`` and ``mode=slow`` at run time) captures the next steps
    of a request made slow by a planted slow step; the request's OTel span (to an in-process OTLP
-   receiver) names that capture, and the diagnosis flags it.
+   receiver) names that capture, and the diagnosis flags it;
+8. a rid capture whose request never comes fails at its ``wait_s`` and gives back its cooling-off;
+   an admin cancels a pending capture (the CLI) and a running one (its steps so far are kept).
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ def test_capture_without_the_admin_key_is_refused(server, key):
     before = capture_status(server)
     status, body = http("POST", server.url + R + "?steps=2", headers=h)
     assert status == 401, body
+    assert http("POST", server.url + names.ROUTE_CAPTURE_CANCEL, headers=h)[0] == 401
     after = capture_status(server)
     # what a refused ask would have moved; the slow-step trigger may still count the last test's
     # steps the drain thread feeds its sinks meanwhile (suppressed in the cooling-off window)
@@ -353,6 +356,60 @@ def test_a_slow_request_by_the_trace_policy_captures_its_next_steps(server, caps
         print(f"\nslow-request capture {info['id']}: trigger step {info['trigger_step']}, steps {info['step_ids']}, "
               f"{info['bytes']} bytes, stop {info['stop_ms']:.1f} ms, export {info['export_ms']:.0f} ms; reason: "
               f"{info['reason']}; span attrs: {sorted(k for k in a if 'capture' in k)}; flag: {flag['message']}")
+
+
+def test_a_capture_that_cannot_start_fails_at_its_wait_and_cancel_ends_one_pending_or_running(server, capsys):
+    """A rid that never comes no longer holds the one capture: the first control request after its
+    ``wait_s`` fails it, and its cooling-off is given back; an admin cancels a pending capture (an
+    idle server) from the CLI, and a running one stops with the steps it has, its trace written."""
+    from sglang_ctxprof.cli.main import main
+
+    plant(server)
+    t0 = time.time()
+    while True:  # wait out the cooling-off window of the last capture
+        status, body = http("POST", server.url + R + "?rid=never-sent-1&wait_s=2", headers=ADMIN_H)
+        if status != 429 or time.time() - t0 > INTERVAL_S + 30:
+            break
+        time.sleep(min(2.0, max(0.2, float(body.get("retry_after_s") or 1))))
+    assert status == 200 and body["captures"][0]["wait_s"] == 2, body
+    gone = body["captures"][0]["id"]
+    status, body = http("POST", server.url + R + "?steps=2", headers=ADMIN_H)
+    assert status == 429 and f"{gone} is pending" in body["error"], body
+    time.sleep(2.5)
+    (info,) = [c for c in capture_status(server)["captures"] if c["id"] == gone]  # this read failed it
+    assert info["state"] == names.CAPTURE_FAILED and info["error"] == "not started in 2 s: request never-sent-1 not seen"
+    status, body = http("POST", server.url + R + "?steps=2", headers=ADMIN_H)  # not cooled off
+    assert status == 200, body
+    idle = body["captures"][0]["id"]
+    assert main(["capture", "--url", server.url, "--admin-key", ADMIN, "--cancel", idle]) == 0
+    assert f"capture {idle} cancelled: {names.CAPTURE_FAILED}, steps []" in capsys.readouterr().out
+    status, body = http("POST", server.url + names.ROUTE_CAPTURE_CANCEL, headers=ADMIN_H)
+    assert status == 404 and body["error"] == "no capture is pending or running", body
+    status, body = http("POST", server.url + R + "?steps=32", headers=ADMIN_H)
+    assert status == 200, body
+    cid = body["captures"][0]["id"]
+    plant_slow(server, 200, 40)  # 32 steps would take 6 s and more
+    gen = background(server, 100, 60, seed=51)
+    t0 = time.time()
+    while time.time() - t0 < 120:
+        (info,) = [c for c in capture_status(server)["captures"] if c["id"] == cid]
+        if len(info["step_ids"]) >= 2:
+            break
+        time.sleep(0.2)
+    status, body = http("POST", server.url + names.ROUTE_CAPTURE_CANCEL + f"?id={cid}", headers=ADMIN_H)
+    assert status == 200 and body["cancelled"][0]["cancelled"] is True, body
+    plant(server)
+    info = wait_done(server, cid)
+    gen.join(300)
+    assert info["state"] == names.CAPTURE_DONE and 2 <= len(info["step_ids"]) < 32, info
+    trace = load_trace(info["path"])
+    assert any(e.get("name", "").startswith("ctxprof.") for e in trace["traceEvents"])
+    status, full = http("GET", server.url + f"{R}/{cid}")
+    assert status == 200 and sorted(r["step_id"] for r in full["ranks"][0]["steps"]) == info["step_ids"], full
+    st = capture_status(server)
+    assert [c["state"] for c in st["captures"] if c["id"] in (gone, idle)] == [names.CAPTURE_FAILED] * 2
+    with capsys.disabled():
+        print(f"\ncancelled running capture {cid}: {len(info['step_ids'])} of 32 steps, {info['bytes']} bytes")
 
 
 def _attr_list(attrs: dict, key: str) -> list:

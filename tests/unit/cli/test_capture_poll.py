@@ -25,7 +25,13 @@ class _Capture(JsonHandler):
     status_body: object = {"ranks": [{"status": {"capture": {"captures": [DONE]}}}]}
     timeline = 200
 
+    cancel = (200, {"cancelled": [{"id": "c1", "state": names.CAPTURE_FAILED, "step_ids": []}]})
+    paths = ()  # (the path of each POST)
+
     def do_POST(self):
+        type(self).paths += (self.path,)
+        if self.path.startswith(names.ROUTE_CAPTURE_CANCEL):
+            return self._json(*self.cancel)
         type(self).posted += (self.headers.get("Authorization"),)
         if isinstance(self.post_body, bytes):
             self.send_response(200)
@@ -55,7 +61,7 @@ class _Capture(JsonHandler):
 def serve():
     servers = Servers()
     def start(**attrs):
-        return servers.start(_Capture, **{"polls": 0, "posted": (), **attrs})
+        return servers.start(_Capture, **{"polls": 0, "posted": (), "paths": (), **attrs})
 
     start.handler = lambda: servers.made[-1].RequestHandlerClass  # the last server's (its class attributes)
     yield start
@@ -70,11 +76,29 @@ def test_a_late_scheduler_504_is_polled_again(serve, tmp_path, capsys):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_scheduler_that_stays_late_ends_at_the_deadline_with_its_reason(serve, tmp_path, capsys):
+def test_a_scheduler_that_stays_late_ends_at_the_deadline_with_its_reason_and_the_capture_cancelled(
+        serve, tmp_path, capsys):
     assert main(["capture", "--url", serve(late=10**9), "--out", str(tmp_path), "--timeout", "0"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     lines = [ln for ln in err.splitlines() if "error:" in ln]
     assert len(lines) == 1 and "not done" in lines[0] and "504" in lines[0] and LATE in lines[0], err
+    assert serve.handler().paths[-1] == names.ROUTE_CAPTURE_CANCEL + "?id=c1"  # not left holding the server's one
+    assert "capture c1 cancelled on the server" in out
+
+
+def test_the_wait_goes_with_the_ask_and_cancel_is_one_line_either_way(serve, tmp_path, capsys):
+    url = serve()
+    assert main(["capture", "--url", url, "--rid", "r 1", "--wait-s", "5", "--out", str(tmp_path)]) == 0
+    assert serve.handler().paths == (names.ROUTE_CAPTURE + "?rid=r+1&wait_s=5.0",)
+    capsys.readouterr()
+    assert main(["capture", "--url", url, "--cancel"]) == 0
+    assert main(["capture", "--url", url, "--cancel", "c1"]) == 0
+    assert serve.handler().paths[-2:] == (names.ROUTE_CAPTURE_CANCEL, names.ROUTE_CAPTURE_CANCEL + "?id=c1")
+    assert capsys.readouterr().out.count("capture c1 cancelled: failed, steps []") == 2
+    url = serve(cancel=(404, {"error": "no capture is pending or running", "cancelled": []}))
+    assert main(["capture", "--url", url, "--cancel"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing cancelled: no capture is pending or running" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("attrs", [{"post_body": b"<html>not sglang</html>"}, {"post_body": {"accepted": True}},

@@ -813,3 +813,83 @@ def test_an_enable_while_profiling_is_on_leaves_a_capture_alone(tmp_path):
         session.uninstrument()
         hooks.label_phases(None)
 
+
+def test_a_pending_capture_fails_past_its_wait_at_a_control_request_and_gives_back_its_cooling_off(tmp_path):
+    """A rid that never comes, or an idle server: the next control request after ``wait_s`` (by the
+    HTTP clock it carries, so every rank alike) fails the capture; the next one is not cooled off."""
+    cap, s = Capture(settings(tmp_path, interval_s=600.0)), CaptureScheduler()
+    for bad in (0, -1, float("nan"), names.CAPTURE_MAX_WAIT_S + 1):
+        with pytest.raises(ValueError, match="wait_s"):
+            cap.request(names.TRIGGER_RID, rid="x", wait_s=bad)
+    cid = cap.request(names.TRIGGER_RID, rid="r-gone", now_s=1000.0, wait_s=5.0)["capture"]["id"]
+    s.step(cap, rids=("other",))
+    cap.idle(s, 1004.0)  # within its wait
+    cap.idle(s)  # a command without the clock judges nothing
+    assert cap.find(cid).state == names.CAPTURE_PENDING and cap.find(cid).wait_s == 5.0
+    assert not cap.request(names.TRIGGER_MANUAL, now_s=1004.5)["accepted"]  # in the way meanwhile
+    cap.idle(s, 1005.5)
+    c = cap.find(cid)
+    assert c.state == names.CAPTURE_FAILED and c.error == "not started in 5 s: request r-gone not seen", c
+    assert not cap.armed and cap.last_s is None
+    manual = cap.request(names.TRIGGER_MANUAL, now_s=1006.0)  # no step ran: an idle server
+    assert manual["accepted"] and manual["capture"]["wait_s"] == names.CAPTURE_WAIT_S
+    cap.idle(s, 1006.0 + names.CAPTURE_WAIT_S + 1)
+    assert cap.find(manual["capture"]["id"]).error.endswith(": no step ran")
+    assert cap.request(names.TRIGGER_MANUAL, now_s=1070.0)["accepted"]  # still not cooled off
+    s.step(cap)
+    cap.idle(s, 5000.0)  # running: its wait no longer counts
+    assert cap.current.state == names.CAPTURE_RUNNING
+
+
+def test_cancel_fails_a_pending_capture_and_stops_a_running_one_with_its_steps(tmp_path):
+    cap, s = Capture(settings(tmp_path, interval_s=600.0, steps=8)), CaptureScheduler()
+    assert cap.cancel(s) == {"cancelled": None, "reason": "no capture is pending or running"}
+    first = cap.request(names.TRIGGER_RID, rid="typo", now_s=1000.0)["capture"]["id"]
+    assert cap.cancel(s, "9-manual-1") == {"cancelled": None, "reason": "capture 9-manual-1 not found"}
+    out = cap.cancel(s, first)["cancelled"]
+    assert out["state"] == names.CAPTURE_FAILED and out["cancelled"] and out["error"] == "cancelled before it started"
+    assert not cap.armed
+    second = cap.request(names.TRIGGER_MANUAL, now_s=1001.0)  # the cooling-off was given back
+    assert second["accepted"]
+    cid = second["capture"]["id"]
+    s.step(cap)
+    s.step(cap)
+    assert cap.cancel(s, first) == {"cancelled": None, "reason": f"capture {first} is {names.CAPTURE_FAILED}"}
+    out = cap.cancel(s)["cancelled"]
+    assert out["id"] == cid and out["cancelled"] and out["state"] == names.CAPTURE_EXPORTING
+    c = wait_state(cap, cid)
+    assert c.state == names.CAPTURE_DONE and c.step_ids == [1, 2] and os.path.getsize(c.path) > 0
+    assert not s.profiler_manager.profile_in_progress
+    cool = cap.request(names.TRIGGER_MANUAL, now_s=1002.0)  # a capture that ran keeps its cooling-off
+    assert not cool["accepted"] and "cooling off" in cool["reason"]
+
+
+def test_ranks_end_a_pending_capture_alike_by_the_clock_each_command_carries(tmp_path):
+    """The control handler judges the deadline by the command's ``now``: each rank, fed the same
+    commands at its own time and steps, fails the capture at the same command and takes the next."""
+    from sglang_ctxprof.collect.session import CtxProfSession
+    from sglang_ctxprof.control.handler import handle
+    from sglang_ctxprof.control.protocol import encode
+    from sglang_ctxprof.model.config import CtxProfConfig
+
+    seen = []
+    for k, steps in enumerate((0, 3)):  # one rank idle, one stepping (the rid never in its batch)
+        session = CtxProfSession(CtxProfConfig.from_env({names.ENV_LOG: "off", names.ENV_CAPTURE_INTERVAL_S: "600",
+                                                         names.ENV_CAPTURE_DIR: str(tmp_path / str(k))}), targets=[])
+        session.instrument()
+        try:
+            p, s = session.profiler, CaptureScheduler()
+            p.bind(s)
+
+            def ask(**args) -> dict:
+                return handle(encode(names.CMD_CAPTURE, **args), s, session)[names.CONTROL_KEY]
+
+            outs = [ask(rid="r-gone", wait_s=2.0, now=1000.0)["accepted"]]
+            for _ in range(steps):
+                s.step(p.capture, rids=("other",))
+                time.sleep(0.01)
+            outs += [ask(steps=2, now=1001.9)["accepted"], ask(steps=2, now=1002.1)["accepted"]]
+            seen.append((outs, [c.state for c in p.capture.history]))
+        finally:
+            session.uninstrument()
+    assert seen[0] == seen[1] == ([True, False, True], [names.CAPTURE_FAILED, names.CAPTURE_PENDING]), seen

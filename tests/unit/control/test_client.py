@@ -139,3 +139,15 @@ def test_every_call_left_unanswered_is_tracked_not_only_the_first():
         assert len(s.sent) == 2
 
     asyncio.run(go())
+
+
+def test_every_command_carries_the_http_clock_unless_it_names_its_own():
+    async def go():
+        s = Schedulers()
+        c = ControlClient(s.tokenizer_manager, lambda rid: SimpleNamespace(rid=rid), timeout_s=5, wall=lambda: 1234.5)
+        for k, (cmd, args) in enumerate((("status", {}), ("capture", {"steps": 2, "now": 99.0}))):
+            asyncio.ensure_future(_answer_soon(s, k))
+            await c.ask(cmd, **args)
+        return [decode(rid) for rid in s.sent]
+
+    assert asyncio.run(go()) == [{"cmd": "status", "now": 1234.5}, {"cmd": "capture", "now": 99.0, "steps": 2}]

@@ -95,3 +95,49 @@ def test_a_bad_number_of_steps_is_a_short_400_that_asks_no_rank(client, steps):
     r = client.post(f"{names.ROUTE_CAPTURE}?steps={steps}")
     assert r.status_code == 400 and "steps must" in r.json()["error"], r.text[:200]
     assert len(r.text) < 300  # the value is not echoed whole
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "nan", "inf", "3601", "x" * 4000])
+def test_a_bad_wait_is_a_short_400_that_asks_no_rank(client, wait):
+    r = client.post(f"{names.ROUTE_CAPTURE}?steps=2&wait_s={wait}")
+    assert r.status_code == 400 and "wait_s must" in r.json()["error"], r.text[:200]
+    assert len(r.text) < 300
+
+
+class CancelChannel:
+    """Every rank answers ``cancel`` as ``Capture.cancel`` does: its record, or None with a reason."""
+
+    def __init__(self, answers: list[dict]):
+        self.answers, self.asked = answers, []
+
+    async def ask(self, cmd: str, **args):
+        self.asked.append((cmd, args))
+        return self.answers
+
+
+def _cancel_client(monkeypatch, answers: list[dict]) -> tuple[TestClient, CancelChannel]:
+    monkeypatch.setattr(http_guard, "_GUARD", Guard(""))
+    monkeypatch.setattr(http_guard, "_strikes", 0)
+    ch, app = CancelChannel(answers), fastapi.FastAPI()
+    http.install_routes(app, ch, admin=lambda f: f)
+    return TestClient(app, raise_server_exceptions=False), ch
+
+
+def test_cancel_asks_every_rank_and_answers_what_they_cancelled(monkeypatch):
+    info = {"id": CID, "state": names.CAPTURE_FAILED, "cancelled": True}
+    c, ch = _cancel_client(monkeypatch, [{"cancelled": info}, {"cancelled": info}])
+    r = c.post(f"{names.ROUTE_CAPTURE_CANCEL}?id={CID}")
+    assert r.status_code == 200 and r.json() == {"cancelled": [info, info]}, r.text
+    assert ch.asked == [(names.CMD_CAPTURE, {"cancel": True, "id": CID})]
+    r = c.post(names.ROUTE_CAPTURE_CANCEL)
+    assert r.status_code == 200 and ch.asked[-1] == (names.CMD_CAPTURE, {"cancel": True})
+
+
+def test_cancel_with_nothing_to_cancel_is_a_404_and_bad_input_a_400(monkeypatch):
+    c, ch = _cancel_client(monkeypatch, [{"cancelled": None, "reason": "no capture is pending or running"}])
+    r = c.post(names.ROUTE_CAPTURE_CANCEL)
+    assert r.status_code == 404 and r.json() == {"error": "no capture is pending or running", "cancelled": []}, r.text
+    for q in ("?id=bad%01id", "?id=" + "x" * 4000, "?color=red"):
+        r = c.post(names.ROUTE_CAPTURE_CANCEL + q)
+        assert r.status_code == 400 and len(r.text) < 300, (q, r.text[:200])
+    assert len(ch.asked) == 1  # bad input asked no rank
