@@ -39,6 +39,9 @@ def drain_child(conn) -> None:
             return
         else:
             for f in items:
+                if not hasattr(f, "record"):  # a record or a request's end as it is; a loss mark as one
+                    p.recorder.lost() if type(f).__name__ == "_Lost" else submit(f)
+                    continue
                 r = f.record()
                 if r is not None:
                     submit(r)
@@ -55,6 +58,9 @@ class Forwarder:
     def __init__(self, q, conn, thread: bool = True) -> None:
         self.q, self.conn = q, conn
         self.ns = self.records = 0
+        from collections import Counter
+
+        self.parts: Counter = Counter()  # CPU ns by part of the hand-off (facts, pickle, send), and bytes
         self.stop_ev = threading.Event()
         self.thread = None
         if thread:  # named as the drain thread it stands in for
@@ -73,13 +79,25 @@ class Forwarder:
         from sglang_ctxprof.collect.host import HostFacts
         from sglang_ctxprof.collect.pacing import SLICE_NS
 
-        q, pc, out = self.q, time.perf_counter_ns, []
+        q, pc, out, tt, parts = self.q, time.perf_counter_ns, [], time.thread_time_ns, self.parts
         t0 = pc()
+        a = tt()
         while q and (until_empty or pc() - t0 < SLICE_NS):
             item = q.popleft()
+            if type(item).__name__ == "_Started":  # a record the thread drain had begun: its rest here
+                while not item.step():
+                    pass
+                continue
             out.append(item.facts() if type(item) is HostFacts else item)
         if out:
-            self.conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+            b = tt()
+            blob = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+            c = tt()
+            self.conn.send_bytes(blob)
+            parts["facts"] += b - a
+            parts["pickle"] += c - b
+            parts["send"] += tt() - c
+            parts["bytes"] += len(blob)
             self.records += len(out)
 
     def _loop(self) -> None:

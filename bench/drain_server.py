@@ -19,11 +19,15 @@ one window, the batch at least 90% of the size) are compared, busy against idle:
 * **GIL %**: the same for the step's wall time less the scheduler thread's CPU and run-queue wait,
   which is what waiting for the GIL (and for a device, none here) leaves; the machine's other load
   is mostly taken out;
+* **own %**: the same for the step's wall time less its run-queue wait only: the GIL wait and the
+  scheduler thread's own CPU, which with ``--mode process`` includes the hand-off to the drain
+  process (in thread mode the two agree but for the drain's effect on the thread's caches);
 * **floor**: the same p99 difference between the idle windows of odd and even rounds: this
   machine's noise alone (a busy figure within it is not resolved).
 
 And the drain's CPU µs per record in the busy windows at that size (the recorder's ``Cost``, as
-``/ctx_profile/status`` reports it).  Run it alone on the machine, under the server lock.  A benchmark, not a test: it asserts nothing about timing.
+``/ctx_profile/status`` reports it; with ``--mode process`` the scheduler thread's hand-off per item:
+the drain in a process of its own, ``drain_server_probe``, a design priced here, not the package's).  Run it alone on the machine, under the server lock.  A benchmark, not a test: it asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def pct(xs: list[float], q: float) -> float:
 def steps(samples: list, size: int) -> dict:
     """Decode step-to-step times at about ``size``, by mode: wall and GIL-wait lists (ms), and
     the idle ones split by window parity (the floor)."""
-    out: dict = {"wall": {IDLE: [], BUSY: []}, "gil": {IDLE: [], BUSY: []}, "halves": ([], [])}
+    out: dict = {"wall": {IDLE: [], BUSY: []}, "gil": {IDLE: [], BUSY: []}, "own": {IDLE: [], BUSY: []},
+                 "halves": ([], [])}
     for a, b in zip(samples, samples[1:]):
         mode, window, decode, n = a[0], a[1], a[2], a[3]
         if mode not in (IDLE, BUSY) or (b[0], b[1]) != (mode, window) or not (decode and b[2]):
@@ -96,6 +101,7 @@ def steps(samples: list, size: int) -> dict:
         out["wall"][mode].append(dwall / 1e6)
         gil = max(0, dwall - dcpu - drunq) / 1e6
         out["gil"][mode].append(gil)
+        out["own"][mode].append(max(0, dwall - drunq) / 1e6)
         if mode == IDLE:
             out["halves"][window % 4 == 1].append(gil)  # idle windows are every other one
     return out
@@ -126,6 +132,9 @@ def summarize(samples: list, marks: list, size: int) -> dict:
     row["wall_p99_pct"] = (row["busy_p99_ms"] - row["idle_p99_ms"]) / i50 * 100
     row["gil_p50_pct"] = (pct(g[BUSY], 0.5) - pct(g[IDLE], 0.5)) / i50 * 100
     row["gil_p99_pct"] = (pct(g[BUSY], 0.99) - pct(g[IDLE], 0.99)) / i50 * 100
+    o = s["own"]
+    row["own_p50_pct"] = (pct(o[BUSY], 0.5) - pct(o[IDLE], 0.5)) / i50 * 100
+    row["own_p99_pct"] = (pct(o[BUSY], 0.99) - pct(o[IDLE], 0.99)) / i50 * 100
     h = s["halves"]
     row["gil_p99_floor_pct"] = abs(pct(h[0], 0.99) - pct(h[1], 0.99)) / i50 * 100 if all(h) else float("nan")
     row["drain_us_per_record"] = drain_cost(samples, marks, size)
@@ -139,12 +148,14 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--mode", choices=("thread", "process"), default="thread",
+                    help="the drain: the recorder's thread, or a process of its own (priced, not the package's)")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "drain_server.log"))
     a = ap.parse_args()
     sizes = [int(x) for x in a.batches.split(",")]
     folder = tempfile.mkdtemp(prefix="drain-probe-")
-    env = {**probe_env(folder), "CTXPROF_DRAIN_PROBE_WINDOW_S": str(a.window)}
+    env = {**probe_env(folder), "CTXPROF_DRAIN_PROBE_WINDOW_S": str(a.window), "CTXPROF_DRAIN_PROBE_MODE": a.mode}
     most = max(sizes)
     tokens = max(16384, 2 * most * (a.ctx + a.new + 64))
     srv = start_server(a.log, env=env, extra_args=["--max-running-requests", str(most),
@@ -164,18 +175,24 @@ def main() -> None:
         sys.exit(f"drain_server: the probe wrote no samples (is it loaded? see {a.log})")
     data = json.loads(files[0].read_text())
     rows = [summarize(data["samples"], data["marks"], size) for size in sizes]
-    print(f"windows of {data['window_s']} s; batches sent per size: {sent}")
+    print(f"drain: {a.mode}; windows of {data['window_s']} s; batches sent per size: {sent}")
     print(f"{'batch':>5} {'steps i/b':>11} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | "
-          f"{'wall p99 %':>10} | {'GIL % p50':>9} {'p99':>6} {'floor':>6} | {'drain us/rec':>12}")
+          f"{'wall p99 %':>10} | {'GIL % p50':>9} {'p99':>6} {'floor':>6} | {'own % p50':>9} {'p99':>6} | "
+          f"{'drain us/rec':>12}")
     for r in rows:
         print(f"{r['batch']:5d} {r['steps_idle']:5d}/{r['steps_busy']:<5d} | {r['idle_p50_ms']:8.2f} "
               f"{r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} {r['busy_p99_ms']:7.2f} | "
               f"{r['wall_p99_pct']:10.2f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} "
-              f"{r['gil_p99_floor_pct']:6.2f} | {r['drain_us_per_record']:12.0f}")
+              f"{r['gil_p99_floor_pct']:6.2f} | {r['own_p50_pct']:9.2f} {r['own_p99_pct']:6.2f} | "
+              f"{r['drain_us_per_record']:12.0f}")
+    if data.get("handoff_per_item"):
+        print("hand-off per item on the scheduler thread (all windows): " + ", ".join(
+            f"{k} {v / 1e3:.1f} us" if k != "bytes" else f"{v:.0f} bytes" for k, v in data["handoff_per_item"].items()))
     print("goal: p99 delay <= 1% of the step (GIL %: the wait left when the thread's CPU and run-queue wait "
           "are taken out; floor: idle against idle)")
     if a.out:
-        Path(a.out).write_text(json.dumps({"rows": rows, "sent": sent, "window_s": data["window_s"]}, indent=1))
+        Path(a.out).write_text(json.dumps({"mode": a.mode, "rows": rows, "sent": sent, "window_s": data["window_s"],
+                                           "handoff_per_item": data.get("handoff_per_item")}, indent=1))
 
 
 if __name__ == "__main__":

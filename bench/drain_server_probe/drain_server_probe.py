@@ -13,8 +13,15 @@ and **busy** (the drain thread started again; the window counts only from the mo
 is drained, records and sinks, so what it measures is the drain keeping pace with the steps).  The stop's own
 synchronous drain and the busy window's catch-up are marked as transitions (mode -1), not counted.
 
+With ``CTXPROF_DRAIN_PROBE_MODE=process`` the drain runs in a process of its own instead (the
+design this prices; ``bench/drain_child.py``): the recorder's drain thread stays held, a child
+process (``drain_child``: a recorder, aggregator and default sinks, as the session's) reads a socket,
+and in busy windows the scheduler thread itself hands each step's queued items over at the start of
+the next ``run_batch`` (``drain_child.Forwarder.after_step``: plain facts, pickled, one write).
+
 At the start of each window and of its counted part, the window thread also notes the drain's CPU
-time and records so far (the recorder's ``Cost``).  When the file ``<folder>/dump`` appears, it
+time and records so far (the recorder's ``Cost``; in process mode the hand-off's CPU on the
+scheduler thread and the items it handed over).  When the file ``<folder>/dump`` appears, it
 leaves the drain running, writes the samples and notes to ``<folder>/samples-<pid>.json`` and
 ends.  A benchmark's probe, not part of the package.
 """
@@ -28,6 +35,7 @@ import time
 
 ENV = "CTXPROF_DRAIN_PROBE"
 WINDOW_ENV = "CTXPROF_DRAIN_PROBE_WINDOW_S"
+MODE_ENV = "CTXPROF_DRAIN_PROBE_MODE"  # "thread" (the recorder's drain thread) or "process"
 IDLE, BUSY, TRANSITION = 0, 1, -1
 
 
@@ -44,7 +52,7 @@ def register() -> None:
 
     orig = Scheduler.run_batch
     samples: list[tuple] = []
-    state = {"mode": TRANSITION, "window": 0, "thread": None}
+    state = {"mode": TRANSITION, "window": 0, "thread": None, "forward": None}
     wall, cpu = time.perf_counter_ns, time.thread_time_ns
 
     def run_batch(self, batch, *args, **kwargs):
@@ -52,6 +60,9 @@ def register() -> None:
             state["thread"] = t = threading.Thread(target=_windows, args=(out, samples, state),
                                                    name="drain-probe", daemon=True)
             t.start()
+        fw = state["forward"]
+        if fw is not None:  # process mode, a busy window: hand the last step over (counted in its interval)
+            fw.after_step()
         decode = bool(batch is not None and batch.forward_mode.is_decode())
         size = batch.batch_size() if batch is not None else 0
         samples.append((state["mode"], state["window"], decode, size, wall(), cpu(), _runq_ns()))
@@ -68,22 +79,51 @@ def _recorder():
     return hooks.SESSION.profiler.recorder
 
 
+def _child(rec):
+    """Process mode: the drain process, and the scheduler thread's hand-off to it."""
+    import socket
+    import subprocess
+    import sys
+    from multiprocessing.connection import Connection
+
+    bench = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours, theirs = socket.socketpair()
+    code = (f"import sys; sys.path.insert(0, {bench!r}); from multiprocessing.connection import Connection; "
+            f"import drain_child; drain_child.drain_child(Connection({theirs.fileno()}))")
+    subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    sys.path.insert(0, bench)
+    from drain_child import Forwarder
+
+    return Forwarder(rec._q, Connection(ours.detach()), thread=False)
+
+
 def _windows(out: str, samples: list, state: dict) -> None:
     rec = _recorder()
     window_s = float(os.environ.get(WINDOW_ENV, "3"))
     dump = os.path.join(out, "dump")
     marks: list[tuple] = []  # (window, mode, drain CPU ns, records drained) as each mode begins
+    fw = None
+    if os.environ.get(MODE_ENV, "thread") == "process":
+        rec.stop()  # held for good: the child drains
+        fw = _child(rec)
 
     def mark(mode: int) -> None:
         state["mode"] = mode
-        marks.append((state["window"], mode, rec.cost.drain_ns, rec.cost.drain_records))
+        marks.append((state["window"], mode, *((fw.ns, fw.records) if fw is not None else
+                                              (rec.cost.drain_ns, rec.cost.drain_records))))
 
     idle = True
     while not os.path.exists(dump):
         mark(TRANSITION)
         state["window"] += 1
         t0 = time.monotonic()
-        if idle:
+        if fw is not None:
+            rec.stop()  # again: the session starts its drain thread at its first step
+            state["forward"] = None if idle else fw
+            while not idle and rec._q and time.monotonic() - t0 < window_s:  # the held window's backlog
+                time.sleep(0.005)
+        elif idle:
             rec.stop()
         else:
             rec.start()
@@ -93,8 +133,10 @@ def _windows(out: str, samples: list, state: dict) -> None:
         time.sleep(window_s)
         idle = not idle
     mark(TRANSITION)
-    rec.start()
+    if fw is None:
+        rec.start()
     path = os.path.join(out, f"samples-{os.getpid()}.json")
     with open(path + ".tmp", "w") as f:
-        json.dump({"window_s": window_s, "samples": samples, "marks": marks}, f)
+        parts = {k: v / max(1, fw.records) for k, v in fw.parts.items()} if fw is not None else {}
+        json.dump({"window_s": window_s, "samples": samples, "marks": marks, "handoff_per_item": parts}, f)
     os.replace(path + ".tmp", path)
