@@ -11,7 +11,8 @@ The budget, enforced here and reported in ``/ctx_profile/status`` (``capture``):
   counted by trigger: ``suppressed``), at most ``max_steps`` steps;
 * a capture not started within its ``wait_s`` (by the HTTP process's clock, judged at the next control
   request: every rank alike) fails, and so does one cancelled before it starts (:meth:`Capture.cancel`;
-  a running one stops there, its steps so far kept): either gives back the cooling-off it took;
+  a running one stops there, its steps so far kept); one an admin asked for that ends without having
+  started (so, or its start failed on the one rank) gives back the cooling-off it took;
 * a byte cap on the kept files in ``dir``: after each export a capture that alone exceeds it is
   deleted and failed (the older ones stay), then the oldest go until the rest fit (outside the lock);
 * the trace export runs on a thread of its own (``adapter_capture.stop``; ``export_gap_ms``: the
@@ -153,7 +154,7 @@ class Capture:
             if info is None:
                 return
             if info.state != names.CAPTURE_RUNNING and self.ranks == 1:
-                self._end(info, names.CAPTURE_FAILED, why)
+                self._unstarted_end(info, why)
                 return
             info.error = info.error or why
             try:
@@ -266,7 +267,7 @@ class Capture:
             info.error, info._unstarted = why, True  # one: follow their steps to it, then fail
             return True
         if why:
-            self._end(info, names.CAPTURE_FAILED, why)
+            self._unstarted_end(info, why)
             return False
         import torch
 
@@ -297,9 +298,11 @@ class Capture:
             self._end(info, names.CAPTURE_FAILED, info.error or adapter_capture.NOTHING_EXPORTED)
 
     def _unstarted_end(self, info: CaptureInfo, why: str) -> None:
-        """Fail a capture that never started, giving back the cooling-off its request took."""
+        """Fail a capture that never started; one an admin asked for gives back the cooling-off its
+        request took (an automatic one keeps it: a trigger firing again and again would fill the
+        history with failures)."""
         with self._lock:
-            if self.current is info:
+            if self.current is info and info.trigger in (names.TRIGGER_MANUAL, names.TRIGGER_RID):
                 self.last_s = info._before_s
             self._end(info, names.CAPTURE_FAILED, why)
 

@@ -11,7 +11,7 @@ The sinks of a server are:
   and the ``slow_request`` event;
 * ``views.exporters.StepLogSink`` (``logs``): ``slow_step`` events and the summary window;
 * ``views.exporters.MetricsSink`` (``metrics``): the live Prometheus series;
-* ``collect.capture.CaptureSink`` (``capture``): the automatic deep-capture triggers.
+* ``collect.capture_triggers.CaptureSink`` (``capture``): the automatic deep-capture triggers.
 
 The exporter sinks are built with the session (:class:`ExporterSet`), before SGLang has said which
 rank this is; the profiler hands them :class:`BindFacts` once, when it binds to the scheduler.

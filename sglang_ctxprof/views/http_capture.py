@@ -7,7 +7,8 @@
   capture not started S seconds after it was asked for fails, judged at the next control request.
 * ``POST /ctx_profile/capture/cancel[?id=ID]`` (admin): cancel the pending or running capture (only
   that one, with ``id``): a pending one fails, a running one stops and keeps its steps so far; a
-  capture cancelled or failed before it started gives back its cooling-off.  404 when none is.
+  capture an admin asked for that ends without having started gives back its cooling-off.  404
+  when none is.
 * ``GET /ctx_profile/capture/{id}[?format=json|trace|timeline]`` (read level): the capture's record
   with the step records it covers; the trace file SGLang's profiler wrote (when it is on this
   host); or the merged timeline (``views.timeline``), built here in the HTTP process, never on

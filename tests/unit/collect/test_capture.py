@@ -893,3 +893,17 @@ def test_ranks_end_a_pending_capture_alike_by_the_clock_each_command_carries(tmp
         finally:
             session.uninstrument()
     assert seen[0] == seen[1] == ([True, False, True], [names.CAPTURE_FAILED, names.CAPTURE_PENDING]), seen
+
+
+def test_an_admins_capture_that_cannot_start_on_one_rank_gives_back_its_cooling_off(tmp_path):
+    """SGLang's profiler busy (an admin's /start_profile): the capture fails at its first step with
+    nothing captured, and the next one an admin asks for is not refused for the whole interval."""
+    cap, s = Capture(settings(tmp_path, interval_s=900.0)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_MANUAL, now_s=1000.0)["capture"]["id"]
+    s.profiler_manager.profile_in_progress = True
+    s.step(cap)
+    c = cap.find(cid)
+    assert c.state == names.CAPTURE_FAILED and c.step_ids == [], c
+    s.profiler_manager.profile_in_progress = False
+    assert cap.request(names.TRIGGER_MANUAL, now_s=1001.0)["accepted"]
+

@@ -107,6 +107,8 @@ def test_a_request_that_finished_before_its_capture_started_fails_it_soon(tmp_pa
     c = cap.find(cid)
     assert c.state == names.CAPTURE_FAILED and f"not seen in {AUTO_RID_WAIT_STEPS} steps" in c.error
     assert not cap.armed
+    feed(cap, rec(2, 400.0, rids=("b",)))  # an automatic capture keeps its cooling-off: no storm of them
+    assert cap.status()["suppressed"] == {names.TRIGGER_SLOW_REQUEST: 1} and cap.current is None
 
 
 def test_tracking_is_dropped_when_a_request_finishes(tmp_path):
