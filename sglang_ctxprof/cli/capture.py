@@ -137,11 +137,16 @@ def run(ns) -> int:
     try:
         info = _wait(ns, cid)
     except (CliError, KeyboardInterrupt):
-        try:  # what the command no longer waits for must not hold the server's one capture
-            cancel(ns, cid)
-            print(f"capture {cid} cancelled on the server", flush=True)
-        except CliError:
-            pass  # it ended meanwhile, or the server cannot be reached: the error itself says why
+        # what the command no longer waits for must not hold the server's one capture (each DP
+        # group's: their ids may differ)
+        for own in dict.fromkeys(str(c.get("id")) for c in caps if isinstance(c, dict)):
+            if not CAPTURE_ID_RE.match(own):
+                continue
+            try:
+                cancel(ns, own)
+                print(f"capture {own} cancelled on the server", flush=True)
+            except CliError:
+                pass  # it ended meanwhile, or the server cannot be reached: the error itself says why
         raise
     if info["state"] != names.CAPTURE_DONE:
         raise CliError(f"capture {cid} {info['state']}: {printable(str(info.get('error')))}")

@@ -84,6 +84,9 @@ def test_a_scheduler_that_stays_late_ends_at_the_deadline_with_its_reason_and_th
     assert len(lines) == 1 and "not done" in lines[0] and "504" in lines[0] and LATE in lines[0], err
     assert serve.handler().paths[-1] == names.ROUTE_CAPTURE_CANCEL + "?id=c1"  # not left holding the server's one
     assert "capture c1 cancelled on the server" in out
+    two = {"accepted": True, "captures": [{"id": "c1"}, {"id": "c7"}, {"id": "c1"}]}  # DP groups apart
+    assert main(["capture", "--url", serve(late=10**9, post_body=two), "--out", str(tmp_path), "--timeout", "0"]) == 2
+    assert serve.handler().paths[1:] == (names.ROUTE_CAPTURE_CANCEL + "?id=c1", names.ROUTE_CAPTURE_CANCEL + "?id=c7")
 
 
 def test_the_wait_goes_with_the_ask_and_cancel_is_one_line_either_way(serve, tmp_path, capsys):
