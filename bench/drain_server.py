@@ -26,8 +26,9 @@ one window, the batch at least 90% of the size) are compared, busy against idle:
   machine's noise alone (a busy figure within it is not resolved).
 
 And the drain's CPU µs per record in the busy windows at that size (the recorder's ``Cost``, as
-``/ctx_profile/status`` reports it; with ``--mode process`` the scheduler thread's hand-off per item:
-the drain in a process of its own, ``drain_server_probe``, a design priced here, not the package's).  Run it alone on the machine, under the server lock.  A benchmark, not a test: it asserts nothing about timing.
+``/ctx_profile/status`` reports it; with ``--mode process`` or ``ring`` the scheduler thread's hand-off
+per item: the drain in a process of its own, ``drain_server_probe``, a design priced here, not the
+package's).  Run it alone on the machine, under the server lock.  A benchmark, not a test: it asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -148,8 +149,9 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--mode", choices=("thread", "process"), default="thread",
-                    help="the drain: the recorder's thread, or a process of its own (priced, not the package's)")
+    ap.add_argument("--mode", choices=("thread", "process", "ring"), default="thread",
+                    help="the drain: the recorder's thread, or a process of its own fed through a socket or a "
+                         "shared-memory ring (priced, not the package's)")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "drain_server.log"))
     a = ap.parse_args()
@@ -187,7 +189,8 @@ def main() -> None:
               f"{r['drain_us_per_record']:12.0f}")
     if data.get("handoff_per_item"):
         print("hand-off per item on the scheduler thread (all windows): " + ", ".join(
-            f"{k} {v / 1e3:.1f} us" if k != "bytes" else f"{v:.0f} bytes" for k, v in data["handoff_per_item"].items()))
+            f"{k} {v:.3g} per item" if k == "dropped" else f"{k} {v / 1e3:.1f} us" if k != "bytes" else f"{v:.0f} bytes"
+            for k, v in data["handoff_per_item"].items()))
     print("goal: p99 delay <= 1% of the step (GIL %: the wait left when the thread's CPU and run-queue wait "
           "are taken out; floor: idle against idle)")
     if a.out:

@@ -18,6 +18,8 @@ design this prices; ``bench/drain_child.py``): the recorder's drain thread stays
 process (``drain_child``: a recorder, aggregator and default sinks, as the session's) reads a socket,
 and in busy windows the scheduler thread itself hands each step's queued items over at the start of
 the next ``run_batch`` (``drain_child.Forwarder.after_step``: plain facts, pickled, one write).
+``ring``: the same child fed through a shared-memory ring instead (``bench/drain_ring.py``: the
+facts as ``marshal`` bytes, no system call per step).
 
 At the start of each window and of its counted part, the window thread also notes the drain's CPU
 time and records so far (the recorder's ``Cost``; in process mode the hand-off's CPU on the
@@ -79,14 +81,23 @@ def _recorder():
     return hooks.SESSION.profiler.recorder
 
 
-def _child(rec):
-    """Process mode: the drain process, and the scheduler thread's hand-off to it."""
+def _child(rec, mode: str):
+    """Process and ring modes: the drain process, and the scheduler thread's hand-off to it."""
     import socket
     import subprocess
     import sys
     from multiprocessing.connection import Connection
 
     bench = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if mode == "ring":
+        sys.path.insert(0, bench)
+        from drain_ring import Ring, RingForwarder
+
+        path = f"/dev/shm/ctxprof-drain-ring-{os.getpid()}"
+        ring = Ring(path, create=True)
+        code = f"import sys; sys.path.insert(0, {bench!r}); import drain_ring; drain_ring.ring_child({path!r})"
+        subprocess.Popen([sys.executable, "-c", code])
+        return RingForwarder(rec._q, ring)
     ours, theirs = socket.socketpair()
     code = (f"import sys; sys.path.insert(0, {bench!r}); from multiprocessing.connection import Connection; "
             f"import drain_child; drain_child.drain_child(Connection({theirs.fileno()}))")
@@ -104,9 +115,9 @@ def _windows(out: str, samples: list, state: dict) -> None:
     dump = os.path.join(out, "dump")
     marks: list[tuple] = []  # (window, mode, drain CPU ns, records drained) as each mode begins
     fw = None
-    if os.environ.get(MODE_ENV, "thread") == "process":
+    if os.environ.get(MODE_ENV, "thread") in ("process", "ring"):
         rec.stop()  # held for good: the child drains
-        fw = _child(rec)
+        fw = _child(rec, os.environ[MODE_ENV])
 
     def mark(mode: int) -> None:
         state["mode"] = mode
