@@ -71,11 +71,14 @@ class Ring:
 
 
 def encode(item) -> bytes:
+    """A queued item as ring bytes: a step's plain facts (``HostFacts.facts``, or facts already) as
+    ``marshal`` bytes, anything else pickled."""
     from sglang_ctxprof.collect.host import HostFacts
+    from sglang_ctxprof.model.facts import StepFacts
 
-    if type(item) is not HostFacts:
-        return b"P" + pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-    f = item.facts()
+    f = item.facts() if type(item) is HostFacts else item
+    if type(f) is not StepFacts:
+        return b"P" + pickle.dumps(f, protocol=pickle.HIGHEST_PROTOCOL)
     state = [(v.tp, v.dp, v.pp) if n == "rank" else v for n, v in zip(f.__slots__, f.__getstate__())]
     return b"F" + marshal.dumps(tuple(state))
 
@@ -95,12 +98,14 @@ def decode(data: bytes):
 class RingForwarder:
     """The scheduler thread's side: ``after_step`` hands what its recorder queued over to the ring."""
 
-    def __init__(self, q, ring: Ring) -> None:
-        self.q, self.ring = q, ring
+    def __init__(self, q, ring: Ring, child=None) -> None:
+        self.q, self.ring, self.child = q, ring, child
         self.ns = self.records = 0
-        self.parts: Counter = Counter()  # CPU ns: encoding (facts and marshal), the ring write; bytes
+        self.parts: Counter = Counter()  # CPU ns: the plain facts, marshal, the ring write; bytes; drops
 
     def after_step(self) -> None:
+        from sglang_ctxprof.collect.host import HostFacts
+
         tt, q, parts = time.thread_time_ns, self.q, self.parts
         t0 = tt()
         while q:
@@ -110,14 +115,22 @@ class RingForwarder:
                     pass
                 continue
             a = tt()
-            data = encode(item)
+            item = item.facts() if type(item) is HostFacts else item
             b = tt()
+            data = encode(item)
+            c = tt()
             parts["dropped"] += not self.ring.put(data)  # the child is not keeping up (or gone)
-            parts["encode"] += b - a
-            parts["write"] += tt() - b
+            parts["facts"] += b - a
+            parts["marshal"] += c - b
+            parts["write"] += tt() - c
             parts["bytes"] += len(data)
             self.records += 1
         self.ns += tt() - t0
+
+    def health(self) -> dict:
+        """Whether the child drained: the ring's bytes written and read so far, and the child alive."""
+        w, r = struct.unpack_from("<QQ", self.ring.m, 0)
+        return {"ring_written": w, "ring_read": r, "child_alive": self.child is not None and self.child.poll() is None}
 
 
 def ring_child(path: str) -> None:

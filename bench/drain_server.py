@@ -191,11 +191,14 @@ def main() -> None:
         print("hand-off per item on the scheduler thread (all windows): " + ", ".join(
             f"{k} {v:.3g} per item" if k == "dropped" else f"{k} {v / 1e3:.1f} us" if k != "bytes" else f"{v:.0f} bytes"
             for k, v in data["handoff_per_item"].items()))
+    if data.get("child"):
+        print(f"drain process at the end: {data['child']}")
     print("goal: p99 delay <= 1% of the step (GIL %: the wait left when the thread's CPU and run-queue wait "
           "are taken out; floor: idle against idle)")
     if a.out:
         Path(a.out).write_text(json.dumps({"mode": a.mode, "rows": rows, "sent": sent, "window_s": data["window_s"],
-                                           "handoff_per_item": data.get("handoff_per_item")}, indent=1))
+                                           "handoff_per_item": data.get("handoff_per_item"),
+                                           "child": data.get("child")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -96,8 +96,7 @@ def _child(rec, mode: str):
         path = f"/dev/shm/ctxprof-drain-ring-{os.getpid()}"
         ring = Ring(path, create=True)
         code = f"import sys; sys.path.insert(0, {bench!r}); import drain_ring; drain_ring.ring_child({path!r})"
-        subprocess.Popen([sys.executable, "-c", code])
-        return RingForwarder(rec._q, ring)
+        return RingForwarder(rec._q, ring, subprocess.Popen([sys.executable, "-c", code]))
     ours, theirs = socket.socketpair()
     code = (f"import sys; sys.path.insert(0, {bench!r}); from multiprocessing.connection import Connection; "
             f"import drain_child; drain_child.drain_child(Connection({theirs.fileno()}))")
@@ -130,6 +129,7 @@ def _windows(out: str, samples: list, state: dict) -> None:
         state["window"] += 1
         t0 = time.monotonic()
         if fw is not None:
+            state["forward"] = None  # first: the stop's flush and the scheduler thread never both take the queue
             rec.stop()  # again: the session starts its drain thread at its first step
             state["forward"] = None if idle else fw
             while not idle and rec._q and time.monotonic() - t0 < window_s:  # the held window's backlog
@@ -149,5 +149,7 @@ def _windows(out: str, samples: list, state: dict) -> None:
     path = os.path.join(out, f"samples-{os.getpid()}.json")
     with open(path + ".tmp", "w") as f:
         parts = {k: v / max(1, fw.records) for k, v in fw.parts.items()} if fw is not None else {}
-        json.dump({"window_s": window_s, "samples": samples, "marks": marks, "handoff_per_item": parts}, f)
+        health = fw.health() if hasattr(fw, "health") else {}
+        json.dump({"window_s": window_s, "samples": samples, "marks": marks, "handoff_per_item": parts,
+                   "child": health}, f)
     os.replace(path + ".tmp", path)
