@@ -17,9 +17,9 @@ import threading
 import time
 
 
-def drain_child(conn) -> None:
-    """The drain process: a profiler's recorder, aggregator and default sinks (as the session's), fed
-    the records built from the step facts it receives; ``None`` asks it to drain all and answer."""
+def child_profiler():
+    """The drain process's profiler: a recorder, aggregator and default sinks (as the session's),
+    its drain thread started."""
     from sglang_ctxprof.collect.profiler import Profiler
     from sglang_ctxprof.model.config import CtxProfConfig
     from sglang_ctxprof.views import exporters
@@ -28,7 +28,27 @@ def drain_child(conn) -> None:
     p.attach_exporters(exporters.install(p.config))
     p.guard.run("exporter", p.exporters.bind, p.bind_facts(None))
     p.recorder.start()
-    recv, submit = conn.recv_bytes, p.recorder.submit
+    return p
+
+
+def feed(p, items) -> None:
+    """Hand what the scheduler process sent to ``p``'s recorder: a step's plain facts as the record
+    they build, a record or a request's end as it is, a loss mark as one."""
+    submit = p.recorder.submit
+    for f in items:
+        if not hasattr(f, "record"):
+            p.recorder.lost() if type(f).__name__ == "_Lost" else submit(f)
+            continue
+        r = f.record()
+        if r is not None:
+            submit(r)
+
+
+def drain_child(conn) -> None:
+    """The drain process (``child_profiler``), fed the step facts it receives; ``None`` asks it to
+    drain all and answer."""
+    p = child_profiler()
+    recv = conn.recv_bytes
     while True:
         items = pickle.loads(recv())
         if items is None:
@@ -38,13 +58,7 @@ def drain_child(conn) -> None:
             p.recorder.close()
             return
         else:
-            for f in items:
-                if not hasattr(f, "record"):  # a record or a request's end as it is; a loss mark as one
-                    p.recorder.lost() if type(f).__name__ == "_Lost" else submit(f)
-                    continue
-                r = f.record()
-                if r is not None:
-                    submit(r)
+            feed(p, items)
 
 
 class Forwarder:

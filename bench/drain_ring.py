@@ -134,25 +134,13 @@ class RingForwarder:
 
 
 def ring_child(path: str) -> None:
-    """The drain process: a profiler's recorder, aggregator and default sinks (as the session's), fed
-    what the ring holds, every ``POLL_S``, until the parent is gone."""
-    from sglang_ctxprof.collect.profiler import Profiler
-    from sglang_ctxprof.model.config import CtxProfConfig
-    from sglang_ctxprof.views import exporters
+    """The drain process (``drain_child.child_profiler``), fed what the ring holds, every ``POLL_S``,
+    until the parent is gone."""
+    from drain_child import child_profiler, feed
 
-    p = Profiler(CtxProfConfig())
-    p.attach_exporters(exporters.install(p.config))
-    p.guard.run("exporter", p.exporters.bind, p.bind_facts(None))
-    p.recorder.start()
-    ring, parent, submit = Ring(path), os.getppid(), p.recorder.submit
+    p = child_profiler()
+    ring, parent = Ring(path), os.getppid()
     os.unlink(path)  # the mapping stays: nothing is left in /dev/shm once both processes end
     while os.getppid() == parent:
-        for data in ring.take():
-            f = decode(data)
-            if not hasattr(f, "record"):  # a record or a request's end as it is; a loss mark as one
-                p.recorder.lost() if type(f).__name__ == "_Lost" else submit(f)
-                continue
-            r = f.record()
-            if r is not None:
-                submit(r)
+        feed(p, [decode(data) for data in ring.take()])
         time.sleep(POLL_S)
