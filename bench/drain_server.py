@@ -90,55 +90,54 @@ def pct(xs: list[float], q: float) -> float:
 def steps(samples: list, size: int) -> dict:
     """Decode step-to-step times at about ``size``, by mode: wall and GIL-wait lists (ms), and
     the idle ones split by window parity (the floor)."""
-    out: dict = {"wall": {IDLE: [], BUSY: []}, "gil": {IDLE: [], BUSY: []}, "own": {IDLE: [], BUSY: []},
-                 "halves": ([], [])}
+    out: dict = {"wall": {}, "gil": {}, "own": {}, "halves": ([], [])}
     for a, b in zip(samples, samples[1:]):
         mode, window, decode, n = a[0], a[1], a[2], a[3]
-        if mode not in (IDLE, BUSY) or (b[0], b[1]) != (mode, window) or not (decode and b[2]):
+        if mode < IDLE or (b[0], b[1]) != (mode, window) or not (decode and b[2]):
             continue
         if not (0.9 * size <= n <= size):
             continue
         dwall, dcpu, drunq = b[4] - a[4], b[5] - a[5], b[6] - a[6]
-        out["wall"][mode].append(dwall / 1e6)
+        out["wall"].setdefault(mode, []).append(dwall / 1e6)
         gil = max(0, dwall - dcpu - drunq) / 1e6
-        out["gil"][mode].append(gil)
-        out["own"][mode].append(max(0, dwall - drunq) / 1e6)
+        out["gil"].setdefault(mode, []).append(gil)
+        out["own"].setdefault(mode, []).append(max(0, dwall - drunq) / 1e6)
         if mode == IDLE:
             out["halves"][window % 4 == 1].append(gil)  # idle windows are every other one
     return out
 
 
-def drain_cost(samples: list, marks: list, size: int) -> float:
-    """The drain's CPU µs per record over the busy windows whose decode steps were mostly at about
+def drain_cost(samples: list, marks: list, size: int, busy: int = BUSY) -> float:
+    """The drain's CPU µs per record over the ``busy`` windows whose decode steps were mostly at about
     ``size`` (each counted from its backlog drained to the next window)."""
     sizes: dict[int, list[int]] = {}
     for mode, window, decode, n, *_ in samples:
-        if mode == BUSY and decode:
+        if mode == busy and decode:
             sizes.setdefault(window, []).append(n)
     ns = records = 0
     for (w, mode, ns0, r0), (_, _, ns1, r1) in zip(marks, marks[1:]):
         got = sizes.get(w, [])
-        if mode == BUSY and got and pct([0.9 * size <= n <= size for n in got], 0.5):
+        if mode == busy and got and pct([0.9 * size <= n <= size for n in got], 0.5):
             ns, records = ns + ns1 - ns0, records + r1 - r0
     return ns / 1e3 / records if records else float("nan")
 
 
-def summarize(samples: list, marks: list, size: int) -> dict:
+def summarize(samples: list, marks: list, size: int, busy: int = BUSY) -> dict:
+    """One row: the ``busy`` windows (an arm's) against the idle ones, at about ``size``."""
     s = steps(samples, size)
-    w, g = s["wall"], s["gil"]
-    i50 = pct(w[IDLE], 0.5)
-    row = {"batch": size, "steps_idle": len(w[IDLE]), "steps_busy": len(w[BUSY]),
-           "idle_p50_ms": i50, "idle_p99_ms": pct(w[IDLE], 0.99),
-           "busy_p50_ms": pct(w[BUSY], 0.5), "busy_p99_ms": pct(w[BUSY], 0.99)}
+    w, g, o = s["wall"], s["gil"], s["own"]
+    wi, wb, gi, gb, oi, ob = (d.get(k, []) for d in (w, g, o) for k in (IDLE, busy))
+    i50 = pct(wi, 0.5)
+    row = {"batch": size, "arm": busy, "steps_idle": len(wi), "steps_busy": len(wb),
+           "idle_p50_ms": i50, "idle_p99_ms": pct(wi, 0.99), "busy_p50_ms": pct(wb, 0.5), "busy_p99_ms": pct(wb, 0.99)}
     row["wall_p99_pct"] = (row["busy_p99_ms"] - row["idle_p99_ms"]) / i50 * 100
-    row["gil_p50_pct"] = (pct(g[BUSY], 0.5) - pct(g[IDLE], 0.5)) / i50 * 100
-    row["gil_p99_pct"] = (pct(g[BUSY], 0.99) - pct(g[IDLE], 0.99)) / i50 * 100
-    o = s["own"]
-    row["own_p50_pct"] = (pct(o[BUSY], 0.5) - pct(o[IDLE], 0.5)) / i50 * 100
-    row["own_p99_pct"] = (pct(o[BUSY], 0.99) - pct(o[IDLE], 0.99)) / i50 * 100
+    row["gil_p50_pct"] = (pct(gb, 0.5) - pct(gi, 0.5)) / i50 * 100
+    row["gil_p99_pct"] = (pct(gb, 0.99) - pct(gi, 0.99)) / i50 * 100
+    row["own_p50_pct"] = (pct(ob, 0.5) - pct(oi, 0.5)) / i50 * 100
+    row["own_p99_pct"] = (pct(ob, 0.99) - pct(oi, 0.99)) / i50 * 100
     h = s["halves"]
     row["gil_p99_floor_pct"] = abs(pct(h[0], 0.99) - pct(h[1], 0.99)) / i50 * 100 if all(h) else float("nan")
-    row["drain_us_per_record"] = drain_cost(samples, marks, size)
+    row["drain_us_per_record"] = drain_cost(samples, marks, size, busy)
     return row
 
 
@@ -152,12 +151,15 @@ def main() -> None:
     ap.add_argument("--mode", choices=("thread", "process", "ring"), default="thread",
                     help="the drain: the recorder's thread, or a process of its own fed through a socket or a "
                          "shared-memory ring (priced, not the package's)")
+    ap.add_argument("--arms", default="paced",
+                    help="thread mode: the busy windows in turn, of paced (as it is) and whole (no pause between slices)")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "drain_server.log"))
     a = ap.parse_args()
     sizes = [int(x) for x in a.batches.split(",")]
     folder = tempfile.mkdtemp(prefix="drain-probe-")
-    env = {**probe_env(folder), "CTXPROF_DRAIN_PROBE_WINDOW_S": str(a.window), "CTXPROF_DRAIN_PROBE_MODE": a.mode}
+    env = {**probe_env(folder), "CTXPROF_DRAIN_PROBE_WINDOW_S": str(a.window), "CTXPROF_DRAIN_PROBE_MODE": a.mode,
+           "CTXPROF_DRAIN_PROBE_ARMS": a.arms}
     most = max(sizes)
     tokens = max(16384, 2 * most * (a.ctx + a.new + 64))
     srv = start_server(a.log, env=env, extra_args=["--max-running-requests", str(most),
@@ -176,13 +178,14 @@ def main() -> None:
     if not files:
         sys.exit(f"drain_server: the probe wrote no samples (is it loaded? see {a.log})")
     data = json.loads(files[0].read_text())
-    rows = [summarize(data["samples"], data["marks"], size) for size in sizes]
+    arms = a.arms.split(",") if a.mode == "thread" else [a.mode]
+    rows = [summarize(data["samples"], data["marks"], size, BUSY + k) for size in sizes for k in range(len(arms))]
     print(f"drain: {a.mode}; windows of {data['window_s']} s; batches sent per size: {sent}")
-    print(f"{'batch':>5} {'steps i/b':>11} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | "
+    print(f"{'batch':>5} {'arm':>6} {'steps i/b':>11} | {'idle p50':>8} {'p99':>7} | {'busy p50':>8} {'p99':>7} | "
           f"{'wall p99 %':>10} | {'GIL % p50':>9} {'p99':>6} {'floor':>6} | {'own % p50':>9} {'p99':>6} | "
           f"{'drain us/rec':>12}")
     for r in rows:
-        print(f"{r['batch']:5d} {r['steps_idle']:5d}/{r['steps_busy']:<5d} | {r['idle_p50_ms']:8.2f} "
+        print(f"{r['batch']:5d} {arms[r['arm'] - BUSY]:>6} {r['steps_idle']:5d}/{r['steps_busy']:<5d} | {r['idle_p50_ms']:8.2f} "
               f"{r['idle_p99_ms']:7.2f} | {r['busy_p50_ms']:8.2f} {r['busy_p99_ms']:7.2f} | "
               f"{r['wall_p99_pct']:10.2f} | {r['gil_p50_pct']:9.2f} {r['gil_p99_pct']:6.2f} "
               f"{r['gil_p99_floor_pct']:6.2f} | {r['own_p50_pct']:9.2f} {r['own_p99_pct']:6.2f} | "

@@ -19,7 +19,9 @@ process (``drain_child``: a recorder, aggregator and default sinks, as the sessi
 and in busy windows the scheduler thread itself hands each step's queued items over at the start of
 the next ``run_batch`` (``drain_child.Forwarder.after_step``: plain facts, pickled, one write).
 ``ring``: the same child fed through a shared-memory ring instead (``bench/drain_ring.py``: the
-facts as ``marshal`` bytes, no system call per step).
+facts as ``marshal`` bytes, no system call per step).  In thread mode ``CTXPROF_DRAIN_PROBE_ARMS``
+(``paced,whole``) takes the busy windows in turn with the drain paced as it is and with no pause
+between its slices (``Pacer.backlog`` -1); the windows are marked 1, 2, ... by arm.
 
 At the start of each window and of its counted part, the window thread also notes the drain's CPU
 time and records so far (the recorder's ``Cost``; in process mode the hand-off's CPU on the
@@ -38,6 +40,7 @@ import time
 ENV = "CTXPROF_DRAIN_PROBE"
 WINDOW_ENV = "CTXPROF_DRAIN_PROBE_WINDOW_S"
 MODE_ENV = "CTXPROF_DRAIN_PROBE_MODE"  # "thread" (the recorder's drain thread) or "process"
+ARMS_ENV = "CTXPROF_DRAIN_PROBE_ARMS"  # thread mode's busy windows in turn: "paced" (as it is), "whole" (no pauses)
 IDLE, BUSY, TRANSITION = 0, 1, -1
 
 
@@ -123,6 +126,8 @@ def _windows(out: str, samples: list, state: dict) -> None:
         marks.append((state["window"], mode, *((fw.ns, fw.records) if fw is not None else
                                               (rec.cost.drain_ns, rec.cost.drain_records))))
 
+    arms = os.environ.get(ARMS_ENV, "paced").split(",")
+    paced_backlog, busy = rec.pacer.backlog, 0
     idle = True
     while not os.path.exists(dump):
         mark(TRANSITION)
@@ -137,10 +142,13 @@ def _windows(out: str, samples: list, state: dict) -> None:
         elif idle:
             rec.stop()
         else:
+            arm = busy % len(arms)
+            rec.pacer.backlog = -1 if arms[arm] == "whole" else paced_backlog  # -1: never a pause
             rec.start()
             while (rec._q or rec._fan) and time.monotonic() - t0 < window_s:  # the held window's backlog
                 time.sleep(0.005)
-        mark(IDLE if idle else BUSY)
+        mark(IDLE if idle else BUSY + (busy % len(arms) if fw is None else 0))
+        busy += not idle
         time.sleep(window_s)
         idle = not idle
     mark(TRANSITION)
