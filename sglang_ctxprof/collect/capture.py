@@ -247,8 +247,9 @@ class Capture:
         info = self.current
         if info is None or (cid is not None and info.id != cid):
             other = self.find(cid) if cid is not None else None
-            why = f"capture {cid} is {other.state}" if other is not None else "no capture is pending or running"
-            return {"cancelled": None, "reason": why if cid is None or other else f"capture {cid} not found"}
+            why = ("no capture is pending or running" if cid is None else
+                   f"capture {cid} is {other.state}" if other is not None else f"capture {cid} not found")
+            return {"cancelled": None, "reason": why}
         info.cancelled = True
         if info.state == names.CAPTURE_RUNNING:
             self._stop(scheduler, info)
