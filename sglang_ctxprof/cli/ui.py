@@ -9,8 +9,10 @@ The forwarder lends the key to reads only: ``GET`` of the page, its files and th
 (:data:`READ_ROUTES`, and under :data:`PREFIX_ROUTES` one request or one deep capture, which the
 page links to).  A write (the page's reset) passes only with the caller's own
 ``Authorization`` (the admin key the user typed), never with the lent key; any other method or path is
-refused.  A request whose ``Host`` is not the forwarder's own address (DNS rebinding), or whose
-``Origin`` is another site (a web page's form post or fetch), gets 403 before anything is forwarded.
+refused.  A request whose ``Host`` is not the forwarder's own address (DNS rebinding), or that says
+it came from anywhere but the forwarder's own page (``Origin``: a web page's form post or fetch;
+``Sec-Fetch-Site`` or ``Referer``: also an ``<img>`` or ``<script>`` of another page, which sends no
+``Origin``), gets 403 before anything is forwarded.
 """
 
 from __future__ import annotations
@@ -51,12 +53,27 @@ def add_cli_args(ap) -> None:
 def _forwarder(target: str, api_key: str, port: int) -> http.server.ThreadingHTTPServer:
     class Forward(http.server.BaseHTTPRequestHandler):
         def _local(self) -> bool:
-            """Host is this forwarder's own address, and Origin (when sent) is this forwarder."""
+            """Host is this forwarder's own address, and where the request came from (when the
+            client says) is this forwarder: ``Origin``; ``Sec-Fetch-Site`` (a browser sends it with
+            no-cors GETs too, an ``<img>`` of another page, which carry no ``Origin``): the same
+            origin or none (an address typed or opened); ``Referer``, for a browser without it."""
             own = {f"{h}:{self.server.server_address[1]}" for h in LOCAL_HOSTS}
             if (self.headers.get("Host") or "").lower() not in own:
                 return False
-            origin = self.headers.get("Origin")
-            return origin is None or origin.lower() in {f"http://{h}" for h in own}
+            origins = {f"http://{h}" for h in own}
+            origin, site = self.headers.get("Origin"), self.headers.get("Sec-Fetch-Site")
+            if origin is not None and origin.lower() not in origins:
+                return False
+            if site is not None and site.lower() not in ("same-origin", "none"):
+                return False
+            referer = self.headers.get("Referer")
+            if referer is not None:
+                try:
+                    parts = urllib.parse.urlsplit(referer)
+                except ValueError:  # not a URL (an unclosed "[" host)
+                    return False
+                return f"{parts.scheme}://{parts.netloc}".lower() in origins
+            return True
 
         def _go(self) -> None:
             if not self._local():

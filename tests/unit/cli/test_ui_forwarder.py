@@ -73,6 +73,9 @@ def test_reads_get_the_key(fw):
                  "/ctx_profile/capture/cap-1?format=timeline"):  # the page's links to deep captures
         assert call("GET", base + path)[0] == 200, path
     assert call("GET", base + "/ctx_profile", headers={"Origin": base})[0] == 200  # the page itself
+    page = {"Sec-Fetch-Site": "same-origin", "Referer": base + "/ctx_profile/ui"}  # the page's own fetches
+    assert call("GET", base + "/ctx_profile/status", headers=page)[0] == 200
+    assert call("GET", base + "/ctx_profile/ui", headers={"Sec-Fetch-Site": "none"})[0] == 200  # typed, or opened
 
 
 def test_writes_never_get_the_lent_key(fw):
@@ -96,6 +99,12 @@ def test_writes_never_get_the_lent_key(fw):
     {"Host": "127.0.0.1:1"},
     {"Origin": "http://evil.example"},  # a web page's fetch or form post
     {"Origin": "null"},
+    # a no-cors GET (an <img> or <script> of another page) carries no Origin: the browser says where from
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Sec-Fetch-Site": "same-site"},  # another port of this host is the same site, not the same origin
+    {"Referer": "https://evil.example/page"},  # a browser that sends no Sec-Fetch-Site
+    {"Referer": "http://127.0.0.1:1/page"},
+    {"Referer": "http://[127.0.0.1/"},  # not a URL: refused, not a failed handler
 ])
 def test_foreign_host_or_origin_is_refused(fw, headers):
     base, port = fw
