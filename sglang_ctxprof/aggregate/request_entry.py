@@ -22,7 +22,7 @@ from ..model.records import RequestEnd
 from .request_rows import LazyRows, row_dict
 
 # The entry's own bookkeeping, never shown to a reader.
-INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "accepted_drafts", "finished_at")
+INTERNAL = ("step_rows", "rows_at_fold", "rows_at_end", "accepted_drafts", "finished_at", "decoded_at_prefill")
 # The totals a request's kept rows add to (``Rows.totals``).
 TOTALS = ("steps", "accepted", "committed", "decode_ms", "max_step_ms", "ctx_first", "ctx_last", "t_end_ns")
 
@@ -49,6 +49,7 @@ def new_entry(rid: str, t_ns: int) -> dict[str, Any]:
         "partial": False,  # (re)created after its prefill, or ran while profiling stopped: its totals miss steps
         "finished_at": 0,  # the stamp of what finished it (``finish``): a record's end_ns, an end's t_ns
         "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
+        "decoded_at_prefill": 0,  # its decode steps (``decode_steps``) at its latest prefill row
     }
 
 
@@ -57,6 +58,12 @@ def finish(r: dict[str, Any], stamp: int) -> None:
     the finish keeps the first stamp."""
     if not r["finished"]:
         r["finished"], r["finished_at"] = True, stamp
+
+
+def decode_steps(r: Mapping[str, Any]) -> int:
+    """A request's decode steps so far: those folded and its kept rows (a row dropped for the budget
+    is folded first), so the count only grows."""
+    return r["steps"] + len(r["step_rows"])
 
 
 def output_tokens(r: Mapping[str, Any]) -> int:

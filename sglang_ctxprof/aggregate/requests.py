@@ -19,7 +19,8 @@ An entry (re)created after the request's prefill (evicted, or the history cleare
 while profiling stopped (``interrupt``), misses steps: served ``partial``, no ``tally`` for the
 self-audit.  A rid seen again is a new use (``_reuse``) when its use had finished and a prefill
 comes, or any step once profiling stopped and started (or a step was lost) after it finished, or a
-first prefill after such a partial use had decoded (it ended unseen).
+first prefill after such a partial use had decoded since its own latest prefill (not a retraction's
+re-prefill), or had another prompt (it ended unseen).
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -39,7 +40,7 @@ from typing import Any, Iterator, Optional, Union
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, accepted_drafts
-from .request_entry import finish, new_entry, summarize, tok_s, totals_of
+from .request_entry import decode_steps, finish, new_entry, summarize, tok_s, totals_of
 from .request_rows import W, Meta, Metas, Rows, StepRow, append_all, meta_of, prune
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow"]
@@ -222,8 +223,7 @@ class RequestLog:
             com = rec.committed[i] if rec.committed else 0
             decoded, prompt = rec.accepted[i], prompts[i]  # decoded: a running request's token riding a mixed batch
             retracted = rec.retractions[i] if rec.retractions else int(bool(com and not decoded))
-            created = r is None or r["finished"] or (
-                not retracted and _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i]))
+            created = r is None or r["finished"] or _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i], retracted)
             if r is None:
                 r = self._add(rid, rec)
             elif created:  # a new request under a rid used before: keep the two apart
@@ -241,13 +241,13 @@ class RequestLog:
             r["committed"] += com  # that token, or the re-prefill of a retracted request's (prompt + output)
             r["retractions"] += retracted  # SGLang's count (a record saved without it: re-prefills' tokens)
             if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
-                r["partial"] = True  # it had output (a re-prefill's chunk, or a mixed decode row):
-                # its first prefill and steps went unseen
+                r["partial"] = True  # it had output (a re-prefill's chunk, a mixed decode row): its start unseen
             elif retracted and rec.ctx_lens[i] == prompt and (r["steps"] or r["step_rows"]):
                 r["partial"] = True  # prefilled again without the output it decoded: SGLang dropped it
                 # (input_embeds), so the tokens held are not its completion_tokens any more
             if r["prompt_tokens"] is None and (prompt is not None or not com):
                 r["prompt_tokens"] = rec.ctx_lens[i] if prompt is None else prompt
+            r["decoded_at_prefill"] = decode_steps(r)
         if rec.trace_parents:
             self._trace_parents(rec)
 
@@ -378,12 +378,16 @@ class RequestLog:
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
 
 
-def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int) -> bool:
+def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int,
+                  retracted: int) -> bool:
     """A first prefill (no output before it, no token) under the rid of an entry that missed steps
-    and decoded, or had another prompt: that request ended unseen (profiling was off, or its last
-    step was lost), and this is a new one under its rid (not its next chunk)."""
-    return bool(r["partial"] and not com and not decoded and prompt is not None and ctx == prompt
-                and (r["steps"] or len(r["step_rows"]) or prompt != r["prompt_tokens"]))
+    and had another prompt (a retraction never changes it), or decoded since its latest prefill row,
+    this row not a retraction's (a re-prefill that dropped the output, ``input_embeds``, is the
+    prompt alone too, and its later chunks follow with nothing decoded): that request ended unseen
+    (profiling off, its last step lost), and this is a new one under its rid (not its next chunk)."""
+    if not (r["partial"] and not com and not decoded and prompt is not None and ctx == prompt):
+        return False
+    return prompt != r["prompt_tokens"] or (not retracted and decode_steps(r) > r["decoded_at_prefill"])
 
 
 def _use_key(rid: str, use: int) -> Key:

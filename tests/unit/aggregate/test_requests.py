@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from dataclasses import replace
 
+from sglang_ctxprof.aggregate.aggregator import Aggregator
 from sglang_ctxprof.aggregate.requests import CHUNK, RequestLog
 from sglang_ctxprof.model.records import RankId, StepRecord
 
@@ -335,3 +336,34 @@ def test_a_retraction_that_drops_the_output_leaves_the_request_partial():
     kept.observe(_step(1, 1))
     kept.observe(replace(_prefill(2, 1), ctx_lens=(102,), prompt_lens=(100,), committed=(1,), retractions=(1,)))
     assert not kept.get("r0")["partial"] and kept.tally("r0") is not None
+
+
+def test_a_chunked_re_prefill_that_dropped_the_output_stays_one_partial_request():
+    """The same, prefilled again in two chunks (a prompt over the chunk size): the second chunk
+    carries no retraction and looks like a first prefill of the prompt, but nothing was decoded
+    since the first chunk, so it is the same request, not a new one under its rid; it finishes,
+    partial, and the self-audit checks it against nothing (SGLang's books count all its verifies)."""
+    agg = Aggregator()
+    agg.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    agg.observe(_step(1, 1))
+    agg.observe(_step(2, 1))
+    agg.observe(replace(_prefill(3, 1), prompt_lens=(100,), retractions=(1,)))  # chunk 1: output dropped
+    agg.observe(replace(_prefill(4, 1), prompt_lens=(100,)))  # chunk 2
+    agg.observe(replace(_step(5, 1, fin_last=True), books=((3, 6, 5),)))
+    uses = agg.requests.totals()
+    assert [(r["use"], r["steps"], r["retractions"], r["finished"], r["partial"]) for r in uses] == [
+        (0, 3, 1, True, True)]
+    assert not any(agg.audit.status()["violations"].values())
+
+
+def test_a_rid_used_again_with_another_prompt_is_a_new_request_even_if_its_first_row_was_retracted():
+    """A use that ended unseen (its last step lost), then the rid again with another prompt whose
+    first prefill SGLang retracted in flight (the retraction rides its next row): a retraction never
+    changes the prompt, so this is a new request, not the old one prefilled again."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    log.observe(_step(1, 1))
+    log.interrupt()
+    log.observe(replace(_prefill(2, 1), ctx_lens=(150,), prompt_lens=(150,), retractions=(1,)))
+    log.observe(_step(3, 1, fin_last=True))
+    assert [(r["use"], r["prompt_tokens"], r["retractions"]) for r in log.totals()] == [(0, 100, 0), (1, 150, 1)]
