@@ -10,7 +10,8 @@ CLI writes go through :func:`write_atomic`: a failed write leaves what was there
 Every line the CLI prints passes :class:`Escaping` while :func:`main` runs: the server's answers
 (rids, errors, labels) are other people's strings, and a control character in one (an escape
 sequence, a carriage return, a bidi control) reaches the terminal as a Python escape, never raw.
-Newlines, tabs and colour sequences (rich's tables on a terminal) pass.
+Newlines and tabs pass, and colour sequences only for the commands that print rich tables
+(:data:`COLOURED`): elsewhere a server's label or name cannot hide what follows it either.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("sglang_ctxprof.cli.diagnose", "regression or inherent? the verdict from a server, a saved profile or sweep"),
     "patch": ("sglang_ctxprof.cli.patch", "apply/revert/show the SGLang source patches shipped with ctxprof on an SGLang tree"),
 }
+
+COLOURED = frozenset({"sweep", "report", "compare", "demo"})  # rich tables on a terminal: colour sequences pass
 
 
 # top-level module -> what to install to get it.  Optional parts are extras; rich, structlog and
@@ -155,17 +158,21 @@ _SGR = re.compile(r"(\x1b\[[0-9;]*m)")  # a colour or style sequence (rich's tab
 
 
 class Escaping:
-    """A text stream that writes :func:`printable` text to ``inner``: newlines, tabs and colour or
-    style sequences (SGR: they only colour what follows) pass; every other control character (a
-    title, a cursor move, a screen clear, a carriage return) is written as a Python escape."""
+    """A text stream that writes :func:`printable` text to ``inner``: newlines and tabs pass, and,
+    with ``colours``, colour or style sequences (SGR: rich's tables); every other control character
+    (a title, a cursor move, a screen clear, a carriage return) is written as a Python escape."""
 
-    def __init__(self, inner: TextIO) -> None:
+    def __init__(self, inner: TextIO, colours: bool = True) -> None:
         self.inner = inner
+        self.colours = colours
 
     def write(self, s: str) -> int:
         n = len(s)
         if not s.isprintable():
-            s = "".join(part if i % 2 else printable(part, keep="\n\t") for i, part in enumerate(_SGR.split(s)))
+            if self.colours:
+                s = "".join(part if i % 2 else printable(part, keep="\n\t") for i, part in enumerate(_SGR.split(s)))
+            else:
+                s = printable(s, keep="\n\t")
         self.inner.write(s)
         return n
 
@@ -198,6 +205,9 @@ def _run(argv: list[str] | None) -> int:
     if not getattr(ns, "command", None):
         ap.print_help()
         return 2
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, Escaping):
+            stream.colours = ns.command in COLOURED
     try:
         module = importlib.import_module(ns._module)
         return int(module.run(ns) or 0)

@@ -129,6 +129,43 @@ def test_a_capture_id_that_is_not_one_is_refused_before_any_file(hostile_url, ca
     assert not (tmp_path / "out").exists() and not list(tmp_path.parent.glob("*.trace.json.gz"))
 
 
+def _profile(label: str, algorithm: str) -> dict:
+    """A real profile's JSON (one step of one request), its first bucket's label and its algorithm
+    name as a hostile server would write them."""
+    import json
+
+    from record_fakes import trace_rec
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    agg.observe(trace_rec(0, 0, [0.5, 1, 2, 0.25, 0.75, 0.3], ctx=(100,)))
+    body = json.loads(json.dumps(build_profile(agg.snapshot()).to_dict()))
+    body["buckets"][0]["label"], body["algorithms"] = label, [algorithm]
+    return body
+
+
+class _Labels(JsonHandler):
+    """A server whose profile's bucket label hides what follows it (concealed text) and whose
+    algorithm name forges a line (a carriage return)."""
+
+    def do_GET(self):
+        self._json(200, _profile("64-127\x1b[8mHIDDEN", "EAGLE\rFORGED"))
+
+
+def test_a_servers_label_cannot_colour_or_hide_the_plain_commands_output(capsys):
+    """Colour sequences pass only for the commands that print rich tables: in ``show``'s plain text
+    a server's concealing sequence in a bucket label is written as an escape."""
+    servers = Servers()
+    try:
+        assert main(["show", "--url", servers.start(_Labels)]) == 0
+    finally:
+        servers.close()
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out, repr(out)
+    assert "64-127\\x1b[8mHIDDEN" in out and "EAGLE\\rFORGED" in out, out
+
+
 def test_rich_tables_on_a_terminal_keep_their_colours_and_a_hostile_cell_is_escaped():
     """The escaping stream passes colour sequences (rich styles its tables with them on a terminal)
     and escapes every other control character, also inside a table cell."""
