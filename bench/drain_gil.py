@@ -15,7 +15,8 @@ real one.
 Per batch size (default 1, 32 and 256), windows of ``--window`` steps rotate between the modes:
 **idle** (the drain thread held by ``Recorder.stop``; what the window queued is drained after it,
 untimed); **whole** (each wake-up drains the whole queue under one GIL hold, as ``Recorder.flush``
-does); **paced** (the drain thread as it runs now, ``pacing.Pacer``'s defaults); **process** and
+does); **paced** (the drain thread as it runs now: ``pacing.for_device`` of the modelled device,
+an accelerator's with ``--device cuda`` or ``--wait-ms``, else the CPU's); **process** and
 **inline** (the drain in a process of its own, fed by a forwarding thread or by the scheduler
 thread after each step: ``bench/drain_child.py``; "drain µs/record" is then the hand-off's CPU).
 
@@ -152,10 +153,12 @@ def pct(xs: list[float], q: float) -> float:
 MODES = ("idle", "whole", "paced", "process", "inline")
 
 
-def pacer_for(mode: str):
-    from sglang_ctxprof.collect.pacing import Pacer
+def drain_for(mode: str, device: str):
+    """A mode's pacer and looks: ``paced`` the package's for the modelled ``device``
+    (``pacing.for_device``); ``whole`` the whole queue per GIL hold at an accelerator's looks."""
+    from sglang_ctxprof.collect.pacing import Looks, Pacer, for_device
 
-    return Pacer(slice_ns=2**62, pause_s=0.0) if mode == "whole" else Pacer()
+    return (Pacer(slice_ns=2**62, pause_s=0.0), Looks()) if mode == "whole" else for_device(device)
 
 
 def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
@@ -189,7 +192,7 @@ def measure(n: int, a: argparse.Namespace, gcp: GcPauses, conn) -> list[dict]:
                 if mode in ("process", "inline"):
                     fw = Forwarder(rec._q, conn, thread=mode == "process")
                 elif mode != "idle":
-                    rec.pacer = pacer_for(mode)
+                    rec.pacer, rec.looks = drain_for(mode, "cuda" if a.device == "cuda" or a.wait_ms else "cpu")
                     rec.start()
                 gcp.take()
                 ns0, n0 = cost.drain_ns, cost.drain_records

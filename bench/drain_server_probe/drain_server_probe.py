@@ -20,8 +20,11 @@ and in busy windows the scheduler thread itself hands each step's queued items o
 the next ``run_batch`` (``drain_child.Forwarder.after_step``: plain facts, pickled, one write).
 ``ring``: the same child fed through a shared-memory ring instead (``bench/drain_ring.py``: the
 facts as ``marshal`` bytes, no system call per step).  In thread mode ``CTXPROF_DRAIN_PROBE_ARMS``
-(``paced,whole``) takes the busy windows in turn with the drain paced as it is and with no pause
-between its slices (``Pacer.backlog`` -1); the windows are marked 1, 2, ... by arm.
+(e.g. ``paced,batched``) takes the busy windows in turn with the drain of an accelerator
+(``paced``: ``pacing.for_device("cuda")``, slices and looks at the steps' pace; the CPU's before it
+had its own), the same with no pause between its slices (``whole``), and the CPU device's
+(``batched``: ``for_device("cpu")``, whole looks every 80 ms at least), each arm's pacer and looks
+kept across its windows; the windows are marked 1, 2, ... by arm.
 
 At the start of each window and of its counted part, the window thread also notes the drain's CPU
 time and records so far (the recorder's ``Cost``; in process mode the hand-off's CPU on the
@@ -40,7 +43,7 @@ import time
 ENV = "CTXPROF_DRAIN_PROBE"
 WINDOW_ENV = "CTXPROF_DRAIN_PROBE_WINDOW_S"
 MODE_ENV = "CTXPROF_DRAIN_PROBE_MODE"  # "thread" (the recorder's drain thread) or "process"
-ARMS_ENV = "CTXPROF_DRAIN_PROBE_ARMS"  # thread mode's busy windows in turn: "paced" (as it is), "whole" (no pauses)
+ARMS_ENV = "CTXPROF_DRAIN_PROBE_ARMS"  # thread mode's busy windows in turn: "paced", "whole", "batched"
 IDLE, BUSY, TRANSITION = 0, 1, -1
 
 
@@ -111,6 +114,17 @@ def _child(rec, mode: str):
     return Forwarder(rec._q, Connection(ours.detach()), thread=False)
 
 
+def _drain_of(arm: str) -> tuple:
+    """An arm's pacer and looks: ``paced`` an accelerator's, ``whole`` the same without pauses,
+    ``batched`` the CPU device's."""
+    from sglang_ctxprof.collect.pacing import for_device
+
+    pacer, looks = for_device("cpu" if arm == "batched" else "cuda")
+    if arm == "whole":
+        pacer.backlog = -1  # never a pause
+    return pacer, looks
+
+
 def _windows(out: str, samples: list, state: dict) -> None:
     rec = _recorder()
     window_s = float(os.environ.get(WINDOW_ENV, "3"))
@@ -127,7 +141,8 @@ def _windows(out: str, samples: list, state: dict) -> None:
                                               (rec.cost.drain_ns, rec.cost.drain_records))))
 
     arms = os.environ.get(ARMS_ENV, "paced").split(",")
-    paced_backlog, busy = rec.pacer.backlog, 0
+    drains = {name: _drain_of(name) for name in arms}  # each arm's pacer and looks, across its windows
+    busy = 0
     idle = True
     while not os.path.exists(dump):
         mark(TRANSITION)
@@ -142,8 +157,7 @@ def _windows(out: str, samples: list, state: dict) -> None:
         elif idle:
             rec.stop()
         else:
-            arm = busy % len(arms)
-            rec.pacer.backlog = -1 if arms[arm] == "whole" else paced_backlog  # -1: never a pause
+            rec.pacer, rec.looks = drains[arms[busy % len(arms)]]  # a stopped thread: the next reads them
             rec.start()
             while (rec._q or rec._fan) and time.monotonic() - t0 < window_s:  # the held window's backlog
                 time.sleep(0.005)

@@ -22,6 +22,16 @@ A pause is a GIL hand-over that costs the drain thread 20-70 µs of CPU (a 2-cor
 step every 20 ms, 0.1 ms slices take half the pauses of 0.05 ms ones for the same bound on the
 scheduler's wait as a share of its step; CPU-bound steps of a few ms keep 0.05 ms.
 
+Where the forward runs on the CPU (``--device cpu``: :func:`for_device`) none of that pays: the
+scheduler thread holds the GIL for all but the inside of each torch op, and its forward passes
+through the same caches, so the drain's working set is cold at every look (a record costs ~4x its
+warm CPU after 64 MB of other work, ``bench/drain_cold.py``) and again after every pause.  There
+the drain looks every ``CPU_LOOK_S`` (80 ms) at least and takes what it finds in one go: the
+records of several steps for one warm-up of their working set, and no hand-over between pieces.
+On a real CPU server at batch 1 that halved the drain's CPU per record and left most steps with
+no wait at all, the step that takes a look no longer than a paced one's (``bench/drain_server.py
+--arms paced,batched``).
+
 The drain must keep up: when more than ``backlog`` items wait (the scheduler produces faster than
 paced slices consume, e.g. on a loaded host where every sleep costs the drain thread a trip through
 the OS scheduler), slices run back to back without the pause until the queue is back under it, so
@@ -49,6 +59,8 @@ POLL_S = 0.005  # the shortest sleep after a pass before the drain thread looks 
 POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain while steps come
 POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
 MANY = 4  # items found by the first look after a pass from which the first sleep halves
+CPU_LOOK_S = 0.08  # a CPU device's drain: the shortest sleep between two looks (several steps' records)
+WHOLE_NS = 2**62  # a slice that never ends before the queue does (no hand-over between pieces)
 
 class Pacer(Generic[T]):
     __slots__ = ("slice_ns", "slice_max_ns", "share", "current_ns", "pause_s", "backlog", "clock", "sleep",
@@ -143,3 +155,12 @@ class Looks:
             self.first = max(self.base, self.first / 2)
         self.wait = self.first
         self.slept = 0
+
+
+def for_device(device: str) -> tuple[Pacer, Looks]:
+    """The drain's pacer and looks where the scheduler's forward runs on ``device`` (SGLang's
+    ``--device``): paced slices and looks at the steps' pace on an accelerator, whole looks every
+    ``CPU_LOOK_S`` at least on the CPU."""
+    if device == "cpu":
+        return Pacer(slice_ns=WHOLE_NS), Looks(base=CPU_LOOK_S, busy_most=CPU_LOOK_S, most=max(POLL_MAX_S, CPU_LOOK_S))
+    return Pacer(), Looks()

@@ -15,9 +15,8 @@ taken at ``after_result`` as per-batch arrays (``host``; the record is built on 
 if the device times are not ready the step is parked and retried at the next result
 (``clocks.Parked``).  Under CUDA graphs ``graph_clock.GraphTimer`` supplies the verify
 attention/MoE split on sampled steps.  Each record's ``timing`` says how *that* step was timed
-(``step.timing_label``).  ``meta["hw"]`` carries model/device facts for the roofline; the status names the
-hooked attention/MoE classes and the cost.  ``capture`` takes deep captures (SGLang's profiler).
-"""
+(``step.timing_label``).  ``meta["hw"]``: model/device facts for the roofline; the status names the hooked
+attention/MoE classes and the cost.  ``capture`` takes deep captures (SGLang's profiler)."""
 
 from __future__ import annotations
 
@@ -130,8 +129,8 @@ class Profiler:
             self.hw = {"device": None, "hbm_gbps": None, "source": f"facts unavailable: {exc!r}"}
 
     def bind(self, scheduler: Any) -> None:
-        """The first step of ``scheduler``: :meth:`identify` it, then start what recording needs
-        (the capture's device, the graph timer, the exporters' facts, the recorder's drain thread)."""
+        """The first step of ``scheduler``: :meth:`identify` it, then start what recording needs (the
+        capture's device, the graph timer, the exporters' facts, the drain thread, paced for the device)."""
         if self._bound is scheduler:
             return
         self.identify(scheduler)
@@ -142,6 +141,7 @@ class Profiler:
             self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
         if self.exporters is not None:
             self.guard.run("exporter", self.exporters.bind, facts)
+        self.recorder.fit_device(adapter.device_of(scheduler))
         self.recorder.start()
 
     def pause(self) -> None:

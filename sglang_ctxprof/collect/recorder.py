@@ -9,7 +9,8 @@ leaving a loss mark in its place (as :meth:`Recorder.lost` does for a step the p
 requests running then miss a step.
 
 A daemon thread wakes every few milliseconds (at the steps' pace, longer while nothing comes:
-:class:`Looks`) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
+:class:`Looks`; on a CPU device every 80 ms at least, taking what waits in one go:
+:meth:`fit_device`) and drains what is waiting into the aggregator (under ``_lock``) in bounded slices
 (``pacing.Pacer``: 0.05-0.2 ms of work, half a percent of the recent decode step, then the GIL
 handed to a waiting scheduler thread); a record is taken in stages (its build, then
 ``Aggregator.stages``: a large batch's record is several), and a record taken in part stays first
@@ -46,7 +47,7 @@ from ..model.guard import Guard
 from ..model.names import KIND_DECODE
 from ..model.sinks import RecordSink
 from .cost import Cost
-from .pacing import Looks, Pacer
+from .pacing import Looks, Pacer, for_device
 
 if TYPE_CHECKING:
     from .host import HostFacts
@@ -125,6 +126,7 @@ class Recorder:
         self.cost = cost if cost is not None else Cost()
         self.pacer: Pacer[Item] = pacer if pacer is not None else Pacer()  # the drain thread's slices
         self.looks = Looks()  # when the drain thread looks for work
+        self._paced_by_default = pacer is None  # fit_device may choose them (a given pacer stays)
         self.step_ms = 0.0  # the recent decode step (its records' mean, recent ones weighing most): the slices' size
         self.submitted = 0
         self.dropped = 0
@@ -168,6 +170,12 @@ class Recorder:
                 self._thread = threading.Thread(target=self._loop, args=(stop,), name=THREAD_NAME,
                                                 daemon=True)
                 self._thread.start()
+
+    def fit_device(self, device: str) -> None:
+        """Pace the drain for where the scheduler's forward runs (``pacing.for_device``), unless a
+        pacer was given; before :meth:`start` (a running drain thread keeps the looks it read)."""
+        if self._paced_by_default:
+            self.pacer, self.looks = for_device(device)
 
     def park(self) -> None:
         """Let the drain thread end once it has drained the queue and fed the sinks (within one

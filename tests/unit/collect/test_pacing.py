@@ -225,3 +225,37 @@ def test_the_drain_looks_at_the_pace_of_the_steps():
     assert looks.first == POLL_BUSY_MAX_S
     assert _looks_at_pace(looks, 0.0065)[1] <= 2 * MANY and looks.first <= 2 * 0.0065 * MANY
     assert POLL_MAX_S >= POLL_BUSY_MAX_S >= POLL_S
+
+
+def test_on_a_cpu_device_the_drain_takes_what_it_finds_in_one_go_and_looks_less_often():
+    """``for_device``: an accelerator's drain is paced (slices fitted to the step, a hand-over between
+    two, looks at the steps' pace); a CPU device's takes the whole queue without a hand-over (its
+    working set is cold at every look and after every pause) and looks every ``CPU_LOOK_S`` at least."""
+    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, POLL_S, Looks, for_device
+
+    for device in ("cuda", "npu"):
+        pacer, looks = for_device(device)
+        assert (pacer.slice_ns, pacer.current_ns, looks.base) == (Pacer().slice_ns, Pacer().current_ns, POLL_S)
+    pacer, looks = for_device("cpu")
+    w = World()
+    pacer.clock, pacer.sleep = w.clock, w.sleep
+    pacer.fit(20e6)
+    q = deque((i, 60_000) for i in range(40))  # 2.4 ms of work: twelve paced slices
+    assert pacer.drain(q, w.consume, threading.Lock()) == 40
+    assert w.log == list(range(40)) and (pacer.slices, pacer.pauses) == (1, 0)
+    assert looks.base == looks.first == looks.busy_most == CPU_LOOK_S > Looks().busy_most
+    assert [looks.sleep() for _ in range(3)] == [CPU_LOOK_S, looks.most, looks.most]
+
+
+def test_the_recorder_is_paced_for_its_device_unless_given_a_pacer():
+    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, WHOLE_NS
+
+    r = Recorder(Aggregator(), Guard())
+    r.fit_device("cpu")
+    assert r.pacer.slice_ns == WHOLE_NS and r.looks.base == CPU_LOOK_S
+    r.fit_device("cuda")
+    assert r.pacer.slice_ns == Pacer().slice_ns and r.looks.base < CPU_LOOK_S
+    given = Pacer(slice_ns=123_000)
+    r = Recorder(Aggregator(), Guard(), pacer=given)
+    r.fit_device("cpu")
+    assert r.pacer is given and r.looks.base < CPU_LOOK_S
