@@ -17,10 +17,10 @@ were dropped, summed in C when the request is read (``request_entry.totals_of``)
 
 An entry (re)created after the request's prefill (evicted, or the history cleared), or running
 while profiling stopped (``interrupt``), misses steps: served ``partial``, no ``tally`` for the
-self-audit.  A rid seen again is a new use (``_reuse``) when its use had finished and a prefill
-comes, or any step once profiling stopped and started (or a step was lost) after it finished, or a
-first prefill after such a partial use had decoded since its own latest prefill (not a retraction's
-re-prefill), or had another prompt (it ended unseen).
+self-audit.  A rid seen again is a new use (``_reuse``) when its use had finished and a prefill comes,
+or any step once profiling stopped and started (or a step was lost) after it finished, or a first
+prefill (no retraction's) after such a partial use decoded since its latest prefill row, or a first
+prefill of another prompt (it ended unseen).
 
 A request aborted while it waited in SGLang's queue gets no step that says it finished: ``end``
 marks it finished with ``aborted`` (``"retracted"``: it was waiting to be prefilled again after a
@@ -236,8 +236,9 @@ class RequestLog:
                 finish(r, rec.end_ns)
             if decoded:  # its token's time: the step it rode (its decode tok/s counts both)
                 r["decode_ms"] += rec.step_ms
-            else:
+            else:  # a prefill row: what it decoded so far (``_ended_unseen``)
                 r["prefill_ms"] += rec.step_ms
+                r["decoded_at_prefill"] = decode_steps(r)
             r["committed"] += com  # that token, or the re-prefill of a retracted request's (prompt + output)
             r["retractions"] += retracted  # SGLang's count (a record saved without it: re-prefills' tokens)
             if created and (com or (prompt is not None and rec.ctx_lens[i] > prompt)):
@@ -247,7 +248,6 @@ class RequestLog:
                 # (input_embeds), so the tokens held are not its completion_tokens any more
             if r["prompt_tokens"] is None and (prompt is not None or not com):
                 r["prompt_tokens"] = rec.ctx_lens[i] if prompt is None else prompt
-            r["decoded_at_prefill"] = decode_steps(r)
         if rec.trace_parents:
             self._trace_parents(rec)
 
@@ -380,14 +380,14 @@ class RequestLog:
 
 def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int,
                   retracted: int) -> bool:
-    """A first prefill (no output before it, no token) under the rid of an entry that missed steps
-    and had another prompt (a retraction never changes it), or decoded since its latest prefill row,
-    this row not a retraction's (a re-prefill that dropped the output, ``input_embeds``, is the
-    prompt alone too, and its later chunks follow with nothing decoded): that request ended unseen
-    (profiling off, its last step lost), and this is a new one under its rid (not its next chunk)."""
+    """A first prefill (no output, no token) under the rid of a partial entry that had another known
+    prompt (a retraction never changes it), or decoded since its latest prefill row, this row no
+    retraction's (dropped output, ``input_embeds``): it ended unseen, and this is a new request."""
     if not (r["partial"] and not com and not decoded and prompt is not None and ctx == prompt):
         return False
-    return prompt != r["prompt_tokens"] or (not retracted and decode_steps(r) > r["decoded_at_prefill"])
+    if r["prompt_tokens"] is not None and prompt != r["prompt_tokens"]:
+        return True
+    return not retracted and decode_steps(r) > r["decoded_at_prefill"]
 
 
 def _use_key(rid: str, use: int) -> Key:

@@ -367,3 +367,36 @@ def test_a_rid_used_again_with_another_prompt_is_a_new_request_even_if_its_first
     log.observe(replace(_prefill(2, 1), ctx_lens=(150,), prompt_lens=(150,), retractions=(1,)))
     log.observe(_step(3, 1, fin_last=True))
     assert [(r["use"], r["prompt_tokens"], r["retractions"]) for r in log.totals()] == [(0, 100, 0), (1, 150, 1)]
+
+
+def test_an_entry_of_unknown_prompt_retracted_without_its_output_stays_one_request():
+    """An entry first made by a decode step (the history reset while the request ran) knows no
+    prompt; its re-prefill after a retraction that dropped the output is the prompt alone, and a
+    retraction never starts a new request: one use, partial, no false alarm from the audit."""
+    agg = Aggregator()
+    agg.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    agg.observe(_step(1, 1))
+    agg.reset()
+    for rec in (_step(2, 1), _step(3, 1), replace(_prefill(4, 1), prompt_lens=(100,), retractions=(1,)),
+                _step(5, 1), replace(_step(6, 1, fin_last=True), books=((5, 3, 0),))):
+        agg.observe(rec)
+    assert [(r["use"], r["steps"], r["retractions"], r["finished"], r["partial"]) for r in agg.requests.totals()] == [
+        (0, 4, 1, True, True)]
+    assert not any(agg.audit.status()["violations"].values())
+
+
+def test_a_decode_row_riding_a_mixed_batch_is_decoding_for_the_end_unseen():
+    """A partial request whose latest row was a decode row in a mixed prefill batch, then unseen to
+    its end, and the rid again with the same prompt: it decoded since its latest prefill, so the new
+    prefill is a new request."""
+    log = RequestLog()
+    log.observe(replace(_prefill(0, 1), prompt_lens=(100,)))
+    log.observe(_step(1, 1))
+    log.interrupt()
+    log.observe(_step(2, 1))
+    log.observe(replace(_prefill(3, 2, committed=1), rids=("r0", "other"), accepted=(1, 0), committed=(1, 0),
+                        ctx_lens=(103, 50), prompt_lens=(100, 50)))
+    log.interrupt()
+    log.observe(replace(_prefill(9, 1), prompt_lens=(100,)))
+    log.observe(_step(10, 1))
+    assert [(r["use"], r["steps"]) for r in log.totals() if r["rid"] == "r0"] == [(0, 2), (1, 1)]
