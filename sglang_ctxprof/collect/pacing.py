@@ -27,10 +27,11 @@ scheduler thread holds the GIL for all but the inside of each torch op, and its 
 through the same caches, so the drain's working set is cold at every look (a record costs ~4x its
 warm CPU after 64 MB of other work, ``bench/drain_cold.py``) and again after every pause.  There
 the drain looks every ``CPU_LOOK_S`` (80 ms) at least and takes what it finds in one go: the
-records of several steps for one warm-up of their working set, and no hand-over between pieces.
-On a real CPU server at batch 1 that halved the drain's CPU per record and left most steps with
-no wait at all, the step that takes a look no longer than a paced one's (``bench/drain_server.py
---arms paced,batched``).
+records of several steps for one warm-up of their working set, and no hand-over between pieces
+(slices of ``CPU_SLICE_NS`` with no pause between them: a stop is still seen between two).  On a
+real CPU server at batch 1 that halved the drain's CPU per record and left most steps with no
+wait at all; the step that takes a look waits about as long as a paced drain's p99 step, within
+the machine's noise (``bench/drain_server.py --arms paced,batched``, three runs).
 
 The drain must keep up: when more than ``backlog`` items wait (the scheduler produces faster than
 paced slices consume, e.g. on a loaded host where every sleep costs the drain thread a trip through
@@ -60,7 +61,7 @@ POLL_BUSY_MAX_S = 0.05  # the longest: how long a record may wait for the drain 
 POLL_MAX_S = 0.1  # each look that finds nothing doubles the sleep, up to this (an idle server)
 MANY = 4  # items found by the first look after a pass from which the first sleep halves
 CPU_LOOK_S = 0.08  # a CPU device's drain: the shortest sleep between two looks (several steps' records)
-WHOLE_NS = 2**62  # a slice that never ends before the queue does (no hand-over between pieces)
+CPU_SLICE_NS = 5_000_000  # its slices (no pause between two): a stop is seen within one (5 ms)
 
 class Pacer(Generic[T]):
     __slots__ = ("slice_ns", "slice_max_ns", "share", "current_ns", "pause_s", "backlog", "clock", "sleep",
@@ -108,11 +109,12 @@ class Pacer(Generic[T]):
     def drain(self, q: deque[T], consume: Callable[[T], Optional[T]], lock: threading.Lock,
               stop: Callable[[], bool] = lambda: False) -> int:
         """Slices until ``q`` is empty (or ``stop()``), a pause after each slice that left items
-        waiting, unless more than ``backlog`` do.  Returns how many items were consumed."""
+        waiting, unless more than ``backlog`` do (or ``pause_s`` is 0: no pauses).  Returns how many
+        items were consumed."""
         n = 0
         while q and not stop():
             n += self.run_slice(q, consume, lock)
-            if q and len(q) <= self.backlog:
+            if q and self.pause_s and len(q) <= self.backlog:
                 self.pauses += 1
                 self.sleep(self.pause_s)
         return n
@@ -162,5 +164,6 @@ def for_device(device: str) -> tuple[Pacer, Looks]:
     ``--device``): paced slices and looks at the steps' pace on an accelerator, whole looks every
     ``CPU_LOOK_S`` at least on the CPU."""
     if device == "cpu":
-        return Pacer(slice_ns=WHOLE_NS), Looks(base=CPU_LOOK_S, busy_most=CPU_LOOK_S, most=max(POLL_MAX_S, CPU_LOOK_S))
+        return (Pacer(slice_ns=CPU_SLICE_NS, slice_max_ns=CPU_SLICE_NS, pause_s=0.0),
+                Looks(base=CPU_LOOK_S, busy_most=CPU_LOOK_S, most=max(POLL_MAX_S, CPU_LOOK_S)))
     return Pacer(), Looks()

@@ -173,7 +173,7 @@ class Recorder:
 
     def fit_device(self, device: str) -> None:
         """Pace the drain for where the scheduler's forward runs (``pacing.for_device``), unless a
-        pacer was given; before :meth:`start` (a running drain thread keeps the looks it read)."""
+        pacer was given; a running drain thread takes them at its next look."""
         if self._paced_by_default:
             self.pacer, self.looks = for_device(device)
 
@@ -203,11 +203,10 @@ class Recorder:
     def _loop(self, stop: threading.Event) -> None:
         tt = time.thread_time_ns
         stopped = stop.is_set
-        looks = self.looks
         cost = self.cost
         while not stopped():
             t0 = tt()  # one pass, or one wait, timed as a whole (a thread-time read is a system call: ~1 us)
-            q, fan = self._q, self._fan
+            q, fan, looks = self._q, self._fan, self.looks  # the looks as fit_device last chose them
             if q or fan:
                 looks.found(len(q))
                 self.pacer.fit(self.step_ms * 1e6)

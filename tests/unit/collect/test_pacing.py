@@ -243,19 +243,44 @@ def test_on_a_cpu_device_the_drain_takes_what_it_finds_in_one_go_and_looks_less_
     q = deque((i, 60_000) for i in range(40))  # 2.4 ms of work: twelve paced slices
     assert pacer.drain(q, w.consume, threading.Lock()) == 40
     assert w.log == list(range(40)) and (pacer.slices, pacer.pauses) == (1, 0)
+    q = deque((i, 60_000) for i in range(200))  # a backlog of 12 ms: slices without a pause, a stop seen between
+    assert pacer.drain(q, w.consume, threading.Lock(), stop=lambda: pacer.slices >= 3) == 168  # two slices
+    assert pacer.pauses == 0 and len(q) == 32
     assert looks.base == looks.first == looks.busy_most == CPU_LOOK_S > Looks().busy_most
     assert [looks.sleep() for _ in range(3)] == [CPU_LOOK_S, looks.most, looks.most]
 
 
 def test_the_recorder_is_paced_for_its_device_unless_given_a_pacer():
-    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, WHOLE_NS
+    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, CPU_SLICE_NS
 
     r = Recorder(Aggregator(), Guard())
     r.fit_device("cpu")
-    assert r.pacer.slice_ns == WHOLE_NS and r.looks.base == CPU_LOOK_S
+    assert r.pacer.slice_ns == CPU_SLICE_NS and r.pacer.pause_s == 0 and r.looks.base == CPU_LOOK_S
     r.fit_device("cuda")
     assert r.pacer.slice_ns == Pacer().slice_ns and r.looks.base < CPU_LOOK_S
     given = Pacer(slice_ns=123_000)
     r = Recorder(Aggregator(), Guard(), pacer=given)
     r.fit_device("cpu")
     assert r.pacer is given and r.looks.base < CPU_LOOK_S
+
+
+def test_a_running_drain_thread_takes_the_looks_fit_device_chose_at_its_next_look():
+    from sglang_ctxprof.collect.pacing import Looks
+
+    class Spy(Looks):
+        def __init__(self):
+            super().__init__(base=0.001, busy_most=0.001, most=0.001)
+            self.seen = threading.Event()
+
+        def sleep(self) -> float:
+            self.seen.set()
+            return super().sleep()
+
+    r = Recorder(Aggregator(), Guard())
+    r.start()
+    try:
+        spy = Spy()
+        r.looks = spy  # as fit_device sets them, the thread already running
+        assert spy.seen.wait(10)
+    finally:
+        r.close()

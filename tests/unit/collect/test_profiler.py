@@ -526,12 +526,12 @@ def test_requests_that_finished_just_before_a_reset_are_still_exported():
 def test_the_first_step_paces_the_drain_for_the_schedulers_device(device):
     """``bind`` fits the recorder's drain to SGLang's ``--device`` (``pacing.for_device``): whole looks
     every 80 ms on the CPU, paced slices at the steps' pace on an accelerator."""
-    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, WHOLE_NS
+    from sglang_ctxprof.collect.pacing import CPU_LOOK_S, CPU_SLICE_NS
 
     with instrumented(TARGETS) as session:
         rec = session.profiler.recorder
         _steps(fakes.Scheduler(fakes.Worker(), device=device), [fakes.Req("a", 100)], 2)
         rec.flush()
         cpu = device == "cpu"
-        assert (rec.pacer.slice_ns == WHOLE_NS, rec.looks.base == CPU_LOOK_S) == (cpu, cpu)
+        assert (rec.pacer.slice_ns == CPU_SLICE_NS, rec.looks.base == CPU_LOOK_S) == (cpu, cpu)
         assert session.profiler.aggregator.records == 2
