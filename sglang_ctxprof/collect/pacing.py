@@ -28,7 +28,9 @@ through the same caches, so the drain's working set is cold at every look (a rec
 warm CPU after 64 MB of other work, ``bench/drain_cold.py``) and again after every pause.  There
 the drain looks every ``CPU_LOOK_S`` (80 ms) at least and takes what it finds in one go: the
 records of several steps for one warm-up of their working set, and no hand-over between pieces
-(slices of ``CPU_SLICE_NS`` with no pause between them: a stop is still seen between two).  On a
+(slices of ``CPU_SLICE_NS`` with no pause between them: a stop is still seen between two); with
+the automatic capture triggers on, it looks at the steps' pace (a trigger must see a slow step
+within a step or two).  On a
 real CPU server at batch 1 that halved the drain's CPU per record and left most steps with no
 wait at all; the step that takes a look waits about as long as a paced drain's p99 step, within
 the machine's noise (``bench/drain_server.py --arms paced,batched``, three runs).
@@ -159,11 +161,13 @@ class Looks:
         self.slept = 0
 
 
-def for_device(device: str) -> tuple[Pacer, Looks]:
+def for_device(device: str, prompt: bool = False) -> tuple[Pacer, Looks]:
     """The drain's pacer and looks where the scheduler's forward runs on ``device`` (SGLang's
     ``--device``): paced slices and looks at the steps' pace on an accelerator, whole looks every
-    ``CPU_LOOK_S`` at least on the CPU."""
+    ``CPU_LOOK_S`` at least on the CPU; ``prompt`` (a sink must see each step at once: the
+    automatic capture triggers, which start a capture a step or two after a slow one) keeps the
+    looks at the steps' pace there too."""
     if device == "cpu":
-        return (Pacer(slice_ns=CPU_SLICE_NS, slice_max_ns=CPU_SLICE_NS, pause_s=0.0),
-                Looks(base=CPU_LOOK_S, busy_most=CPU_LOOK_S, most=max(POLL_MAX_S, CPU_LOOK_S)))
+        looks = Looks() if prompt else Looks(CPU_LOOK_S, CPU_LOOK_S, max(POLL_MAX_S, CPU_LOOK_S))
+        return Pacer(slice_ns=CPU_SLICE_NS, slice_max_ns=CPU_SLICE_NS, pause_s=0.0), looks
     return Pacer(), Looks()

@@ -141,7 +141,7 @@ class Profiler:
             self.graph = make_graph_timer(adapter.device_of(scheduler), self.config.graph)
         if self.exporters is not None:
             self.guard.run("exporter", self.exporters.bind, facts)
-        self.recorder.fit_device(adapter.device_of(scheduler))
+        self.recorder.fit_device(adapter.device_of(scheduler), prompt=self.capture.triggers.on)
         self.recorder.start()
 
     def pause(self) -> None:

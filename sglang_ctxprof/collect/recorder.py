@@ -171,11 +171,12 @@ class Recorder:
                                                 daemon=True)
                 self._thread.start()
 
-    def fit_device(self, device: str) -> None:
-        """Pace the drain for where the scheduler's forward runs (``pacing.for_device``), unless a
-        pacer was given; a running drain thread takes them at its next look."""
+    def fit_device(self, device: str, prompt: bool = False) -> None:
+        """Pace the drain for where the scheduler's forward runs (``pacing.for_device``; ``prompt``:
+        a sink must see each step at once), unless a pacer was given; a running drain thread takes
+        them at its next look."""
         if self._paced_by_default:
-            self.pacer, self.looks = for_device(device)
+            self.pacer, self.looks = for_device(device, prompt)
 
     def park(self) -> None:
         """Let the drain thread end once it has drained the queue and fed the sinks (within one

@@ -248,6 +248,8 @@ def test_on_a_cpu_device_the_drain_takes_what_it_finds_in_one_go_and_looks_less_
     assert pacer.pauses == 0 and len(q) == 32
     assert looks.base == looks.first == looks.busy_most == CPU_LOOK_S > Looks().busy_most
     assert [looks.sleep() for _ in range(3)] == [CPU_LOOK_S, looks.most, looks.most]
+    pacer, looks = for_device("cpu", prompt=True)  # a sink that must see each step at once
+    assert pacer.pause_s == 0 and looks.base == POLL_S and looks.busy_most == Looks().busy_most
 
 
 def test_the_recorder_is_paced_for_its_device_unless_given_a_pacer():
