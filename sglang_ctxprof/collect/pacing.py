@@ -30,10 +30,10 @@ the drain looks every ``CPU_LOOK_S`` (80 ms) at least and takes what it finds in
 records of several steps for one warm-up of their working set, and no hand-over between pieces
 (slices of ``CPU_SLICE_NS`` with no pause between them: a stop is still seen between two); with
 the automatic capture triggers on, it looks at the steps' pace (a trigger must see a slow step
-within a step or two).  On a
-real CPU server at batch 1 that halved the drain's CPU per record and left most steps with no
-wait at all; the step that takes a look waits about as long as a paced drain's p99 step, within
-the machine's noise (``bench/drain_server.py --arms paced,batched``, three runs).
+within a step or two).  On a real CPU server at batch 1 that halved the drain's CPU per record and
+left most steps with no wait at all; the step that takes a look waits about as long as a paced
+drain's p99 step, within the machine's noise (``bench/drain_server.py --arms paced,batched``,
+three runs).
 
 The drain must keep up: when more than ``backlog`` items wait (the scheduler produces faster than
 paced slices consume, e.g. on a loaded host where every sleep costs the drain thread a trip through
