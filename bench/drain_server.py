@@ -152,7 +152,8 @@ def main() -> None:
                     help="the drain: the recorder's thread, or a process of its own fed through a socket or a "
                          "shared-memory ring (priced, not the package's)")
     ap.add_argument("--arms", default="paced",
-                    help="thread mode: the busy windows in turn, of paced (as it is) and whole (no pause between slices)")
+                    help="thread mode: the busy windows in turn, of paced (an accelerator's drain), whole (the "
+                         "same without pauses) and batched (the CPU device's: whole looks every 80 ms)")
     ap.add_argument("--out", help="write the rows as JSON here")
     ap.add_argument("--log", default=str(ROOT / ".cache" / "bench-logs" / "drain_server.log"))
     a = ap.parse_args()
