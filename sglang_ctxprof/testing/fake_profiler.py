@@ -91,8 +91,9 @@ class CaptureScheduler:
         self.forward_ct += 1
 
 
-def wait_state(cap: Capture, cid: str, timeout: float = 10.0) -> CaptureInfo:
-    """Capture ``cid`` once it is done, failed or deleted (AssertionError after ``timeout`` s)."""
+def wait_state(cap: Capture, cid: str, timeout: float = 120.0) -> CaptureInfo:
+    """Capture ``cid`` once it is done, failed or deleted (AssertionError after ``timeout`` s: a hang
+    guard, not a speed bound; the first export in a process takes ~10 s on a loaded 2-core machine)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         c = cap.find(cid)

@@ -543,7 +543,7 @@ def test_a_capture_the_history_lets_go_of_as_its_export_ends_keeps_its_file_in_t
     monkeypatch.setattr(Capture, "_end", _end)
     held.set()
     t0 = time.time()
-    while not (asked and first.state != names.CAPTURE_EXPORTING) and time.time() - t0 < 10:
+    while not (asked and first.state != names.CAPTURE_EXPORTING) and time.time() - t0 < 120:
         time.sleep(0.01)
     assert asked and asked[0]["accepted"] and cap.find(ids[0]) is None  # the history let go of it
     assert [p for p, _ in cap.files.older] == [first.path] and first.state == names.CAPTURE_DONE
@@ -856,7 +856,8 @@ def test_cancel_fails_a_pending_capture_and_stops_a_running_one_with_its_steps(t
     s.step(cap)
     assert cap.cancel(s, first) == {"cancelled": None, "reason": f"capture {first} is {names.CAPTURE_FAILED}"}
     out = cap.cancel(s)["cancelled"]
-    assert out["id"] == cid and out["cancelled"] and out["state"] == names.CAPTURE_EXPORTING
+    # the reply is the capture as it is then: its export (a thread of its own) may have ended already
+    assert out["id"] == cid and out["cancelled"] and out["state"] in (names.CAPTURE_EXPORTING, names.CAPTURE_DONE)
     c = wait_state(cap, cid)
     assert c.state == names.CAPTURE_DONE and c.step_ids == [1, 2] and os.path.getsize(c.path) > 0
     assert not s.profiler_manager.profile_in_progress
