@@ -111,6 +111,21 @@ def attn_tp_size(scheduler: Any, tp_size: int) -> int:
     return tp_size
 
 
+def emits(scheduler: Any) -> bool:
+    """Whether ``scheduler`` is the first of the ranks that see its requests: attention TP (and CP)
+    peers step the same batch, so only attention rank 0 emits; with DP attention each attention-DP
+    group has one (tp rank 0 alone would leave the other groups' requests unexported)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        return int(p.attn_tp_rank or 0) == 0 and int(getattr(p, "attn_cp_rank", 0) or 0) == 0
+    except Exception:  # noqa: BLE001 - older releases: the layout from the server's arguments
+        sa = getattr(scheduler, "server_args", None)
+        tp = int(getattr(scheduler, "tp_rank", 0) or 0)
+        return tp % attn_tp_size(scheduler, int(getattr(sa, "tp_size", 1) or 1)) == 0
+
+
 def sparse_attention(mc: Any) -> str:
     """Why attention reads fewer KV bytes than the context ("" when it reads all of it)."""
     hf = getattr(mc, "hf_text_config", None)

@@ -81,8 +81,8 @@ def _no_watch(fn: Callable[[], None]) -> None:
 class BindFacts:
     """What the exporter sinks need from the process, known once the profiler is bound.
 
-    ``primary``: the tp-rank-0 scheduler of its DP group, the one that emits (other TP ranks see the
-    same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
+    ``primary``: the first scheduler of its attention group (``adapter.emits``), the one that emits
+    (its attention TP peers see the same steps); ``model_name``: the served model (metrics label); ``metrics_enabled``: SGLang runs
     with ``--enable-metrics``; ``history(rid, with_steps, stamp)``: from the aggregator's request
     history, the use of ``rid`` that the record or end stamped ``stamp`` finished (the recorder
     feeds the aggregator before any sink, and may have fed it later records, in which the rid may

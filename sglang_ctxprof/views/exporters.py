@@ -23,7 +23,7 @@ component (its ``name``):
 What they need from the process (the rank, the served model, ``--enable-metrics``, the request
 history, the drop count, the guard's status) reaches them in one
 :class:`~sglang_ctxprof.model.sinks.BindFacts`, handed over by :meth:`Exporters.bind` when the
-profiler binds to its scheduler.  Only the primary (tp-rank-0) scheduler of each DP group emits
+profiler binds to its scheduler.  Only the primary scheduler (attention rank 0) of each DP group emits
 (other TP ranks see the same steps).  ``Exporters.status()`` feeds ``/ctx_profile`` (drop counts).
 """
 

@@ -65,6 +65,23 @@ def test_attention_tp_size_under_attention_dp():
     assert adapter.attn_tp_size(type("S", (), {"server_args": SA()})(), 8) == 2  # no parallel context here
 
 
+def test_the_first_rank_of_each_attention_group_emits(monkeypatch):
+    """DP attention, tp 4 dp 2: attention TP 2, so tp ranks 0 and 2 each lead a group's requests."""
+    class SA:
+        enable_dp_attention, dp_size, tp_size = True, 2, 4
+    sched = lambda tp: type("S", (), {"server_args": SA(), "tp_rank": tp})()  # noqa: E731
+    assert [adapter.emits(sched(tp)) for tp in range(4)] == [True, False, True, False]  # no parallel context
+    SA.enable_dp_attention = False
+    assert [adapter.emits(sched(tp)) for tp in range(4)] == [True, False, False, False]
+    from sglang.srt import runtime_context
+
+    ctx = type("P", (), {"attn_tp_rank": 0, "attn_cp_rank": 0})()
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: ctx)
+    assert adapter.emits(sched(3))  # SGLang's parallel context decides where there is one
+    ctx.attn_cp_rank = 1
+    assert not adapter.emits(sched(0))
+
+
 def test_sliding_window_is_sparse_attention_only_when_used():
     class HF:
         sliding_window, use_sliding_window = 4096, True
