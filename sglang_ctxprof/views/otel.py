@@ -32,15 +32,15 @@ A request SGLang aborted while it waited is exported the same way, its root span
 at the time of the abort.  The request span names the deep captures that covered its steps
 (``sglang.ctxprof.capture.*``: id, trigger, where to fetch it, the trace file, the steps covered; see
 ``views.capture_refs``), when the request summary lists them (``captures``).  Its parent is the
-record's W3C ``traceparent`` when SGLang passed one (``adapter.req_trace_parent``), else a new trace.
+record's W3C ``traceparent`` when SGLang passed one (``adapter.req_trace_parent``), else a new trace;
+no head sampler drops it (an unsampled parent, ``OTEL_TRACES_SAMPLER``): the trace policy chose it.
 
 :func:`build_provider` is the only global-free setup: our own provider from the standard ``OTEL_*``
-environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot
-path) bounded by our own counter: a request whose spans do not fit in the room left is dropped whole
-(``requests_dropped``, its spans in ``spans_dropped``), never cut (its root ends last; every
-step row is read before its first span starts, so a row that cannot be read raises before any), and
-counters of exported and dropped spans (:class:`ExportStats`) for ``/ctx_profile``.
-It never calls ``trace.set_tracer_provider``.
+environment, a ``BatchSpanProcessor`` with a bounded queue (export on its own thread, off the hot path)
+bounded by our own counter: a request whose spans do not fit in the room left is dropped whole
+(``requests_dropped``, its spans in ``spans_dropped``), never cut (its root ends last; every step row is read
+before its first span starts, so a row that cannot be read raises before any), and counters of exported and
+dropped spans (:class:`ExportStats`) for ``/ctx_profile``. It never calls ``trace.set_tracer_provider``.
 """
 
 from __future__ import annotations
@@ -225,11 +225,12 @@ def build_provider(env: Optional[Mapping[str, str]] = None, exporter: Any = None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     env = os.environ if env is None else env
     stats = ExportStats(max_queue=queue)
     attrs = {} if _names_service(env) else {names.RESOURCE_SERVICE_NAME: names.DEFAULT_SERVICE_NAME}
-    provider = TracerProvider(resource=Resource.create(attrs))
+    provider = TracerProvider(resource=Resource.create(attrs), sampler=ALWAYS_ON)
     inner = exporter if exporter is not None else make_exporter(env)
     quiet = _OurExportThread()
     for name in _EXPORTER_LOGGERS:

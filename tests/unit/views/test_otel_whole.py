@@ -188,3 +188,23 @@ def test_a_request_whose_phase_spans_never_fit_is_exported_whole_with_phases_as_
     d = stats.to_dict()
     assert d["requests_exported"] == 2 and d["requests_compact"] == 1 and d["requests_dropped"] == 0
     view.shutdown()
+
+
+@pytest.mark.parametrize("env", [{}, {"OTEL_TRACES_SAMPLER": "always_off"}])
+def test_our_tail_decision_exports_under_an_unsampled_parent_and_any_head_sampler(monkeypatch, env):
+    """A gateway that samples 1% sends most requests with an unsampled ``traceparent`` (flags 00),
+    and an operator may set ``OTEL_TRACES_SAMPLER`` for SGLang's own tracing: the request was chosen
+    by our trace policy already, so it goes out whole, in the client's trace, and is counted once."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    exp = _Recording()
+    exp.release.set()
+    prov, stats = build_provider({"OTEL_SERVICE_NAME": "t"}, exporter=exp)
+    view = OtelView(prov, stats)
+    req = dict(_request("r", 2), trace_parent="00-" + "ab" * 16 + "-" + "cd" * 8 + "-00")
+    assert view.export_request(req)
+    view.flush()
+    root = next(s for s in exp.spans if s.name == names.SPAN_REQUEST)
+    assert len(exp.spans) == 2 + 2 * SPANS_PER_STEP and root.context.trace_id == int("ab" * 16, 16)
+    assert root.parent.span_id == int("cd" * 8, 16) and stats.to_dict()["requests_exported"] == 1
+    view.shutdown()
