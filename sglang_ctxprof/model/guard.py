@@ -1,9 +1,10 @@
 """Fault isolation for our own code inside SGLang.
 
-Each component (``hooks``, ``recorder``, ``aggregator``, ``exporter``, ``http``) runs its work under
-:meth:`Guard.run`.  The first failure of a component disables that component, logs one warning
-with the traceback (never one per step) and is reported as ``degraded`` in ``/ctx_profile``.
-SGLang's own calls never run inside a guard, so its exceptions and return values pass untouched.
+Each component (``COMPONENTS``: the hooks, the recorder, the aggregator, each sink, the HTTP routes
+and the control commands) runs its work under :meth:`Guard.run`. The first failure of a component
+disables that component, logs one warning with the traceback (never one per step) and is reported as
+``degraded`` in ``/ctx_profile``. SGLang's own calls never run inside a guard, so its exceptions and
+return values pass untouched.
 
 Every component asks :meth:`Guard.ok` before its work (or runs it through :meth:`Guard.run`,
 which asks), and that is the only place a fault plan is checked: call sites never mention it.
@@ -24,7 +25,7 @@ from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
-COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control")
+COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control", "capture")
 RECORDING = ("hooks", "recorder", "aggregator")  # after a failure of one, the rank records no more steps
 FAULT_RUNTIME = "runtime"  # SGLANG_CTXPROF_FAULT value that enables the runtime fault switch
 

@@ -188,7 +188,8 @@ class StepLogSink:
 class MetricsSink:
     """``metrics``: the live Prometheus series, built when the profiler binds (so the degraded gauge
     exists, and hears the guard, before any record: a failure may stop every record) if SGLang
-    exports metrics; a sink never bound builds them on its first record."""
+    exports metrics; a sink never bound builds them on its first record.  Every rank shows its own
+    failures on the degraded gauge (``livemax`` over the processes); only the primary counts steps."""
 
     name = "metrics"
 
@@ -202,14 +203,15 @@ class MetricsSink:
         if not self._checked:
             self._checked = True
             f = self.facts
-            if f.metrics_enabled and f.primary:
+            if f.metrics_enabled:
                 from .metrics import maybe_create
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
                                          degraded=f.degraded, audit=f.audit, counts=f.counts)
                 if self.view is not None:
                     f.watch_faults(self.view.refresh_degraded)
-        return self.view
+                    self.view.refresh_degraded()
+        return self.view if self.facts.primary else None
 
     def bind(self, facts: BindFacts) -> None:
         self.facts = facts

@@ -83,7 +83,7 @@ def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
     assert [(s.labels, s.value) for s in fam["sglang_ctxprof_dropped_records"].samples if s.name.endswith("_total")] \
         == [({"model_name": "tiny-dsv3"}, 0.0)]
     assert {s.labels["component"]: s.value for s in fam["sglang_ctxprof_degraded"].samples} == \
-        {c: 0.0 for c in ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control")}
+        {c: 0.0 for c in ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control", "capture")}
     recs = _recs()
     view.observe(recs[0])  # accepted (3, 2): positions 1, 2 accepted once; 1 once more; 3 tried, never
     state["dropped"], state["degraded"] = 5, {"components": {"exporter": "boom"}}
@@ -166,6 +166,33 @@ def test_the_degraded_gauge_shows_a_failure_that_stops_the_records():
         assert METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
         sink.end(RequestEnd("late", t_ns=1))  # a drain thread stuck past the stop: nothing registered again
         assert sink.view is None and METRIC_DEGRADED not in {m.name for m in REGISTRY.collect()}
+
+
+def test_every_rank_shows_its_failures_on_the_degraded_gauge_and_only_the_primary_counts_steps():
+    """A TP peer's hooks or capture triggers fail on that rank alone: its degraded gauge says so (the
+    gauge is ``livemax`` over the processes), while its steps, the primary's too, count once."""
+    from prometheus_client import REGISTRY
+
+    from sglang_ctxprof.model.guard import Guard
+    from sglang_ctxprof.model.sinks import BindFacts
+    from sglang_ctxprof.views.exporters import MetricsSink
+
+    guard = Guard()
+    sink = MetricsSink(Bucketing.parse("pow2"), BindFacts())
+    sink.bind(BindFacts(primary=False, metrics_enabled=True, degraded=guard.status, watch_faults=guard.listen,
+                        guarded=guard.run))
+    try:
+        sink.observe(_recs()[0])
+        sink.end(RequestEnd("gone", t_ns=1))
+        fam = _families(generate_latest(REGISTRY).decode())
+        assert not [x for x in fam["sglang_ctxprof_steps"].samples if x.name.endswith("_total")]
+        assert not [x.value for x in fam["sglang_ctxprof_requests_aborted"].samples if x.value]
+        guard.fail("capture", RuntimeError("trigger bug"))
+        fam = _families(generate_latest(REGISTRY).decode())
+        deg = {x.labels["component"]: x.value for x in fam["sglang_ctxprof_degraded"].samples}
+        assert deg["capture"] == 1.0 and sum(deg.values()) == 1.0
+    finally:
+        sink.stop()
 
 
 def test_the_violations_counter_keeps_every_violation_across_resets():
