@@ -99,7 +99,7 @@ class CtxProfSession:
         inst.uninstrument(groups=[GROUP_TIMING])
         p.wrapped_worker = None
         p.pause()
-        if p.exporters is not None:  # no thread of ours runs while off
+        if p.exporters is not None:  # the log summary thread ends too
             p.guard.run("exporter", p.exporters.pause)
 
     def uninstrument(self) -> None:

@@ -259,7 +259,8 @@ class Exporters:
         self.requests.logs = self.steps.logs = logs
 
     def pause(self) -> None:
-        """Profiling switched off: no thread of ours runs (the log summary's; :meth:`resume`)."""
+        """Profiling switched off: the log summary thread ends (:meth:`resume`); the OTel export
+        thread and a log pipe's writer stay, idle, with nothing queued."""
         if self.steps.logs is not None:
             self.steps.logs.pause()
 

@@ -31,6 +31,7 @@ _EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
                      "opentelemetry.exporter.otlp.common.http",
                      "opentelemetry.exporter.otlp.proto.grpc.exporter")
 
+
 class _OurExportThread(logging.Filter):
     def __init__(self) -> None:
         super().__init__()
