@@ -228,14 +228,14 @@ class Capture:
 
     def idle(self, scheduler: Any, now_s: Optional[float] = None) -> None:
         """A control request arrived (scheduler thread), sent at ``now_s`` by the HTTP process's clock:
-        stop a running capture no step has fed since the previous control request (the server went
-        idle mid-capture); fail a pending one asked for more than its ``wait_s`` before."""
+        stop a running capture no step has fed nor passed over since the previous control request (the
+        server went idle mid-capture); fail a pending one asked for more than its ``wait_s`` before."""
         info = self.current
         if info is not None and info.state == names.CAPTURE_RUNNING:
-            if info._fed == len(info.step_ids):
+            if info._fed == info._ticks:  # every step counts, a prefill passed over too
                 self._stop(scheduler, info)
             else:
-                info._fed = len(info.step_ids)
+                info._fed = info._ticks
         elif info is not None and now_s is not None and now_s - info.requested_ns / 1e9 > info.wait_s:
             why = f"request {info.rid} not seen" if info.rid else "no step ran"
             self._unstarted_end(info, f"not started in {info.wait_s:g} s: {why}")

@@ -47,7 +47,7 @@ class CaptureInfo:
     export_steps: int = 0  # steps that ran while exporting
     error: str = ""
     _waited: int = 0  # steps a rid capture has waited for its request
-    _fed: int = -1  # steps captured when the previous control request arrived (idle stop)
+    _fed: int = -1  # steps run while it ran (``_ticks``) when the previous control request arrived (idle stop)
     _passed: int = 0  # other requests' prefills in a row a running rid capture passed over
     _unstarted: bool = False  # "running" on a rank where it failed to start: it follows the others' steps
     _ticks: int = 0  # steps run while it ran (counted or not): bounded (``capture.most_ticks``)

@@ -908,3 +908,20 @@ def test_an_admins_capture_that_cannot_start_on_one_rank_gives_back_its_cooling_
     s.profiler_manager.profile_in_progress = False
     assert cap.request(names.TRIGGER_MANUAL, now_s=1001.0)["accepted"]
 
+
+
+def test_a_rid_capture_is_not_idle_while_it_passes_over_other_requests_prefills(tmp_path):
+    """The CLI polls status every 0.5 s and the live page every 3 s: a control read that finds the
+    capture passing over another request's prefill must not stop it as idle (its request decodes on)."""
+    cap, s = Capture(settings(tmp_path, interval_s=0.0, steps=8)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_RID, steps=8, rid="a", now_s=1000.0)["capture"]["id"]
+    for _ in range(3):
+        s.step(cap, ("a",))
+    cap.idle(s, now_s=1001.0)
+    s.step(cap, ("b",), prefill=True)  # passed over: a step all the same
+    cap.idle(s, now_s=1001.5)
+    assert cap.find(cid).state == names.CAPTURE_RUNNING
+    for _ in range(6):  # its last five steps, and the one it stops at
+        s.step(cap, ("a",))
+    c = wait_state(cap, cid)
+    assert c.state == names.CAPTURE_DONE and len(c.step_ids) == 8 and not c.error
