@@ -31,8 +31,10 @@ import ipaddress
 import json
 import logging
 import math
+import re
 import socket
 import traceback
+from itertools import accumulate
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -52,6 +54,9 @@ _STRUCK = "_ctxprof_struck"  # set on an exception once it counted (readers shar
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_POLICY_BODY = 4096  # bytes of a trace-policy (or fault-switch) body: a few short fields
 INLINE_BODY = 65536  # bytes of JSON parsed where the body arrives (the event loop); larger ones on the build thread
+MAX_DEPTH = 32  # the deepest a body may nest (our saved results nest 10 at most): deeper is a 400
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 _GUARD: Guard | None = None
 _strikes = 0
@@ -146,10 +151,15 @@ async def json_body(request: Request, limit: int, hint: str) -> tuple[Any, Respo
 
 
 def _parse(raw: bytes) -> Any:
-    """Strict JSON in strict UTF-8 whose strings are all text: a lone surrogate (encoded in the bytes,
-    or a ``\\ud800`` escape) is a string no UTF-8 carries, which fails where a reply naming it is
-    encoded (SGLang's msgpack IPC, in the scheduler).  UnicodeError is a ValueError."""
+    """Strict JSON nested ``MAX_DEPTH`` deep at most (the control command that carries a body nests it
+    deeper, where ``json.dumps`` would recurse past Python's limit) in strict UTF-8 whose strings are
+    all text: a lone surrogate (encoded in the bytes, or a ``\\ud800`` escape) is a string no UTF-8
+    carries, which fails where a reply naming it is encoded (SGLang's msgpack IPC, in the scheduler).
+    UnicodeError is a ValueError."""
     text = raw.decode("utf-8")  # json.loads on bytes would take UTF-16 and encoded surrogates
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))  # outside the strings, scanned in C
+    if max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH}")  # re-encoded deeper still, it would recurse
     obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     if "\\u" in text:
         json.dumps(obj, ensure_ascii=False).encode("utf-8")

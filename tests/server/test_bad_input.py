@@ -230,7 +230,10 @@ def test_malformed_bodies_are_4xx_and_switch_nothing_off(server, warm):
     nan_ms = {**profile, "algorithms": [], "buckets": [
         {**b, "robust": None, "phases": {k: {**v, "mean_ms": "nan", "p50_ms": "nan"} for k, v in b["phases"].items()}}
         for b in plainish]}
-    cases = [(f"{R}/trace_policy", b"[" * 3000, 400), (f"{R}/plain", b"[" * 100_000, 400),
+    # nested just short of the parser's limit: parsed, then the control command carrying it nested
+    # deeper still made json.dumps recurse past Python's limit (a 500, and four switched the API off)
+    deep = [(f"{R}/trace_policy", b'{"mode": ' + b"[" * d + b'"slow"' + b"]" * d + b"}", 400) for d in range(948, 962)]
+    cases = deep + [(f"{R}/trace_policy", b"[" * 3000, 400), (f"{R}/plain", b"[" * 100_000, 400),
              (f"{R}/trace_policy", b'{"slow_tok_s": NaN}', 400), (f"{R}/plain", json.dumps(robust_x).encode(), 400),
              (f"{R}/plain", json.dumps(gap_x).encode(), 400), (f"{R}/plain", json.dumps(nan_ms).encode(), 400),
              (f"{R}/trace_policy", b'{"slow_tok_s": 1e999}', 400),
