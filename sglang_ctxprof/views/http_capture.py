@@ -23,6 +23,7 @@ import functools
 import math
 import os
 import re
+import zlib
 from typing import Any
 
 from starlette.requests import Request
@@ -122,12 +123,19 @@ async def cancel_capture(rc: ReadContext, request: Request):
 
 
 def _load_trace(path: str) -> dict[str, Any]:
+    """The trace object in ``path``; ValueError for JSON of another shape, zlib's error for a gzip
+    stream damaged inside."""
     import gzip
     import json
 
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
-        return json.load(f)
+        trace = json.load(f)
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else None
+    if not (isinstance(events, list) and all(isinstance(e, dict) for e in events)
+            and isinstance(trace.get("otherData", {}), dict)):
+        raise ValueError("not a trace object (traceEvents: a list of events, otherData: an object)")
+    return trace
 
 
 async def get_capture(rc: ReadContext, request: Request):
@@ -176,7 +184,7 @@ def _timeline_reply(path: str, info: dict[str, Any], steps: list[tuple[Any, Any]
 
     try:
         trace = _load_trace(path)
-    except (OSError, EOFError, ValueError, RecursionError) as exc:  # truncated, deleted, not JSON
+    except (OSError, EOFError, ValueError, RecursionError, zlib.error) as exc:  # truncated, deleted, no trace
         return _error(409, f"capture file {os.path.basename(path)!r} cannot be read as a trace: "
                            f"{type(exc).__name__}: {str(exc)[:120]}")
     return json_response(merged_timeline(trace, info, steps))

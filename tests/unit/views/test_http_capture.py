@@ -69,6 +69,24 @@ def test_a_truncated_trace_file_is_a_409_and_switches_nothing_off(client, trace_
     assert http_guard.guard().ok("http") and client.get(names.ROUTE_CAPTURE + f"/{CID}").status_code == 200
 
 
+@pytest.mark.parametrize("content", [b"[]", b"5", b'{"traceEvents": 5}', b'{"traceEvents": [1, 2]}',
+                                     b'{"traceEvents": [], "otherData": []}', "damaged deflate"])
+def test_a_file_that_is_no_trace_is_a_409_and_switches_nothing_off(client, trace_file, content):
+    """JSON that is not a trace object, or a gzip stream damaged inside (zlib.error is no OSError)."""
+    import gzip
+
+    if content == "damaged deflate":
+        data = bytearray(trace_file.read_bytes())
+        data[12:40] = bytes(28)  # past the gzip header: the deflate blocks
+        trace_file.write_bytes(bytes(data))
+    else:
+        trace_file.write_bytes(gzip.compress(content))
+    for _ in range(http_guard.STRIKES + 1):
+        r = client.get(URL)
+        assert r.status_code == 409 and "cannot be read as a trace" in r.json()["error"], r.text
+    assert http_guard.guard().ok("http") and client.get(names.ROUTE_CAPTURE + f"/{CID}").status_code == 200
+
+
 def test_a_trace_file_too_large_to_merge_here_is_a_413(client, monkeypatch, trace_file):
     monkeypatch.setattr(http_capture, "TIMELINE_MAX_BYTES", trace_file.stat().st_size - 1)
     r = client.get(URL)
