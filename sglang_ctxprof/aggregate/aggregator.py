@@ -220,7 +220,8 @@ class Aggregator:
                 self.host_gaps.add((rec.t_start_ns - self._last_end_ns) / 1e6)
             if rec.t_end_ns:
                 self.host_in_step.add(max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e6 - rec.step_ms))
-            self._last_end_ns = max(self._last_end_ns, rec.host_end_ns)
+            end = rec.gap_from_ns  # 0: the batch's requests all finished (idle time is no gap)
+            self._last_end_ns = max(self._last_end_ns, end) if end else 0
 
     def _decode_extras(self, b: _Bucket, rec: StepRecord) -> None:
         """Execution mode, the batch-1 baseline, and acceptance by position keyed by own context."""

@@ -66,7 +66,8 @@ class AutoTriggers:
         if self.tail is not None:  # first: it also names the request
             self.tail.observe(rec, self.facts.policy(), request)
         gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
-        self._prev_end_ns = max(self._prev_end_ns, rec.host_end_ns)
+        end = rec.gap_from_ns  # as the aggregator's host gaps: none across idle time
+        self._prev_end_ns = max(self._prev_end_ns, end) if end else 0
         if cfg.host_gap_ms > 0 and gap_ms > cfg.host_gap_ms:
             request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
                     trigger_step=rec.step_id)

@@ -229,6 +229,12 @@ class StepRecord:
         return host_end_ns(self.t_start_ns, self.step_ms, self.t_end_ns)
 
     @property
+    def gap_from_ns(self) -> int:
+        """Where the host gap before the next step starts (``host_end_ns``); 0 when every request of
+        this batch finished: the server may sit idle until the next request, which is no host gap."""
+        return 0 if False not in self.finished else self.host_end_ns
+
+    @property
     def ctx_sum(self) -> int:
         return sum(self.ctx_lens)
 

@@ -55,6 +55,22 @@ def test_the_host_gap_trigger_and_off_by_default(tmp_path):
     assert cap.status()["fired"] == {names.TRIGGER_HOST_GAP: 1} and cap.current.trigger_step == 3
 
 
+def test_an_idle_server_s_next_request_is_no_host_gap(tmp_path):
+    """Every request of a step finished: the server may sit idle until the next one arrives, and the
+    trigger (and the profile's host gaps) must not take that time for the scheduler's.  A capture
+    taken then would also spend the cooling-off a real stall soon after needs."""
+    from dataclasses import replace
+
+    cap, agg = Capture(settings(tmp_path, host_gap_ms=50.0)), Aggregator()
+    feed(cap, agg, rec(1, 10.0, t0=1_000_000_000))
+    feed(cap, agg, replace(rec(2, 10.0, t0=1_020_000_000), finished=(True,)))
+    feed(cap, agg, replace(rec(3, 10.0, t0=9_000_000_000), rids=("b",)))  # 8 s later: a new request
+    assert cap.status()["fired"] == {}
+    assert agg.host_gaps.count == 1 and agg.host_gaps.max == 10.0  # step 1 -> 2 only
+    feed(cap, agg, replace(rec(4, 10.0, t0=9_100_000_000), rids=("b",)))  # b runs on: 90 ms is a gap
+    assert cap.status()["fired"] == {names.TRIGGER_HOST_GAP: 1} and agg.host_gaps.count == 2
+
+
 def test_automatic_triggers_are_off_when_ranks_would_have_to_agree(tmp_path):
     cap, s = Capture(settings(tmp_path, slow_factor=2.0)), CaptureScheduler()
     s.server_args.tp_size = 2
