@@ -179,12 +179,15 @@ class ServerProcess:
         proc = self.proc
         if proc is None:
             raise ServerError("wait_ready before start()")
+        key = _arg(self.cmd, "--api-key")  # with one, SGLang guards every route, this probe's too
+        probe = urllib.request.Request(self.url + "/v1/models",
+                                       headers={"Authorization": f"Bearer {key}"} if key else {})
         while time.time() - t0 < self.timeout:
             if proc.poll() is not None:
                 raise ServerError(f"SGLang exited with code {proc.returncode} during start-up"
                                   f"{self._tail()}")
             try:
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
+                with urllib.request.urlopen(probe, timeout=2) as r:
                     if r.status == 200 and json.loads(r.read()).get("data"):
                         return
             except (urllib.error.URLError, OSError, ValueError):

@@ -28,8 +28,12 @@ class _Front(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    api_key = ""  # SGLang's --api-key: every route wants it
+
     def do_GET(self) -> None:
         self.seen.append(("GET", self.path, self.headers.get("Authorization", "")))
+        if self.api_key and self.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+            return self._reply(401, b'{"error": "Unauthorized"}')
         self._reply(200, json.dumps({"data": [{"id": "m"}]}).encode() if self.path == "/v1/models" else b"{}")
 
     def do_POST(self) -> None:
@@ -41,6 +45,7 @@ class _Front(BaseHTTPRequestHandler):
 def front():
     _Front.seen = []
     _Front.freeze_status = 200
+    _Front.api_key = ""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Front)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -61,6 +66,14 @@ def _ready(port: int, args: list[str], **kw: bool) -> ServerProcess:
         sp.proc.kill()
         sp.proc.wait()
     return sp
+
+
+def test_a_server_with_an_api_key_is_probed_with_it(front):
+    """``sweep --launch`` with ``--api-key`` in SGLang's arguments: the readiness probe is a route the
+    key guards (without it every probe was a 401 until the start-up timeout)."""
+    _Front.api_key = "k"
+    _ready(front, ["--model-path", "m", "--api-key", "k"])
+    assert ("GET", "/v1/models", "Bearer k") in _Front.seen
 
 
 def test_skip_warmup_server_is_frozen_once_ready(front):
