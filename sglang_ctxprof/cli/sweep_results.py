@@ -23,6 +23,7 @@ from typing import Any, Iterable
 from ..model.names import CACHED_TOKENS
 from ..model.records import LEAF_ORDER, leaf_columns
 from .main import CliError, read_json_object, write_atomic
+from .sweep_point import SCHEMA
 
 SHORT = {"draft": "draft", "verify": "verify", "verify_attn": "v.attn", "verify_moe": "v.moe", "verify_rest": "v.rest",
          "draft_extend": "d.ext", "overhead": "ovhd", "unattributed": "unattr", "step": "step", "decode": "dec",
@@ -38,7 +39,7 @@ def sustained_name(ctx: int) -> str:
     return f"sustained-c{ctx:06d}.json"
 
 
-RESUME_KEYS = ("short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
+RESUME_KEYS = ("schema", "short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
 
 
 def prepare_out(out: Path, resume: bool, meta: dict) -> Path:
@@ -109,6 +110,8 @@ def _with_server_facts(meta: dict, results: list[dict]) -> dict:
 def _read(f: Path, check) -> dict:
     obj = read_json_object(f, "ctx", "a sweep result file")
     try:
+        if obj.get("schema", SCHEMA) != SCHEMA:  # another format's fields may mean other things
+            raise _Bad(f"schema is {json.dumps(obj['schema'])[:40]}; this version reads {SCHEMA}")
         check(obj)
     except _Bad as exc:
         raise CliError(f"{f} is not a sweep result file this version reads: {exc}") from None

@@ -239,6 +239,8 @@ BAD_FILES = [
     ("sustained-c000064.json", _set("windows", [1]), "windows"),
     ("sustained-c000064.json", _set("breakdown", {"phases_ms": {"step": []}}), "step"),
     ("meta.json", lambda o: o.update(timing="cuda_events", hw=[1]), "hw"),
+    (POINT, _set("schema", "ctxprof-sweep/99"), "schema"),  # another format: never read as this one
+    ("meta.json", _set("schema", "ctxprof-sweep/99"), "schema"),
 ]
 COMMANDS = [["report", "{d}", "--no-plots"], ["compare", str(FIX / "baseline"), "{d}"],
             ["compare", "{d}", str(FIX / "baseline")], ["diagnose", "{d}"],
