@@ -70,6 +70,19 @@ def load_evidence(path: str, role: str) -> "Evidence":
     return evidence_of(body, f"profile {path}", f"{role} {path}")
 
 
+def plain_arm(ev: "Evidence", name: str) -> "Evidence":
+    """``ev`` as the plain arm, or a :class:`CliError` naming ``name`` when it holds speculative steps
+    (the server's ``POST /ctx_profile/plain`` refuses such a profile too)."""
+    from ..views.diagnosis_evidence import speculative_phases
+    from .main import CliError
+
+    spec = speculative_phases(ev)
+    if spec:
+        raise CliError(f"{name} holds speculative steps ({', '.join(spec)} phases): the plain arm must come "
+                       f"from a server without speculation")
+    return ev
+
+
 def run(ns) -> int:
     from ..views.diagnosis import diagnose
     from ..views.diagnosis_text import render_text
@@ -92,9 +105,10 @@ def run(ns) -> int:
         from .client import ServerClient
 
         body = ServerClient(ns.plain, ns.api_key, timeout=60).require_profile()
-        plain = evidence_of(body, f"plain server {ns.plain}", f"the profile of {ns.plain}")
+        plain = plain_arm(evidence_of(body, f"plain server {ns.plain}", f"the profile of {ns.plain}"),
+                          f"the profile of {ns.plain}")
     elif ns.plain:
-        plain = load_evidence(ns.plain, "plain baseline")
+        plain = plain_arm(load_evidence(ns.plain, "plain baseline"), f"plain baseline {ns.plain}")
     d = diagnose(ev, base, ctx=ns.ctx, plain=plain)
     if ns.json:
         print(json.dumps(d, indent=1, default=str))

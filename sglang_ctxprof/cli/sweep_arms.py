@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..model.names import Phase
 from . import sweep_results as res
 from .main import REPLY_SHAPE, CliError, unexpected
 
@@ -148,6 +149,11 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
                         clients[arm].generate(warm[ctx], 1)
                         warmed.add((arm, ctx))
                     r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
+                    ran = set((r.get("breakdown") or {}).get("phases_ms") or {})
+                    spec = sorted({Phase.DRAFT.value, Phase.VERIFY.value} & ran)
+                    if arm == "plain" and spec:  # --plain-url naming a speculative server: say so at once
+                        raise CliError(f"the plain server {clients[arm].url} ran speculative steps ({', '.join(spec)} "
+                                       f"phases): --plain-url must name a server without speculation")
                 except (ClientError, *REPLY_SHAPE) as exc:
                     why = exc if isinstance(exc, ClientError) else unexpected(exc)
                     raise ClientError(f"{why} during {arm} ctx {ctx} repeat {rep + 1}; finished results are "
@@ -178,10 +184,12 @@ def arms_report(out: Path) -> dict[str, Any]:
     """The arms table and the ledger from ``OUT/spec`` and ``OUT/plain`` (offline)."""
     from ..aggregate.ledger import crossover, ledger
     from ..views.diagnosis import evidence_from_sweep, ledger_points
+    from .diagnose import plain_arm
 
     runs = {arm: res.load_run(out / arm) for arm in ARMS}
     rows = {arm: res.summarize(pts) for arm, (_, pts, _) in runs.items()}
     ev = {arm: evidence_from_sweep(rows[arm], runs[arm][0], source=f"sweep {out / arm}") for arm in ARMS}
+    plain_arm(ev["plain"], f"the plain arm {out / 'plain'}")
     led = ledger(ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     led["plain_source"] = ev["plain"].source
     predicted = {round(r["ctx"]): r["speedup"] for r in led.get("rows") or []}

@@ -73,6 +73,12 @@ class Evidence:
     partial: tuple[str, ...] = ()  # a served profile's ranks that gave nothing, or not all (why, one each)
 
 
+def speculative_phases(ev: Evidence) -> list[str]:
+    """The draft and verify phases ``ev``'s points hold: what a plain arm (the ledger's measured
+    plain decode) must hold none of."""
+    return sorted({p for pt in ev.points for p in (Phase.DRAFT.value, _V) if p in pt.phases})
+
+
 def leaves(phases: Mapping[str, float]) -> dict[str, float]:
     """A point's leaf phases and their times (``records.leaf_ms``: a forward without its attention/MoE
     split counts whole); the step, the host gap and any other key are left out."""

@@ -110,6 +110,10 @@ def test_diagnose_with_a_plain_profile_offline(tmp_path, capsys):
     assert main(["diagnose", str(a), "--plain", str(b)]) == 0
     out = capsys.readouterr().out
     assert "speculation ledger" in out and "verify attention path scales worse" in out
+    # a speculative profile as the plain arm would be a "measured" ledger of spec against spec
+    assert main(["diagnose", str(a), "--plain", str(a)]) == 2
+    err = capsys.readouterr().err
+    assert str(a) in err and "speculative" in err and err.count("error:") == 1, err
     assert main(["diagnose", str(a)]) == 0
     out = capsys.readouterr().out
     assert "speculation ledger: unavailable (no plain-decode baseline: costs per draft position are assumed)" in out

@@ -88,7 +88,7 @@ def test_good_profiles_still_diagnose(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(profile()))
     b.write_text(json.dumps(profile(attn_slope=2.0)))
-    assert main(["diagnose", str(a), "--baseline", str(a), "--plain", str(a)]) == 0
+    assert main(["diagnose", str(a), "--baseline", str(a)]) == 0
     assert main(["diagnose", str(b), "--baseline", str(a)]) == 1
     assert "regression in verify_attn" in capsys.readouterr().out
 

@@ -65,6 +65,19 @@ def test_arms_report_from_saved_directories(tmp_path):
     assert main(["report", str(tmp_path)]) == 0  # the sweep report of an arms directory
 
 
+def test_a_speculative_plain_arm_is_refused(tmp_path, capsys):
+    """``--plain-url`` naming the speculative server: the plain arm's points hold draft and verify
+    phases, and a ledger of spec against spec would read as measured."""
+    test_arms_report_from_saved_directories(tmp_path)
+    spec, plain = tmp_path / "spec", tmp_path / "plain"
+    for f in plain.glob("point-*.json"):
+        f.write_text((spec / f.name).read_text())
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(plain) in err and "speculative" in err and err.count("error:") == 1, err
+
+
 def test_report_prints_the_arms_table(tmp_path, capsys):
     test_arms_report_from_saved_directories(tmp_path)
     assert "speculation ledger" in capsys.readouterr().out
