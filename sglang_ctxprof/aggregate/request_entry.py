@@ -50,14 +50,18 @@ def new_entry(rid: str, t_ns: int) -> dict[str, Any]:
         "finished_at": 0,  # the stamp of what finished it (``finish``): a record's end_ns, an end's t_ns
         "accepted_drafts": 0,  # records.accepted_drafts of the folded steps (the self-audit's)
         "decoded_at_prefill": 0,  # its decode steps (``decode_steps``) at its latest prefill row
+        "completion_tokens": None,  # SGLang's own count, read at its finish (``finish``): None unread
     }
 
 
-def finish(r: dict[str, Any], stamp: int) -> None:
+def finish(r: dict[str, Any], stamp: int, books: Optional[tuple[int, int, int]] = None) -> None:
     """Mark a request finished by the record or end stamped ``stamp``; a later record that repeats
-    the finish keeps the first stamp."""
+    the finish keeps the first stamp.  ``books``: SGLang's own for it (``StepRecord.books``), whose
+    ``completion_tokens`` the entry keeps where they were read."""
     if not r["finished"]:
         r["finished"], r["finished_at"] = True, stamp
+        if books is not None and books[1] >= 0:
+            r["completion_tokens"] = books[1]
 
 
 def decode_steps(r: Mapping[str, Any]) -> int:
@@ -67,11 +71,14 @@ def decode_steps(r: Mapping[str, Any]) -> int:
 
 
 def output_tokens(r: Mapping[str, Any]) -> int:
-    """The tokens a request's client got (SGLang's ``completion_tokens`` where the history is whole):
-    its prefill's first token and the ones committed after; none for a request aborted while it
+    """The tokens a request's client got: SGLang's ``completion_tokens`` where its finish carried them
+    (``max_new_tokens=0`` keeps none), else its prefill's first token and the ones committed after
+    (the same where the history is whole); none for a request aborted while it
     waited before any step, token or retraction of it (before its first step, or between the chunks
     of its first prefill).  A retraction that hit its first prefill in flight, then an abort, reads
     as one token where SGLang has none (nothing here tells the two apart)."""
+    if r.get("completion_tokens") is not None:
+        return int(r["completion_tokens"])
     aborted_early = r.get("aborted") and not (r.get("steps") or r.get("committed") or r.get("retractions"))
     return 0 if aborted_early else 1 + int(r.get("committed") or 0)
 

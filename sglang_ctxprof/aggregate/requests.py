@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict, deque
-from itertools import compress, filterfalse, islice, repeat
+from itertools import compress, count, filterfalse, islice, repeat
 from operator import attrgetter, gt, itemgetter, not_
 from typing import Any, Iterator, Optional, Union
 
@@ -141,8 +141,8 @@ class RequestLog:
                 r = reqs[rids[i]]
                 r["steps_truncated"] += 1
                 self._fold_step(r, ctx[i], acc[i], com[i], rec.step_ms, t_dev, bool(lens[i]), nd)
-        for rid in compress(rids, rec.finished[lo:hi]):
-            finish(reqs[rid], rec.end_ns)
+        for i in compress(range(lo, hi), rec.finished[lo:hi]):
+            finish(reqs[rec.rids[i]], rec.end_ns, rec.books[i] if rec.books else None)
 
     def _decode_rows_one_by_one(self, rec: StepRecord, lo: int, hi: int, key: int, meta: Meta) -> None:
         """``_decode_rows`` request by request, where adding a new request evicts one of this step's
@@ -150,8 +150,8 @@ class RequestLog:
         request was recorded in turn."""
         reqs, with_rows, max_steps = self._reqs, self._with_rows, self.max_steps
         t_dev = rec.end_ns
-        for rid, ctx, acc, com, fin in zip(rec.rids[lo:hi], rec.ctx_lens[lo:hi], rec.accepted[lo:hi],
-                                           rec.committed[lo:hi], rec.finished[lo:hi]):
+        for i, rid, ctx, acc, com, fin in zip(count(lo), rec.rids[lo:hi], rec.ctx_lens[lo:hi], rec.accepted[lo:hi],
+                                              rec.committed[lo:hi], rec.finished[lo:hi]):
             r = reqs.get(rid)
             if r is None:
                 r = self._add(rid, rec)
@@ -170,7 +170,7 @@ class RequestLog:
                 r["steps_truncated"] += 1
                 self._fold_step(r, ctx, acc, com, rec.step_ms, t_dev, bool(rows), rec.non_draft_tokens)
             if fin:
-                finish(r, rec.end_ns)
+                finish(r, rec.end_ns, rec.books[i] if rec.books else None)
 
     def end(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
@@ -233,7 +233,7 @@ class RequestLog:
             r["t_end_ns"] = rec.end_ns
             r["rows_at_end"] = len(r["step_rows"])
             if rec.finished[i]:
-                finish(r, rec.end_ns)
+                finish(r, rec.end_ns, rec.books[i] if rec.books else None)
             if decoded:  # its token's time: the step it rode (its decode tok/s counts both)
                 r["decode_ms"] += rec.step_ms
             else:  # a prefill row: what it decoded so far (``_ended_unseen``)

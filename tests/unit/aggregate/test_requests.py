@@ -400,3 +400,18 @@ def test_a_decode_row_riding_a_mixed_batch_is_decoding_for_the_end_unseen():
     log.observe(replace(_prefill(9, 1), prompt_lens=(100,)))
     log.observe(_step(10, 1))
     assert [(r["use"], r["steps"]) for r in log.totals() if r["rid"] == "r0"] == [(0, 2), (1, 1)]
+
+
+def test_a_request_that_keeps_no_output_exports_no_token():
+    """``max_new_tokens=0`` (and each n>1 request's hidden warm-up) finishes at its prefill with
+    SGLang's ``completion_tokens`` 0, where ``max_new_tokens=1`` has 1: the books tell them apart,
+    and the exported ``gen_ai.usage.output_tokens`` (``output_tokens``) follows them."""
+    from sglang_ctxprof.aggregate.request_entry import output_tokens
+
+    log = RequestLog()
+    for rid, out in (("zero", 0), ("one", 1)):
+        log.observe(StepRecord(step_id=1, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                               ctx_lens=(50,), accepted=(0,), committed=(0,), finished=(True,), draft_tokens=0,
+                               step_ms=20.0, books=((-1, out, -1),)))
+    assert output_tokens(log.get("zero")) == 0 and output_tokens(log.get("one")) == 1
+    assert (log.get("zero")["completion_tokens"], log.get("one")["committed"]) == (0, 0)  # SGLang's count, beside ours
