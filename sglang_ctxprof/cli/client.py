@@ -50,24 +50,31 @@ def _reason(exc: BaseException) -> str:
 
 
 class ServerClient:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    """``api_key``: SGLang's ``--api-key``; ``admin_key``: its ``--admin-api-key``, sent on the
+    admin-level writes only (the reset), which take the API key where none is given."""
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 600.0,
+                 admin_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
+        self.admin_key = admin_key
         self.timeout = timeout
 
     # ------------------------------------------------------------------------------ plumbing
-    def _req(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
+    def _req(self, method: str, path: str, body: Any = None, key: str | None = None) -> urllib.request.Request:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
+        if key or self.api_key:
+            req.add_header("Authorization", f"Bearer {key or self.api_key}")
         return req
 
-    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        """JSON in, JSON out.  HTTP 404 on a ctx_profile route raises :class:`NoProfile`."""
+    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+             key: str | None = None) -> Any:
+        """JSON in, JSON out (``key``: the bearer token, else ``api_key``).  HTTP 404 on a ctx_profile
+        route raises :class:`NoProfile`."""
         try:
-            with urllib.request.urlopen(self._req(method, path, body), timeout=timeout or self.timeout) as r:
+            with urllib.request.urlopen(self._req(method, path, body, key), timeout=timeout or self.timeout) as r:
                 raw = r.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace").strip().replace("\n", " ")[:300]
@@ -141,12 +148,17 @@ class ServerClient:
             raise ClientError(f"cannot reach {self.url} (streamed /generate): {_reason(exc)}") from None
 
     def profile_reset(self) -> bool:
-        """Reset ``/ctx_profile``; False when the server has no profiler."""
+        """Reset ``/ctx_profile`` (admin level: ``admin_key``); False when the server has no profiler."""
         try:
-            self.call("POST", names.ROUTE_RESET, {}, timeout=60)
+            self.call("POST", names.ROUTE_RESET, {}, timeout=60, key=self.admin_key)
             return True
         except NoProfile:
             return False
+        except ClientError as exc:
+            if exc.status in (401, 403) and not self.admin_key:
+                raise ClientError(f"{exc} (a server with --admin-api-key wants it: give --admin-key)",
+                                  exc.status) from None
+            raise
 
     def profile(self) -> dict | None:
         try:

@@ -71,6 +71,12 @@ def _arg(cmd: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def admin_key(given: str | None, server_args: Sequence[str]) -> str | None:
+    """The admin key a launched server wants: the one given (``--admin-key``), else its own
+    ``--admin-api-key``."""
+    return given or _arg(server_args, "--admin-api-key")
+
+
 PORT_LOW, PORT_HIGH = 10000, 21999  # free_port's range: below SGLang's own (22000-29999) and the kernel's ephemeral one
 _given: set[int] = set()  # ports free_port handed out in this process
 

@@ -45,6 +45,7 @@ class SweepArgs:
     resume: bool = False
     timeout: float = 600.0
     api_key: str | None = None
+    admin_key: str | None = None
     seed: int = 0
     plots: bool = True
     no_profile: bool = False
@@ -75,6 +76,8 @@ class SweepArgs:
         ap.add_argument("--resume", action="store_true", help="skip results already in --out")
         ap.add_argument("--timeout", type=float, default=d.timeout, help="seconds per request")
         ap.add_argument("--api-key", default=None, help="bearer token if the server uses --api-key")
+        ap.add_argument("--admin-key", default=None,
+                        help="bearer token for the reset before each point if the server uses --admin-api-key")
         ap.add_argument("--seed", type=int, default=d.seed, help="prompt selection seed")
         ap.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
         ap.add_argument("--no-warmup", dest="warmup", action="store_false",
@@ -140,12 +143,12 @@ def run_args(args: SweepArgs, after=None) -> int:
 
         return run_arms(args, after=after)
     if not args.launch:
-        return sweep(args, ServerClient(args.url, args.api_key, args.timeout))
+        return sweep(args, ServerClient(args.url, args.api_key, args.timeout, args.admin_key))
     if args.draft_tokens:
         from .sweep_budget import run_budgets
 
         return run_budgets(args, run_args)
-    from .server import ServerError, ServerProcess
+    from .server import ServerError, ServerProcess, admin_key
 
     sargs = list(args.server_args)
     if not args.no_profile and "--enable-ctx-profile" not in sargs:
@@ -161,7 +164,7 @@ def run_args(args: SweepArgs, after=None) -> int:
         raise CliError(f"{str(exc).splitlines()[0]} (see {log})") from None
     try:
         print(f"server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
-        client = ServerClient(srv.url, args.api_key, args.timeout)
+        client = ServerClient(srv.url, args.api_key, args.timeout, admin_key(args.admin_key, args.server_args))
         rc = sweep(args, client, server=srv)
         if after is not None and rc == 0:
             after(args, client)

@@ -69,14 +69,14 @@ def validate(args: "SweepArgs") -> None:
 
 def run_arms(args: "SweepArgs", after: Optional[Callable[..., None]] = None) -> int:
     from .client import ServerClient
-    from .server import ServerError, ServerProcess
+    from .server import ServerError, ServerProcess, admin_key
 
     validate(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.launch:
-        clients = {"spec": ServerClient(args.url, args.api_key, args.timeout),
-                   "plain": ServerClient(args.plain_url, args.api_key, args.timeout)}
+        clients = {"spec": ServerClient(args.url, args.api_key, args.timeout, args.admin_key),
+                   "plain": ServerClient(args.plain_url, args.api_key, args.timeout, args.admin_key)}
         rc = sweep_arms(args, clients)
         if after is not None and rc == 0:
             after(args, clients)
@@ -97,7 +97,8 @@ def run_arms(args: "SweepArgs", after: Optional[Callable[..., None]] = None) -> 
             except ServerError as exc:
                 raise CliError(f"{arm} server: {str(exc).splitlines()[0]} (see {srv.log_path})") from None
             print(f"{arm} server ready in {srv.startup_s:.1f}s at {srv.url}", file=sys.stderr, flush=True)
-        clients = {arm: ServerClient(s.url, args.api_key, args.timeout) for arm, s in servers.items()}
+        clients = {arm: ServerClient(s.url, args.api_key, args.timeout, admin_key(args.admin_key, args.server_args))
+                   for arm, s in servers.items()}
         rc = sweep_arms(args, clients)
         if after is not None and rc == 0:
             after(args, clients)

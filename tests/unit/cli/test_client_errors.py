@@ -9,6 +9,7 @@ import pytest
 
 from http_fakes import JsonHandler, Servers
 from sglang_ctxprof.cli.client import ClientError, ServerClient
+from sglang_ctxprof.model import names
 
 
 class _Requests(JsonHandler):
@@ -70,3 +71,25 @@ def test_a_stream_without_done_raises(url):
         for chunk in ServerClient(url(), timeout=30).generate_stream([1, 2], 4):
             chunks.append(chunk)
     assert len(chunks) == 1
+
+
+class _Keys(JsonHandler):
+    """SGLang with --api-key K and --admin-api-key A: admin routes want A, the rest K."""
+
+    def do_POST(self):
+        want = "Bearer A" if self.path.startswith(names.ROUTE_RESET) else "Bearer K"
+        if self.headers.get("Authorization", "") != want:
+            return self._json(401, {"error": "Unauthorized"})
+        return self._json(200, {"ok": True})
+
+
+def test_the_sweeps_reset_carries_the_admin_key_and_everything_else_the_api_key():
+    servers = Servers()
+    try:
+        base = servers.start(_Keys)
+        c = ServerClient(base, "K", timeout=30, admin_key="A")
+        assert c.profile_reset() and c.call("POST", "/generate", {}) == {"ok": True}
+        with pytest.raises(ClientError, match="--admin-key"):  # the 401 names the option to give
+            ServerClient(base, "K", timeout=30).profile_reset()
+    finally:
+        servers.close()
