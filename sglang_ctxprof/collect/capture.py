@@ -333,6 +333,8 @@ class Capture:
             prof.export_chrome_trace(path)
             info.bytes = os.path.getsize(path)
         except Exception as exc:  # noqa: BLE001
+            with contextlib.suppress(OSError):  # a part written: no reader opens it, no byte cap counts it
+                os.remove(path)
             self._end(info, names.CAPTURE_FAILED, f"export failed: {type(exc).__name__}: {exc}")
             return
         finally:

@@ -925,3 +925,23 @@ def test_a_rid_capture_is_not_idle_while_it_passes_over_other_requests_prefills(
         s.step(cap, ("a",))
     c = wait_state(cap, cid)
     assert c.state == names.CAPTURE_DONE and len(c.step_ids) == 8 and not c.error
+
+
+def test_an_export_that_fails_midway_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A disk that fills mid-export: the capture fails, and the part written is removed (a failed
+    capture's file is counted by no byte cap, and no reader could open it)."""
+    from sglang_ctxprof.testing import fake_profiler
+
+    def partial(self, path):
+        with open(path, "wb") as f:
+            f.write(b"\x1f\x8b" + bytes(100))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fake_profiler.FakeTorchProfiler, "export_chrome_trace", partial)
+    cap, s = Capture(settings(tmp_path, steps=2)), CaptureScheduler()
+    cid = cap.request(names.TRIGGER_MANUAL, now_s=1000.0)["capture"]["id"]
+    for _ in range(3):
+        s.step(cap)
+    c = wait_state(cap, cid)
+    assert c.state == names.CAPTURE_FAILED and "No space left" in c.error and c.path
+    assert not os.path.exists(c.path)
