@@ -14,8 +14,8 @@ changes, so one server serves every planted case):
 * ``acc_len_above``: ``[ctx, acc_len]`` - at batches whose summed context is above ``ctx``, SGLang's
   own ``SGLANG_SIMULATE_ACC_LEN`` is set to ``acc_len`` for the next verify (``eagle_utils`` reads
   ``spec_utils.SIMULATE_ACC_LEN`` at every call): acceptance that falls with context;
-* ``host_sleep_ms``: a sleep in the scheduler loop before each ``get_next_batch_to_run``: a host
-  bubble between steps;
+* ``host_sleep_ms``: a sleep in the scheduler loop after each ``get_next_batch_to_run`` that gives
+  a batch: a host bubble before every step that runs;
 * ``slow_steps``: ``[ms, n]`` - the next ``n`` target-verify forwards after the file changed each
   sleep ``ms`` once, in their first attention call, inside a ``torch.profiler.record_function``
   range named ``ctxprof_plant.slow_step`` (so a profiler trace shows where the planted work ran);
@@ -108,15 +108,16 @@ def register() -> None:
     orig = Scheduler.get_next_batch_to_run
 
     def get_next_batch_to_run(self, *args, **kwargs):
+        batch = orig(self, *args, **kwargs)
         c = cfg()
         ms = float(c.get("host_sleep_ms", 0.0) or 0.0)
         spin = float(c.get("host_spin_ms", 0.0) or 0.0)
-        if (ms > 0 or spin > 0) and (self.running_batch is not None and not self.running_batch.is_empty()):
+        if (ms > 0 or spin > 0) and batch is not None:  # before every step that runs, a request's first decode too
             if ms > 0:
                 time.sleep(ms / 1000.0)
             end = time.perf_counter() + spin / 1000.0
             while time.perf_counter() < end:
                 pass
-        return orig(self, *args, **kwargs)
+        return batch
 
     Scheduler.get_next_batch_to_run = get_next_batch_to_run
