@@ -390,8 +390,8 @@ def make_control_reply(payload: dict) -> Any:
 from . import adapter_model as _model  # noqa: E402
 from .adapter_model import (  # noqa: E402,F401
     batch_step_id, graph_key, model_facts, next_step_id, step_now,
-    attn_backend, attn_tp_size, emits, exec_mode, graph_ranks, has_graph, is_target_verify_graph, is_target_verify_runner,
-    is_timed_shape_key, shape_size, sparse_attention, target_model, timed_copy_refusal, timed_shape_key,
+    attn_backend, attn_tp_size, emits, exec_mode, graph_ranks, has_graph, is_target_verify_graph,
+    is_target_verify_runner, is_timed_shape_key, shape_size, sparse_attention, target_model, timed_copy_refusal, timed_shape_key,
     verify_graph_ran)
 
 

@@ -160,8 +160,8 @@ class Profiler:
     def bind_facts(self, scheduler: Any) -> BindFacts:
         """What the exporter sinks learn from this process (``model.sinks.BindFacts``)."""
         sa = getattr(scheduler, "server_args", None)
-        return BindFacts(primary=scheduler is None or adapter.emits(scheduler), model_name=adapter.served_model_name(sa),
-                         metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
+        return BindFacts(primary=scheduler is None or adapter.emits(scheduler),
+                         model_name=adapter.served_model_name(sa), metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
                          dropped=self.recorder.dropped_count, degraded=self.guard.status,
                          audit=self.audit_lifetime, policy=self.trace_policy, counts=self.aggregator.counts,
                          guarded=self.guard.run, watch_faults=self.guard.listen)

@@ -27,11 +27,11 @@ with the queue, so a snapshot includes every submitted record, but runs no sink:
 aggregated wait for the drain thread in a backlog bounded by ``maxsize`` (beyond it the sinks miss
 them, counted in ``sink_dropped``), so a stalled sink never delays a read nor the scheduler (a log
 pipe has a writer thread of its own; a sink that blocks, e.g. a log file on storage that hangs,
-holds the drain thread: a read still catches the aggregator up, but while none comes the queue
-fills and later steps are dropped, counted in ``dropped``).  :meth:`flush` drains both synchronously; :meth:`close` stops the
-thread, drains, and stops each sink.  :meth:`park` (profiling switched off at run time) lets the
-thread end once it has drained both, so an off profiler runs no thread; :meth:`start` brings it
-back.
+holds the drain thread: a read still catches the aggregator up, but while none comes the queue fills
+and later steps are dropped, counted in ``dropped``). :meth:`flush` drains both synchronously;
+:meth:`close` stops the thread, drains, and stops each sink. :meth:`park` (profiling switched off at
+run time) lets the thread end once it has drained both, so an off profiler runs no drain thread;
+:meth:`start` brings it back.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.server
 
 def test_dp_attention_requests_reconcile_on_both_ranks(tmp_path_factory):
     args = cpu_args(tiny("deepseek-v3")["target"]) + [
-        names.CLI_FLAG, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", "--attention-backend", "intel_amx", "--enable-metrics"]
+        names.CLI_FLAG, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", "--attention-backend", "intel_amx",
+        "--enable-metrics"]
     env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", **_gloo_env(tmp_path_factory.mktemp("gloo-ep"))}
     srv = start_server("dp-attention", args, env=env)
     try:
