@@ -157,10 +157,12 @@ def _parse(raw: bytes) -> Any:
     carries, which fails where a reply naming it is encoded (SGLang's msgpack IPC, in the scheduler).
     UnicodeError is a ValueError."""
     text = raw.decode("utf-8")  # json.loads on bytes would take UTF-16 and encoded surrogates
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))  # outside the strings, scanned in C
+    obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    # the nesting outside the strings, scanned in C, only over text the parser took (in an unterminated
+    # string the string pattern would rescan the rest of the text from each quote after it)
+    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
     if max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH}")  # re-encoded deeper still, it would recurse
-    obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     if "\\u" in text:
         json.dumps(obj, ensure_ascii=False).encode("utf-8")
     return obj
