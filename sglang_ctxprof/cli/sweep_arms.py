@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..model.names import Phase
+from ..model.names import SPEC_PHASES
 from . import sweep_results as res
 from .main import REPLY_SHAPE, CliError, unexpected
 
@@ -151,7 +151,7 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
                         warmed.add((arm, ctx))
                     r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
                     ran = set((r.get("breakdown") or {}).get("phases_ms") or {})
-                    spec = sorted({Phase.DRAFT.value, Phase.VERIFY.value} & ran)
+                    spec = sorted(set(SPEC_PHASES) & ran)
                     if arm == "plain" and spec:  # --plain-url naming a speculative server: say so at once
                         raise CliError(f"the plain server {clients[arm].url} ran speculative steps ({', '.join(spec)} "
                                        f"phases): --plain-url must name a server without speculation")

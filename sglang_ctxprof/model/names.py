@@ -63,6 +63,8 @@ FORWARD_SPLIT: dict[str, tuple[str, str, str]] = {
     Phase.VERIFY.value: (Phase.VERIFY_ATTN.value, Phase.VERIFY_MOE.value, Phase.VERIFY_REST.value),
     Phase.DECODE.value: (Phase.DECODE_ATTN.value, Phase.DECODE_MOE.value, Phase.DECODE_REST.value),
 }
+# The phases only a speculative step has: a plain arm (the ledger's plain decode) holds neither.
+SPEC_PHASES: tuple[str, ...] = (Phase.DRAFT.value, Phase.VERIFY.value)
 # Phases a custom worker may declare through ``sglang_ctxprof.phase(name)``.
 DECLARABLE_PHASES: frozenset[str] = frozenset(
     {Phase.DRAFT.value, Phase.VERIFY.value, Phase.DRAFT_EXTEND.value}

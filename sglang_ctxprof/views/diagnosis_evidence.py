@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from ..model.guard import RECORDING
-from ..model.names import LEAF_PHASES, Phase
+from ..model.names import LEAF_PHASES, SPEC_PHASES, Phase
 from ..model.records import leaf_ms
 from ..model.stats import theil_sen
 from . import capture_refs
@@ -76,7 +76,7 @@ class Evidence:
 def speculative_phases(ev: Evidence) -> list[str]:
     """The draft and verify phases ``ev``'s points hold: what a plain arm (the ledger's measured
     plain decode) must hold none of."""
-    return sorted({p for pt in ev.points for p in (Phase.DRAFT.value, _V) if p in pt.phases})
+    return sorted({p for pt in ev.points for p in SPEC_PHASES if p in pt.phases})
 
 
 def leaves(phases: Mapping[str, float]) -> dict[str, float]:

@@ -40,7 +40,6 @@ from typing import Optional
 from starlette.requests import Request
 
 from ..model import names
-from ..model.names import Phase
 from ..aggregate.ledger import HOST_GAP, ledger
 from .diagnosis import Evidence, evidence_from_profile
 from .diagnosis_evidence import Point, ledger_points
@@ -54,7 +53,7 @@ MAX_BUCKETS = 256  # decode buckets of a registered profile
 MAX_MS = 1e5  # the longest step or phase time a reference may hold (100 s)
 MAX_AL = 1e3  # the most tokens per step
 MAX_SOURCE = 200  # characters of ?source=
-_SPEC = (Phase.VERIFY.value, Phase.DRAFT.value)
+_SPEC = names.SPEC_PHASES
 
 
 @dataclass(frozen=True)
