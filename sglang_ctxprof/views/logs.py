@@ -39,7 +39,7 @@ from collections import deque
 from typing import Any, Callable, Mapping, Optional
 
 from ..model import names
-from ..model.config import LogSettings
+from ..model.config import LOG_LEVELS, LogSettings
 from ..model.names import KIND_DECODE
 from ..model.records import StepRecord
 from .policy import TracePolicy, max_step_ms
@@ -253,8 +253,10 @@ class LogView:
 
     def emit_summary(self) -> dict[str, Any]:
         s = self.summary()
-        (self.log.info if s["steps"] or s["requests_finished"] else self.log.debug)(names.EVENT_SUMMARY, **s)
-        self.emitted[names.EVENT_SUMMARY] += 1
+        level = "info" if s["steps"] or s["requests_finished"] else "debug"
+        getattr(self.log, level)(names.EVENT_SUMMARY, **s)
+        if LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.cfg.level):  # a line the level let through
+            self.emitted[names.EVENT_SUMMARY] += 1
         return s
 
     def start(self) -> None:

@@ -81,6 +81,16 @@ def test_slow_request_through_sinks_and_summary():
     assert len(cap.entries) == n
 
 
+def test_emitted_counts_only_lines_the_level_let_through():
+    for level, busy, written in (("info", False, 0), ("warning", True, 0), ("debug", False, 1), ("info", True, 1)):
+        view, cap, clock = _view(cfg=LogSettings(level=level))
+        if busy:
+            view.on_step(_step(0, 1.0))
+        view.emit_summary()
+        assert len(cap.entries) == written
+        assert view.status()["emitted"]["ctx_profile_summary"] == written, (level, busy)
+
+
 def test_json_file_output_and_no_global_logging_change(tmp_path):
     root_handlers = list(logging.getLogger().handlers)
     cfg_before = structlog.get_config()["processors"][:]
