@@ -335,8 +335,9 @@ class Recorder:
             self._catch_up()
         fan = self._fan
         if not self._sink_lock.acquire(timeout=-1 if sink_wait is None else sink_wait):
-            self.sink_dropped += len(fan)
-            logger.warning("sglang-ctxprof: a sink is stuck; %d records it has not seen are left", len(fan))
+            left = sum(type(x) is not _Lost and type(x) is not _Then for x in fan)  # records, not marks
+            self.sink_dropped += left
+            logger.warning("sglang-ctxprof: a sink is stuck; %d records it has not seen are left", left)
             return
         try:
             if fan:

@@ -507,6 +507,23 @@ def test_close_with_a_sink_stuck_for_good_returns_and_counts_what_it_never_saw()
         sink.release.set()
 
 
+def test_a_close_behind_a_stuck_sink_counts_records_never_marks_or_calls():
+    """What the close leaves behind a stuck sink: its records are counted, a loss mark (its records
+    counted when they were dropped) and a call after the sinks are not."""
+    r, agg, sink = _stuck(maxsize=4)
+    try:
+        for batch in ((1, 2, 3, 4), (5, 6)):  # 1-4 wait for the sinks; 5, 6 find them full (one loss mark)
+            for i in batch:
+                r.submit(_rec(i))
+            _read(r)
+        assert r.sink_dropped == 2 and r.dropped == 0
+        r.after_sinks(lambda: None)
+        r.stop(timeout=0.2)
+        assert agg.records == 7 and r.sink_dropped == 2 + 4
+    finally:
+        sink.release.set()
+
+
 def _req(i: int, rid: str, kind: str = "decode", fin: bool = False, books=()) -> StepRecord:
     return StepRecord(step_id=i, kind=kind, algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(100 + i,),
                       accepted=(2,) if kind == "decode" else (0,), committed=(2,) if kind == "decode" else (0,),
