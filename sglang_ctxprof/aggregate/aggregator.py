@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..model.buckets import Bucketing
 from ..model.names import ABORT_RETRACTED, AUDIT_INVARIANTS, KIND_DECODE, TIMING_RANK, Phase
-from ..model.records import PhaseShapes, RequestEnd, StepRecord
+from ..model.records import HostGap, PhaseShapes, RequestEnd, StepRecord
 from ..model.stats import DurationStats, LinearFit, PointSample
 from . import acceptance as acc
 from .audit import Audit
@@ -120,7 +120,7 @@ class Aggregator:
         self.host_gaps = DurationStats()
         self.host_in_step = DurationStats()
         self.ring = RecentSteps()  # the one history of recent steps (waterfall and trace export)
-        self._last_end_ns = 0
+        self._gap = HostGap()
         self.decode_steps = 0  # decode records seen: the server's decode-step ordinal of the next one
         self.audit = Audit(lifetime=self._violations) if self._audit else None
         self._shapes: PhaseShapes = {}  # phases_ms keys -> what ``reported_phases`` reads
@@ -207,7 +207,7 @@ class Aggregator:
         steps (``RequestLog.interrupt``), and the next step's host gap is not measured (the server
         ran steps meanwhile)."""
         self.requests.interrupt()
-        self._last_end_ns = 0
+        self._gap.brk()
 
     def end_request(self, end: RequestEnd) -> None:
         """A request SGLang aborted while it waited (no step will say it finished)."""
@@ -215,13 +215,11 @@ class Aggregator:
 
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""
-        if rec.t_start_ns:
-            if self._last_end_ns and rec.t_start_ns >= self._last_end_ns:
-                self.host_gaps.add((rec.t_start_ns - self._last_end_ns) / 1e6)
-            if rec.t_end_ns:
-                self.host_in_step.add(max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e6 - rec.step_ms))
-            end = rec.gap_from_ns  # 0: the batch's requests all finished (idle time is no gap)
-            self._last_end_ns = max(self._last_end_ns, end) if end else 0
+        gap = self._gap.take(rec)
+        if gap is not None:
+            self.host_gaps.add(gap)
+        if rec.t_start_ns and rec.t_end_ns:
+            self.host_in_step.add(max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e6 - rec.step_ms))
 
     def _decode_extras(self, b: _Bucket, rec: StepRecord) -> None:
         """Execution mode, the batch-1 baseline, and acceptance by position keyed by own context."""

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from ..aggregate.aggregator import Aggregator
 from ..model import names
 from ..model.config import CaptureSettings
-from ..model.records import StepRecord
+from ..model.records import HostGap, StepRecord
 from ..model.sinks import BindFacts
 from .tail_trigger import TailTrigger
 
@@ -42,7 +42,7 @@ class AutoTriggers:
         self.facts = BindFacts()  # the profiler's, from bind on: the slow-request trigger asks its policy()
         self.tail = TailTrigger() if cfg.slow_request else None
         self._slow = 0  # slow decode steps in a row
-        self._prev_end_ns = 0
+        self._gap = HostGap()
 
     def bind(self, facts: BindFacts, ranks: int) -> None:
         """At the first step: ``facts`` (the slow-request policy); off where several ranks decide."""
@@ -54,7 +54,7 @@ class AutoTriggers:
 
     def gap_break(self) -> None:
         """Steps went unrecorded (profiling off, or lost): the next record's host gap is not measured."""
-        self._prev_end_ns = 0
+        self._gap.brk()
 
     def observe(self, rec: StepRecord, agg: Aggregator, request: Request) -> None:
         """Judge ``rec`` after the aggregator ``agg`` took it (the drain thread, or the thread that
@@ -65,10 +65,8 @@ class AutoTriggers:
         cfg = self.cfg
         if self.tail is not None:  # first: it also names the request
             self.tail.observe(rec, self.facts.policy(), request)
-        gap_ms = (rec.t_start_ns - self._prev_end_ns) / 1e6 if self._prev_end_ns and rec.t_start_ns else 0.0
-        end = rec.gap_from_ns  # as the aggregator's host gaps: none across idle time
-        self._prev_end_ns = max(self._prev_end_ns, end) if end else 0
-        if cfg.host_gap_ms > 0 and gap_ms > cfg.host_gap_ms:
+        gap_ms = self._gap.take(rec)  # as the aggregator's host gaps
+        if cfg.host_gap_ms > 0 and gap_ms is not None and gap_ms > cfg.host_gap_ms:
             request(names.TRIGGER_HOST_GAP, reason=f"host gap {gap_ms:.1f} ms before step {rec.step_id}",
                     trigger_step=rec.step_id)
         if cfg.slow_factor <= 0 or rec.kind != names.KIND_DECODE or not rec.ctx_lens:

@@ -299,6 +299,27 @@ class StepRecord:
         return cls(**kw)
 
 
+class HostGap:
+    """The host gap before each step (ms): from where the previous one's starts (``gap_from_ns``) to
+    this step's start; not measured before the first step, after idle time or after a break."""
+
+    __slots__ = ("_from_ns",)
+
+    def __init__(self) -> None:
+        self._from_ns = 0
+
+    def take(self, rec: StepRecord) -> Optional[float]:
+        """The gap before ``rec`` (None where not measured); the next one is measured from ``rec``."""
+        start, gap_from, end = rec.t_start_ns, self._from_ns, rec.gap_from_ns
+        if start:
+            self._from_ns = max(gap_from, end) if end else 0  # end 0: all finished (idle is no gap)
+        return (start - gap_from) / 1e6 if start and gap_from and start >= gap_from else None
+
+    def brk(self) -> None:
+        """Steps went unrecorded (profiling off, or lost): the next step's gap is not measured."""
+        self._from_ns = 0
+
+
 @dataclass(frozen=True, slots=True)
 class RequestEnd:
     """A request the scheduler ended outside its steps: aborted while it waited in SGLang's queue

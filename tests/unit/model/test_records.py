@@ -130,3 +130,24 @@ def test_accepted_drafts_sum_is_accepted_drafts_step_by_step():
     for nd in (1, 2, 3):
         assert accepted_drafts_sum(array("q", acc), nd) == sum(accepted_drafts(a, nd) for a in acc)
     assert accepted_drafts_sum(acc, 2) == 0 + 0 + 0 + 3 + 0 + 1 + 0 + 0 and accepted_drafts_sum((), 2) == 0
+
+
+def test_host_gap_is_measured_between_steps_never_across_idle_time_or_a_break():
+    from sglang_ctxprof.model.records import HostGap
+
+    def rec(start_ms, ms, fin=False):
+        return StepRecord(step_id=0, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(9,),
+                          accepted=(1,), committed=(1,), finished=(fin,), draft_tokens=0, step_ms=ms,
+                          t_start_ns=int(start_ms * 1e6))
+
+    g = HostGap()
+    assert g.take(rec(10, 5)) is None  # the first step: nothing before it
+    assert g.take(rec(17, 5)) == pytest.approx(2.0)  # 10 + 5 -> 17
+    assert g.take(rec(30, 5, fin=True)) == pytest.approx(8.0)  # its requests all finish here
+    assert g.take(rec(500, 5)) is None  # the server sat idle: no gap
+    g.brk()
+    assert g.take(rec(600, 5)) is None  # steps went unrecorded
+    assert g.take(rec(606, 5)) == pytest.approx(1.0)
+    assert g.take(StepRecord(step_id=0, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",),
+                             ctx_lens=(9,), accepted=(1,), committed=(1,), finished=(False,), draft_tokens=0, step_ms=1.0)) is None
+    assert g.take(rec(613, 1)) == pytest.approx(2.0)  # a record with no host clock changes nothing
