@@ -7,7 +7,9 @@ other, ``short`` and ``long`` new tokens; decode tok/s = (n_long - n_short) / (t
 per-phase ms per step and accepted tokens per step; ``server_wall_tok_s`` is the long request's
 committed tokens over its decode steps' wall time on the server clock (no prefill in it; None when
 the server did not keep a row for every step).  A failed read of the server's per-request record
-(other than "not in its history") fails the point, so ``--resume`` measures it again.
+(other than "not in its history"), a request aborted or cut short (SGLang answers an abort 200 with
+the tokens so far), or a profiler that recorded none of the point's decode steps fails the point,
+so ``--resume`` measures it again.
 
 Sustained: one streamed generation of N tokens from a ``ctx``-token prompt; decode tok/s over
 windows of W tokens as the context grows, plus the server's breakdown over the same run.  With the
@@ -142,6 +144,8 @@ def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
         client.profile_reset()
     meta_a, t_a = client.generate(prompts.get(ctx, repeat, "short"), short)
     meta_b, t_b = client.generate(prompts.get(ctx, repeat, "long"), long)
+    _check_complete(meta_a, short, "the short request")  # an abort answers 200 with part of the tokens
+    _check_complete(meta_b, long, "the long request")
     a, b = _req_info(meta_a, t_a, short), _req_info(meta_b, t_b, long)
     n_a, n_b = a["completion_tokens"] or 0, b["completion_tokens"] or 0
     tok_s = (n_b - n_a) / (t_b - t_a) if t_b > t_a and n_b > n_a else None
@@ -157,7 +161,7 @@ def two_point(client, ctx: int, repeat: int, prompts, short: int, long: int,
     if tok_s is None:
         out["note"] = "invalid point: the long request was not slower than the short one"
     if has_profile:
-        out["breakdown"] = breakdown(client.profile())
+        out["breakdown"] = _recorded(client)
         ra, rb = _server_request(client, a["rid"]), _server_request(client, b["rid"])
         out["server_requests"] = {"short": ra, "long": rb}
         if ra and rb and rb["decode_ms"] > ra["decode_ms"]:
@@ -180,7 +184,7 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         if not marks or n > marks[-1][1]:
             marks.append((t, n))
         last = meta
-    _check_complete(last, n_tokens)
+    _check_complete(last, n_tokens, "the streamed generation")
     client_windows = _windows([(t, n) for t, n in marks], ctx, window)
     client_tok_s = None
     if len(marks) > 1 and marks[-1][0] > marks[0][0]:
@@ -197,7 +201,7 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
     if not has_profile:
         out["note"] = NO_PROFILE_NOTE
         return out
-    out["breakdown"] = breakdown(client.profile())
+    out["breakdown"] = _recorded(client)
     req = client.profile_request(last["id"]) if last.get("id") else None
     rows = _all_rows(req)
     if rows is None:
@@ -218,19 +222,31 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
     return out
 
 
-def _check_complete(meta: Mapping[str, Any], n_tokens: int) -> None:
-    """A streamed generation that did not give every token asked for (``ignore_eos``: it must) is
-    no measurement: an abort, or a stream cut short, raises :class:`ClientError`."""
+def _check_complete(meta: Mapping[str, Any], n_tokens: int, what: str) -> None:
+    """A generation that did not give every token asked for (``ignore_eos``: it must) is no
+    measurement: an abort (SGLang answers it 200, with the tokens so far), or a stream cut short,
+    raises :class:`ClientError`."""
     from .client import ClientError
 
     got = meta.get("completion_tokens")
     reason = meta.get("finish_reason")
     if isinstance(reason, Mapping) and reason.get("type") == "abort":
-        raise ClientError(f"the server aborted the streamed generation after {got} of {n_tokens} tokens "
+        raise ClientError(f"the server aborted {what} after {got} of {n_tokens} tokens "
                           f"({str(reason.get('message'))[:120]})")
     if got != n_tokens:
-        raise ClientError(f"the streamed generation ended after {got} of {n_tokens} tokens (ignore_eos: "
-                          f"all were asked for)")
+        raise ClientError(f"{what} ended after {got} of {n_tokens} tokens (ignore_eos: all were asked for)")
+
+
+def _recorded(client) -> dict[str, Any]:
+    """The point's breakdown from the server's profile; a profiler that recorded no decode step of
+    it (switched off at run time) raises :class:`ClientError`, so the point is measured again."""
+    from .client import ClientError
+
+    out = breakdown(client.profile())
+    if out is None:
+        raise ClientError("the server's profiler recorded no decode step of this point (is profiling "
+                          "switched off? POST /ctx_profile/enable)")
+    return out
 
 
 def _windows(marks: list[tuple[float, int]], ctx0: int, window: int) -> list[dict[str, Any]]:

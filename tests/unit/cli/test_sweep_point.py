@@ -8,7 +8,7 @@ import pytest
 
 from sglang_ctxprof.cli.client import ClientError
 from sglang_ctxprof.cli.prompts import PromptPlan
-from sglang_ctxprof.cli.sweep_point import sustained
+from sglang_ctxprof.cli.sweep_point import sustained, two_point
 
 MS = 1_000_000
 
@@ -24,7 +24,7 @@ class Stub:
         return True
 
     def profile(self):
-        return None
+        return _profile_body()
 
     def generate_stream(self, ids, n):
         got = n if self.got is None else self.got
@@ -37,6 +37,64 @@ class Stub:
     def profile_request(self, rid):
         rows = [{"t_start_ns": i * 11 * MS, "step_ms": 10.0, "committed": 2} for i in range(self.kept)]
         return {"rid": rid, "steps": self.steps, "step_rows": rows}
+
+
+def _profile_body(steps=4):
+    """A ``/ctx_profile`` body of ``steps`` decode steps (none: what a profiler switched off gives)."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.model.records import RankId, StepRecord
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    for k in range(steps):
+        agg.observe(StepRecord(k + 1, "decode", "EAGLE", RankId(), ("r",), (20 + k,), (2,), (2,), (False,), 4, 10.0,
+                               {"draft": 4.0, "verify": 6.0}))
+    return build_profile(agg.snapshot()).to_dict()
+
+
+class PairStub(Stub):
+    """Two-point: the long request gives ``long_got`` tokens, ``finish`` its finish reason."""
+
+    def __init__(self, long_got=None, finish=None, steps=4):
+        super().__init__()
+        self.long_got, self.long_finish, self.prof_steps = long_got, finish, steps
+
+    def generate(self, ids, n):
+        long = n > 8
+        got = self.long_got if long and self.long_got is not None else n
+        meta = {"id": f"{'l' if long else 's'}1", "prompt_tokens": len(ids), "completion_tokens": got,
+                "finish_reason": (self.long_finish if long and self.long_finish else {"type": "length"})}
+        return meta, 1.0 + got / 100
+
+    def profile(self):
+        return _profile_body(self.prof_steps)
+
+    def profile_request(self, rid):
+        return None
+
+
+def _pair_plan():
+    plan = PromptPlan(list(range(10, 500)), "random-ids", seed=0)
+    plan.plan([16], 1, ("short", "long"))
+    return plan
+
+
+def test_a_whole_pair_is_a_point():
+    out = two_point(PairStub(), 16, 0, _pair_plan(), 4, 64, has_profile=True)
+    assert out["decode_tok_s"] == pytest.approx(100.0) and out["breakdown"]["steps"] == 4
+
+
+@pytest.mark.parametrize("stub, msg", [
+    (PairStub(long_got=9, finish={"type": "abort", "message": "Abort before prefill"}),
+     "aborted the long request after 9 of 64"),
+    (PairStub(long_got=40), "the long request ended after 40 of 64"),
+    (PairStub(steps=0), "recorded no decode step"),
+], ids=["aborted-200", "cut-short", "profiling-off"])
+def test_a_pair_the_server_cut_short_or_did_not_record_is_no_point(stub, msg):
+    """SGLang answers an aborted request 200 with the tokens so far: that is no measurement, nor is a
+    point whose steps a profiler switched off never recorded (``--resume`` must measure it again)."""
+    with pytest.raises(ClientError, match=msg):
+        two_point(stub, 16, 0, _pair_plan(), 4, 64, has_profile=True)
 
 
 def _plan():
