@@ -115,8 +115,7 @@ class Forwarder:
             self.records += len(out)
 
     def _loop(self) -> None:
-        from sglang_ctxprof.collect.pacing import PAUSE_S
-        from sglang_ctxprof.collect.recorder import POLL_S
+        from sglang_ctxprof.collect.pacing import PAUSE_S, POLL_S
 
         tt = time.thread_time_ns
         while not self.stop_ev.is_set():

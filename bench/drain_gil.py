@@ -306,12 +306,12 @@ def main(argv=None) -> int:
                   f"{r['gc_per_100_steps'][0]:11.1f} / {r['gc_per_100_steps'][1]:9.1f} | {r['busy_backlog']:>7} || "
                   f"{'%d of %d' % r['p99_steps_in_drain_gc']:>15} {r['gil_p99_no_drain_gc_pct']:13.2f}",
                   flush=True)
+        if a.json:  # after each batch size: a run killed past its time keeps the rows it finished
+            Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
     conn.send_bytes(pickle.dumps("stop"))
     child.join(30)
     print("goal: p99 delay <= 1% of the step (GIL % p99: the same, with the machine's other load taken out; floor: idle "
           "against idle, this machine's noise in that p99)")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=2))
     return 0
 
 

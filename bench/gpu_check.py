@@ -8,7 +8,9 @@ A small model with attention-like blocks (q.K^T, softmax, .V over a KV cache) an
 (which waits on the step's ``copy_done`` event, as SGLang does).  It checks:
 
 1. ``graph_vs_eager``: the attention / MoE times read from external events inside a CUDA graph
-   agree with plain CUDA-event times of the same blocks run eagerly, within 5 %;
+   agree with plain CUDA-event times of the same blocks run eagerly, within 5 % (with
+   ``--eager-report-only`` both are reported and only the split is required: blocks of a few tens
+   of µs run launch-bound eagerly, and their eager events hold launch gaps a graph has not);
 2. ``overhead``: what a replay costs.  The plain graph that unsampled steps (and everything after
    ``disable``) replay must cost what a graph captured without the profiler costs (< 1 %); the
    timed copy that sampled steps replay is measured against it (µs per event node), together with
@@ -181,16 +183,18 @@ def mean_phase(recs, name):
     return statistics.fmean(vals) if vals else None
 
 
-def check_graph_vs_eager(layers, steps, dry):
+def check_graph_vs_eager(layers, steps, dry, report_only=False):
+    """``report_only``: the times are reported, not held to 5 % (blocks so small that the eager run is
+    launch-bound: its events include launch gaps a graph does not have); the split must still be read."""
     eager, _ = profiled_run(layers, steps, use_graph=False, dry=dry)
     graph, p = profiled_run(layers, steps, use_graph=True, dry=dry)
-    out = {"split_mode": p.graph.describe()["mode"] if p.graph else None}
+    out = {"split_mode": p.graph.describe()["mode"] if p.graph else None, "report_only": report_only}
     ok = out["split_mode"] == "cuda_graph_events" and all(r.timing == "cuda_graph_events" for r in graph)
     for name in ("verify_attn", "verify_moe"):
         e, g = mean_phase(eager[2:], name), mean_phase(graph[2:], name)
         diff = abs(g - e) / e if (e and g is not None) else None
         out[name] = {"eager_ms": e, "graph_ms": g, "rel_diff": diff}
-        ok = ok and diff is not None and diff < 0.05
+        ok = ok and g is not None and (report_only or (diff is not None and diff < 0.05))
     return ok, out
 
 
@@ -337,6 +341,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--ctx", type=int, default=32768, help="KV tokens per request (GPU run)")
+    ap.add_argument("--eager-report-only", action="store_true",
+                    help="report graph vs eager without the 5%% bar (launch-bound eager blocks)")
     ap.add_argument("--out", default=os.environ.get("OUT") and os.path.join(os.environ["OUT"], "gpu_check.json"))
     a = ap.parse_args(argv)
     if a.layers < 1 or a.steps < 4 or a.ctx < 16:
@@ -353,7 +359,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     results = {"device": DEV.name, "dry_run": a.dry_run, "checks": {}}
     ok_all = True
-    for name, fn in (("graph_vs_eager", lambda: check_graph_vs_eager(a.layers, a.steps, a.dry_run)),
+    for name, fn in (("graph_vs_eager", lambda: check_graph_vs_eager(a.layers, a.steps, a.dry_run, a.eager_report_only)),
                      ("overhead", lambda: check_overhead(a.layers, a.dry_run)),
                      ("no_sync", lambda: check_no_sync(a.layers, a.steps, a.dry_run))):
         try:

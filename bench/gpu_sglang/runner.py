@@ -495,9 +495,17 @@ def main(argv: list[str] | None = None) -> int:
     def probe() -> dict:
         pdir = work / "probe"
         cmd = [sys.executable, str(ROOT / "bench/gpu_probe.py"), str(pdir)] + (["--dry-run"] if a.dry else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, run.left() - 10),
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-        merged = {p.stem: json.loads(p.read_text()) for p in sorted(pdir.glob("*.json"))}
+        try:  # a kit past its time keeps the probes it finished (merged below, whatever the exit)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, run.left() - 10),
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        except subprocess.TimeoutExpired as exc:
+            done = subprocess.CompletedProcess(exc.cmd, "timeout", _text(exc.stdout), _text(exc.stderr))
+        merged = {}
+        for p in sorted(pdir.glob("*.json")):
+            try:
+                merged[p.stem] = json.loads(p.read_text())
+            except ValueError:  # a probe killed mid-write
+                merged[p.stem] = {"error": "unreadable (killed mid-write?)"}
         (out / "probes.json").write_text(json.dumps(merged, indent=1))
         return {"ok": done.returncode == 0, "rc": done.returncode, "probes": sorted(merged),
                 "tail": done.stdout[-1500:] + done.stderr[-1500:]}

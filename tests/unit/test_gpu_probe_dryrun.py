@@ -65,3 +65,4 @@ def test_the_prepared_gpu_command_runs_dry(tmp_path):
     assert {f"P{i}" for i in range(11)} | {"summary"} <= set(merged)
     deep = json.loads((tmp_path / "gpu_check_layers60.json").read_text())
     assert deep["pass"] and deep["checks"]["overhead"]["events_in_graph"] == 2 * 2 * 60
+    assert deep["checks"]["graph_vs_eager"]["report_only"]  # launch-bound eager blocks: reported, no bar

@@ -50,6 +50,7 @@ def test_dry_run_writes_every_stage(runner, tmp_path, monkeypatch):
         drain = st["drain"][key]
         assert [r["mode"] for r in drain] == ["whole", "paced", "process", "inline"] and all(r["batch"] == 1 for r in drain)
         assert all(r["gil_p99_floor_pct"] >= 0 for r in drain)  # idle against idle: what the machine resolves
+        assert all(r["drain_us_per_record"] > 0 for r in drain)  # each mode's drain (or hand-off) did the work
         for r in drain:  # the tail's steps that held a drain-thread collection: some of those counted
             hit, top = r["p99_steps_in_drain_gc"]
             assert 0 <= hit <= top and math.isfinite(r["gil_p99_no_drain_gc_pct"])
@@ -127,3 +128,21 @@ def test_sigterm_stops_the_servers_and_keeps_their_logs(tmp_path):
     assert "stage eager" not in text  # no later stage ran
     res = json.loads((out / "results.json").read_text())
     assert res["stages"]["server_graph"] == {"ok": False, "error": "stopped by a signal while it ran"}
+
+
+def test_a_probe_kit_past_its_time_keeps_the_probes_it_finished(runner, tmp_path, monkeypatch):
+    """The probe stage runs last, on what time is left: a kit killed there still leaves probes.json."""
+    r, _ = runner
+    real = r.subprocess.run
+
+    def short(cmd, *a, **kw):
+        if any("gpu_probe.py" in str(c) for c in cmd):
+            kw["timeout"] = 0.7  # the dry kit takes ~2 s: some probes finish, not all
+        return real(cmd, *a, **kw)
+
+    monkeypatch.setattr(r.subprocess, "run", short)
+    r.main([str(tmp_path / "out"), "--dry", "--work", str(tmp_path / "w"), "--skip", "imports,server_graph,eager,drain"])
+    stage = json.loads((tmp_path / "out" / "results.json").read_text())["stages"]["probe"]
+    assert stage["ok"] is False and stage["rc"] == "timeout"
+    merged = json.loads((tmp_path / "out" / "probes.json").read_text())
+    assert sorted(merged) == stage["probes"]
