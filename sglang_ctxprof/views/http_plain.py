@@ -66,8 +66,12 @@ class PlainReference:
 
 
 def reason(profile: Profile) -> str:
-    """Why this server's diagnosis has no ledger (no reference, or nothing speculative to weigh)."""
-    if not any(p in b.phases for b in profile.buckets for p in _SPEC):
+    """Why this server's diagnosis has no ledger (no step yet, no reference, or nothing speculative to
+    weigh: no speculative phase recorded and no rank serving a speculative algorithm)."""
+    if not any(b.steps for b in profile.buckets):
+        return "no decode step recorded yet: the ledger weighs this server's decode steps against a plain reference"
+    speculative = any(a != names.ALGORITHM_NONE for a in profile.algorithms)
+    if not speculative and not any(p in b.phases for b in profile.buckets for p in _SPEC):
         return ("this server decodes without speculation (no draft or verify step recorded): it has no ledger "
                 "of its own; POST its /ctx_profile to a speculative server's /ctx_profile/plain as that "
                 "server's plain reference")
@@ -148,11 +152,11 @@ def plain_evidence(ev: Evidence) -> Evidence:
     """Only what the ledger reads of a plain reference (``diagnosis_evidence.ledger_points``), each
     number checked against what a server can measure: label, context (at most
     ``names.MAX_WHATIF_CTX`` tokens), tokens per step, step and phase times (at most
-    :data:`MAX_MS`)."""
+    :data:`MAX_MS`), and whether the bucket is thin (left out where solid ones exist, as offline)."""
     ctx = names.MAX_WHATIF_CTX
     pts = tuple(Point(str(p.label), _num("ctx", p.ctx, ctx), _num("ctx", p.ctx_sum, ctx), int(p.steps),
                       _num("al", p.al, MAX_AL), _num("step_ms", p.step_ms, MAX_MS),
-                      {str(k): _num(str(k), v, MAX_MS) for k, v in p.phases.items()})
+                      {str(k): _num(str(k), v, MAX_MS) for k, v in p.phases.items()}, thin=p.thin is True)
                 for p in ev.points)
     return Evidence(ev.source, pts, {})
 

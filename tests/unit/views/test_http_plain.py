@@ -150,6 +150,39 @@ def test_a_plain_server_says_it_has_no_ledger_of_its_own(monkeypatch):
     assert led["available"] is False and led["reason"].startswith("this server decodes without speculation")
 
 
+def test_an_empty_speculative_profile_is_not_called_a_plain_server():
+    """Right after a reset a speculative server has no step: the ledger waits for steps; it does not
+    say the server decodes without speculation."""
+    from sglang_ctxprof.views.profile import Profile
+
+    body = build_profile(Aggregator().snapshot()).to_dict()
+    body["ranks"] = [{"algorithm": "EAGLE"}]
+    why = http_plain.reason(Profile.from_dict(body))
+    assert "without speculation" not in why and why.startswith("no decode step recorded yet")
+
+
+def test_a_thin_reference_bucket_is_left_out_of_the_live_ledger_as_offline(client):
+    """The live ledger reads the reference as ``diagnose --plain`` does: a bucket of too few steps is
+    compared nowhere when solid ones exist."""
+    from sglang_ctxprof.views.profile import Profile
+
+    plain_agg = Aggregator()  # 10 steps at 100 and 1500 tokens, 2 (thin) and far slower at 3000
+    for i, ctx in enumerate([100] * 10 + [1500] * 10 + [3000] * 2):
+        plain_agg.observe(StepRecord(step_id=i, kind="decode", algorithm=names.ALGORITHM_NONE, rank=RankId(),
+                                     rids=("t",), ctx_lens=(ctx + i,), accepted=(1,), committed=(1,),
+                                     finished=(False,), draft_tokens=0, step_ms=6.0 + (30.0 if ctx == 3000 else 0.0),
+                                     phases_ms={"decode": 5.6, "overhead": 0.4}, t_start_ns=i * 20_000_000))
+    body = build_profile(plain_agg.snapshot()).to_dict(envelope=False)
+    assert client.post(names.ROUTE_PLAIN, content=json.dumps(body)).status_code == 200
+    live = client.get(names.ROUTE_DIAGNOSIS).json()["ledger"]
+    spec_prof = build_profile(_agg(spec=True).snapshot())
+    off = diagnose(evidence_from_profile(spec_prof, source="server"),
+                   plain=evidence_from_profile(Profile.from_dict(body), source="x"))["ledger"]
+    assert [(r["label"], r["plain_from"]) for r in live["rows"]] == [(r["label"], r["plain_from"]) for r in off["rows"]]
+    for a, b in zip(live["rows"], off["rows"]):
+        assert a["plain_step_ms"] == pytest.approx(b["plain_step_ms"], rel=1e-12)
+
+
 def test_the_page_draws_the_ledger_from_these_fields_only(client):
     """Every field the page's ledger renderer reads is in the route's JSON, and it recomputes none."""
     import re
