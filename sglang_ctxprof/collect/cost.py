@@ -21,7 +21,8 @@
   cost per step in the scheduler's process (``bench/overhead.py`` measures what it costs decode
   throughput; the scheduler thread's share alone understated it).
 
-Counters only grow; ``to_dict()`` is the ``cost`` key of a rank's status.
+Counters only grow; ``to_dict()`` is the ``cost`` key of a rank's status.  Before any step is timed
+the shares are None (no step to compare with), not 0.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ class Cost:
         step_us = self.step_ms * 1e3 / self.step_n if self.step_n else 0.0
         records = self.drain_records
         drain_us = self.drain_ns / 1e3 / records if records else 0.0
-        step_share = us / step_us if step_us > 0 else 0.0
-        drain_share = drain_us / step_us if step_us > 0 else 0.0
+        timed = step_us > 0  # no step timed yet: no share to give (None, not a measured 0)
+        step_share = us / step_us if timed else None
+        drain_share = drain_us / step_us if timed else None
         return {
             "sched_us_per_step": us,
             "sampled_steps": self.sched_steps,
@@ -82,5 +84,5 @@ class Cost:
             "events_per_step": self.events,
             "step_share": step_share,
             "drain_share": drain_share,
-            "total_share": step_share + drain_share,
+            "total_share": step_share + drain_share if timed else None,
         }

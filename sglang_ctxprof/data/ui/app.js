@@ -168,7 +168,8 @@
       const ok = hooks.filter((v) => v === "ok").length;
       const deg = s.degraded && s.degraded.components ? Object.keys(s.degraded.components).join(", ") : "";
       const c = s.cost;
-      const cost = c ? `${f(100 * (c.total_share ?? c.step_share ?? 0), 2)}% of step (scheduler thread ${f(c.sched_us_per_step, 1)} µs/step, drain ${f(c.drain_us_per_record, 0)} µs/record)` : "-";
+      const pct = c ? (c.total_share ?? c.step_share) : null;  // null: no step timed yet
+      const cost = c ? `${pct == null ? "- (no step timed yet)" : f(100 * pct, 2) + "%"} of step (scheduler thread ${f(c.sched_us_per_step, 1)} µs/step, drain ${f(c.drain_us_per_record, 0)} µs/record)` : "-";
       const rank = s.rank ? `tp${s.rank.tp}-dp${s.rank.dp}-pp${s.rank.pp}` : "-";
       return "<tr>" + [rank, s.pid, s.enabled ? "yes" : "no", s.algorithm, s.timing, s.submitted, s.dropped, `${ok}/${hooks.length} ok`]
         .map((v) => `<td>${esc(v ?? "-")}</td>`).join("") + `<td class="${deg ? "bad" : ""}">${esc(deg || "none")}</td><td>${esc(cost)}</td></tr>`;
