@@ -27,6 +27,7 @@ import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Mapping, Optional, Sequence
 
 from . import adapter
@@ -160,11 +161,11 @@ class Profiler:
     def bind_facts(self, scheduler: Any) -> BindFacts:
         """What the exporter sinks learn from this process (``model.sinks.BindFacts``)."""
         sa = getattr(scheduler, "server_args", None)
-        return BindFacts(primary=scheduler is None or adapter.emits(scheduler),
-                         model_name=adapter.served_model_name(sa), metrics_enabled=adapter.metrics_enabled(sa), history=self.export_history,
-                         dropped=self.recorder.dropped_count, degraded=self.guard.status,
-                         audit=self.audit_lifetime, policy=self.trace_policy, counts=self.aggregator.counts,
-                         guarded=self.guard.run, watch_faults=self.guard.listen)
+        return BindFacts(primary=scheduler is None or adapter.emits(scheduler), history=self.export_history,
+                         model_name=adapter.served_model_name(sa), metrics_enabled=adapter.metrics_enabled(sa),
+                         dropped=self.recorder.dropped_count, degraded=self.guard.status, audit=self.audit_lifetime,
+                         sink_dropped=partial(getattr, self.recorder, "sink_dropped"), policy=self.trace_policy,
+                         counts=self.aggregator.counts, guarded=self.guard.run, watch_faults=self.guard.listen)
 
     def trace_policy(self) -> Optional[Policy]:
         """The exporters' trace policy as it is now (``ExporterSet.policy``), None without exporters."""

@@ -284,6 +284,7 @@ METRIC_POSITION_ACCEPTED = "sglang_ctxprof_position_accepted"  # request-steps w
 METRIC_POSITION_OBSERVED = "sglang_ctxprof_position_observed"  # request-steps whose draft budget reached position i
 METRIC_CACHED_TOKENS = "sglang_ctxprof_prefill_cached_tokens"  # prompt tokens found in the prefix cache
 METRIC_DROPPED = "sglang_ctxprof_dropped_records"  # records the hot path's queue dropped
+METRIC_SINK_DROPPED = "sglang_ctxprof_sink_dropped_records"  # records the sinks missed (a stalled sink)
 METRIC_DEGRADED = "sglang_ctxprof_degraded"  # 1 while a component is disabled after a failure
 METRIC_INVARIANT_VIOLATIONS = "sglang_ctxprof_invariant_violations"  # the self-audit's, label ``invariant``
 # The live self-audit's invariants (aggregate/audit.py), in the order /ctx_profile/status lists them.

@@ -87,6 +87,7 @@ class BindFacts:
     history, the use of ``rid`` that the record or end stamped ``stamp`` finished (the recorder
     feeds the aggregator before any sink, and may have fed it later records, in which the rid may
     be used again; step rows only ``with_steps``); ``dropped()``: records the recorder's queue dropped;
+    ``sink_dropped()``: records the sinks missed (a stalled sink's backlog was full);
     ``degraded()``: the fault guard's status (``{"components": {...}}`` or None); ``audit()``: the
     live self-audit's violations per invariant (``aggregate.audit``; None when it is off);
     ``policy()``: the exporters' trace policy as it is now (``ExporterSet.policy``, which
@@ -105,6 +106,7 @@ class BindFacts:
     metrics_enabled: bool = False
     history: History = _no_history
     dropped: Callable[[], int] = _zero
+    sink_dropped: Callable[[], int] = _zero
     degraded: Callable[[], Optional[Mapping[str, Any]]] = _healthy
     audit: Callable[[], Optional[Mapping[str, int]]] = _no_audit
     policy: Callable[[], Optional[Policy]] = _no_policy

@@ -207,7 +207,8 @@ class MetricsSink:
                 from .metrics import maybe_create
 
                 self.view = maybe_create(self.bucketing, True, model=f.model_name, dropped=f.dropped,
-                                         degraded=f.degraded, audit=f.audit, counts=f.counts)
+                                         sink_dropped=f.sink_dropped, degraded=f.degraded, audit=f.audit,
+                                         counts=f.counts)
                 if self.view is not None:
                     f.watch_faults(self.view.refresh_degraded)
                     self.view.refresh_degraded()

@@ -21,6 +21,8 @@ schedulers, so metrics created here are written to that directory and SGLang's o
   mean prompt length, as ``/ctx_profile``'s prefill buckets): prompt tokens found in the prefix cache;
 * ``sglang_ctxprof_dropped_records_total`` counter: records the hot path's bounded queue dropped
   (read from the recorder when the next record drains);
+* ``sglang_ctxprof_sink_dropped_records_total`` counter: records the sinks missed when a stalled
+  sink's backlog was full (the profile has them; these series, the traces and the logs do not);
 * ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
   failure, else 0 (updated as records drain and when the guard reports a failure or a heal;
   ``livemax`` over the scheduler processes);
@@ -47,7 +49,8 @@ from ..model.buckets import Bucketing
 from ..model.guard import COMPONENTS
 from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, LABEL_COMPONENT, LABEL_CTX_BUCKET, LABEL_INVARIANT,
                            LABEL_PHASE, LABEL_POSITION, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
-                           METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_INVARIANT_VIOLATIONS, AUDIT_INVARIANTS,
+                           METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_SINK_DROPPED, METRIC_INVARIANT_VIOLATIONS,
+                           AUDIT_INVARIANTS,
                            METRIC_PHASE_SECONDS, METRIC_POSITION_ACCEPTED, METRIC_POSITION_OBSERVED,
                            METRIC_REQUEST_STEPS, METRIC_STEPS, METRIC_CACHED_TOKENS)
 from ..model.records import PhaseShapes, StepRecord
@@ -67,6 +70,7 @@ class MetricsView:
 
     def __init__(self, bucketing: Bucketing, registry: Any = None, model: str = "",
                  dropped: Callable[[], int] = lambda: 0,
+                 sink_dropped: Callable[[], int] = lambda: 0,
                  degraded: Callable[[], Optional[Mapping[str, Any]]] = lambda: None,
                  audit: Callable[[], Optional[Mapping[str, int]]] = lambda: None,
                  counts: Optional[Counts] = None) -> None:
@@ -79,6 +83,7 @@ class MetricsView:
         self.bucketing = bucketing
         self.model = model
         self._dropped_fn = dropped
+        self._sink_dropped_fn = sink_dropped
         self._degraded_fn = degraded
         self._audit_fn = audit
         self._counts: Counts = counts if counts is not None else count_record  # the aggregator's memo, if given
@@ -100,6 +105,8 @@ class MetricsView:
                               [m, LABEL_CTX_BUCKET], registry=reg)
         self.dropped = Counter(METRIC_DROPPED, "Step records dropped by the bounded hot-path queue.", [m],
                                registry=reg)
+        self.sink_dropped = Counter(METRIC_SINK_DROPPED, "Records the sinks missed (a stalled sink's full backlog).",
+                                    [m], registry=reg)
         self.degraded = Gauge(METRIC_DEGRADED, "1 while a ctxprof component is disabled after a failure.",
                               [m, LABEL_COMPONENT], registry=reg, multiprocess_mode="livemax")
         self.violations = Counter(METRIC_INVARIANT_VIOLATIONS, "Broken invariants found by the live self-audit.",
@@ -112,7 +119,8 @@ class MetricsView:
             self.aborted.labels(model, kind).inc(0)
         self._audit_seen: dict[str, int] = {}
         self.dropped.labels(model).inc(0)  # exported from the start: 0 is an answer
-        self._dropped_seen = 0
+        self.sink_dropped.labels(model).inc(0)
+        self._dropped_seen = self._sink_dropped_seen = 0
         self._degraded_seen: Optional[frozenset] = None
         self._update_health()
         self.observed = 0
@@ -126,6 +134,10 @@ class MetricsView:
         if n > self._dropped_seen:
             self.dropped.labels(self.model).inc(n - self._dropped_seen)
             self._dropped_seen = n
+        n = int(self._sink_dropped_fn() or 0)
+        if n > self._sink_dropped_seen:
+            self.sink_dropped.labels(self.model).inc(n - self._sink_dropped_seen)
+            self._sink_dropped_seen = n
         self.refresh_degraded()
         for inv, n in (self._audit_fn() or {}).items():  # counts since start: a reset restarts none
             seen = self._audit_seen.get(inv, 0)
@@ -146,7 +158,8 @@ class MetricsView:
     def close(self) -> None:
         """Unregister every family, so a later view (a new session in this process) can register."""
         for c in (self.phase_seconds, self.accepted, self.steps, self.req_steps, self.draft_tokens, self.position,
-                  self.observed_pos, self.cached, self.dropped, self.degraded, self.violations, self.aborted):
+                  self.observed_pos, self.cached, self.dropped, self.sink_dropped, self.degraded, self.violations,
+                  self.aborted):
             try:
                 self._registry.unregister(c)
             except KeyError:
@@ -227,7 +240,8 @@ class _Kids:
 
 def maybe_create(bucketing: Bucketing, enabled: bool, registry: Any = None, **kw: Any) -> Optional[MetricsView]:
     """A view when SGLang exports metrics (``--enable-metrics``) and prometheus_client is present;
-    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped``, ``degraded``, ``audit`` and ``counts``."""
+    ``kw`` are :class:`MetricsView`'s ``model``, ``dropped``, ``sink_dropped``, ``degraded``, ``audit`` and
+    ``counts``."""
     if not enabled:
         return None
     try:

@@ -75,9 +75,9 @@ def test_format_prometheus_text_parses_and_matches_live_counters():
 
 def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
     reg = CollectorRegistry()
-    state = {"dropped": 0, "degraded": None}
+    state = {"dropped": 0, "degraded": None, "sink_dropped": 0}
     view = MetricsView(Bucketing.parse("pow2"), reg, model="tiny-dsv3", dropped=lambda: state["dropped"],
-                       degraded=lambda: state["degraded"])
+                       degraded=lambda: state["degraded"], sink_dropped=lambda: state["sink_dropped"])
     fam = _families(generate_latest(reg).decode())
     # exported before any step: a dashboard's "dropped" and "degraded" panels have an answer (0)
     assert [(s.labels, s.value) for s in fam["sglang_ctxprof_dropped_records"].samples if s.name.endswith("_total")] \
@@ -87,7 +87,7 @@ def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
                           "capture")}
     recs = _recs()
     view.observe(recs[0])  # accepted (3, 2): positions 1, 2 accepted once; 1 once more; 3 tried, never
-    state["dropped"], state["degraded"] = 5, {"components": {"exporter": "boom"}}
+    state["dropped"], state["degraded"], state["sink_dropped"] = 5, {"components": {"exporter": "boom"}}, 7
     view.observe(recs[1])
     fam = _families(generate_latest(reg).decode())
     s = {s.name: s for s in fam["sglang_ctxprof_request_steps"].samples if s.name.endswith("_total")}
@@ -99,6 +99,8 @@ def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
            if x.name.endswith("_total")}
     assert pos == {"1": 4.0, "2": 2.0, "3": 0.0}
     assert [x.value for x in fam["sglang_ctxprof_dropped_records"].samples if x.name.endswith("_total")] == [5.0]
+    # records a stalled sink made these series miss: counted beside the queue's drops
+    assert [x.value for x in fam["sglang_ctxprof_sink_dropped_records"].samples if x.name.endswith("_total")] == [7.0]
     deg = {x.labels["component"]: x.value for x in fam["sglang_ctxprof_degraded"].samples}
     assert deg["exporter"] == 1.0 and sum(deg.values()) == 1.0
     h = fam["sglang_ctxprof_phase_seconds"]
