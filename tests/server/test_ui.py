@@ -570,12 +570,16 @@ def _contract_server():
             path = self.path[len(R):]
             srv.reads[path] += 1
             time.sleep(srv.delay.get(path, 0.0))
+            code = 200
             if path.startswith("/ui"):
                 name = path[len("/ui/"):] or "index.html"
                 body, ctype = ui.read(name), ui.FILES[name]
+            elif path in srv.fail:  # a route that answers an error: (status, JSON body)
+                code, err = srv.fail[path]
+                body, ctype = json.dumps(err).encode(), "application/json"
             else:
                 body, ctype = json.dumps(routes[path]).encode(), "application/json"
-            self.send_response(200)
+            self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -587,6 +591,7 @@ def _contract_server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     srv.diag, srv.routes = diag, routes
     srv.reads, srv.delay = Counter(), {}  # reads per route path; seconds a route waits before answering
+    srv.fail = {}  # route path -> (HTTP status, JSON body) it answers instead
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, prof
 
@@ -658,6 +663,30 @@ def test_a_request_that_fails_to_load_clears_the_drill_down_and_a_failed_reset_s
         _wait(browser, "return document.getElementById('msg').textContent.startsWith('reset failed')")
         logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and e.get("source") != "network"]
         assert not logs, logs  # no uncaught error in the page
+    finally:
+        srv.shutdown()
+
+
+def test_a_failed_read_says_so_where_its_table_was_and_an_untimed_cost_is_no_zero(browser):
+    """A ``/requests`` or ``/status`` read that answers an error says so in its table (never "no
+    finished requests yet", nor an old status table that still reads "degraded: none"); a rank that
+    has timed no step shows no cost share, not 0%."""
+    srv, _ = _contract_server()
+    try:
+        browser.get_log("browser")
+        browser.get(f"http://127.0.0.1:{srv.server_address[1]}" + names.ROUTE_UI)
+        _wait(browser, "return window.ctxprof && window.ctxprof.state.refreshes >= 1")
+        cost = srv.routes["/status"]["ranks"][0]["status"]["cost"]
+        cost.update(sampled_steps=0, step_share=None, drain_share=None, total_share=None)
+        browser.execute_script("window.ctxprof.refresh()")
+        _wait(browser, "return document.querySelector('#status tbody').textContent.includes('no step timed yet')")
+        srv.fail.update({"/requests?slowest=20": (500, {"error": "boom"}), "/status": (503, {"error": "off"})})
+        n = browser.execute_script("return window.ctxprof.state.refreshes")
+        browser.execute_script("window.ctxprof.refresh()")
+        _wait(browser, f"return window.ctxprof.state.refreshes > {n}")
+        slow = browser.execute_script("return document.querySelector('#slow tbody').textContent")
+        status = browser.execute_script("return document.querySelector('#status tbody').textContent")
+        assert slow == "could not load /requests: HTTP 500: boom" and status == "could not load /status: HTTP 503: off"
     finally:
         srv.shutdown()
 

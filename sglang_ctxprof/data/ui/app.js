@@ -38,6 +38,12 @@
     return { status: r.status, body };
   }
 
+  function failed(r, path) {   // why a read gave nothing to show, or null when it answered
+    if (r.status === 200) return null;
+    const why = r.body && typeof r.body.error === "string" ? ": " + r.body.error : "";
+    return `could not load ${path}: HTTP ${r.status}${why}`;
+  }
+
   function message(text, isError) {
     const m = $("msg");
     m.hidden = !text;
@@ -153,7 +159,8 @@
     $("prefill").textContent = (p.prefill || []).length ? "prefill batches: " + p.prefill.map((q) => `${q.label}: ${q.batches} batches, ${f(q.mean_ms, 1)} ms mean, ${q.cached_tokens ?? 0} prompt tokens cached`).join("; ") : "";
   }
 
-  function slowTable(rows) {
+  function slowTable(rows, err) {
+    if (err) { $("slow").tBodies[0].innerHTML = `<tr><td colspan="9" class="bad">${esc(err)}</td></tr>`; return; }
     $("slow").tBodies[0].innerHTML = rows.map((r) => `<tr data-rid="${esc(r.rid)}" class="${r.rid === state.rid ? "selected" : ""}">` +
       [r.rid, r.prompt_tokens, r.steps, f(r.decode_tok_s, 1), f(r.accepted_per_step, 2), f(r.decode_ms, 1), f(r.prefill_ms, 1),
         `${r.ctx_first ?? "-"}→${r.ctx_last ?? "-"}`, r.finished ? "yes" : "no"].map((c) => `<td>${esc(c ?? "-")}</td>`).join("") + "</tr>").join("") ||
@@ -369,8 +376,10 @@
         (P.degraded ? " · DEGRADED" : "");
       $("summary").className = P.degraded ? "bad" : "muted";
       phaseChart(P); toksChart(P); acceptChart(P); positionChart(P); bucketTable(P);
-      slowTable(state.slow);
-      if (st.status === 200) { statusTable(st.body); captures(st.body); }
+      slowTable(state.slow, failed(sl, "/requests"));
+      const stErr = failed(st, "/status");  // never an old table that still says "degraded: none"
+      if (stErr) $("status").tBodies[0].innerHTML = `<tr><td colspan="10" class="bad">${esc(stErr)}</td></tr>`;
+      else { statusTable(st.body); captures(st.body); }
       diagnosis(dg);
       state.refreshes += 1; state.lastError = null;
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
