@@ -58,8 +58,9 @@ def _decomposition(ev: Evidence) -> Optional[dict[str, Any]]:
     total = acc_term + time_term
     la, lb = leaves(a.phases), leaves(b.phases)
     dt = b.step_ms - a.step_ms
+    shared = abs(dt) >= SHARE_MIN_PCT / 100 * a.step_ms  # a smaller change has no shares (they'd read 1000s of %)
     per_phase = {p: {"lo_ms": la.get(p, 0.0), "hi_ms": lb.get(p, 0.0), "delta_ms": lb.get(p, 0.0) - la.get(p, 0.0),
-                     "share_of_step_growth": (lb.get(p, 0.0) - la.get(p, 0.0)) / dt if dt else 0.0}
+                     "share_of_step_growth": (lb.get(p, 0.0) - la.get(p, 0.0)) / dt if shared else None}
                  for p in sorted(set(la) | set(lb))}
     return {"lo": {"label": a.label, "ctx": a.ctx, "tok_s": a.tok_s, "al": a.al, "step_ms": a.step_ms},
             "hi": {"label": b.label, "ctx": b.ctx, "tok_s": b.tok_s, "al": b.al, "step_ms": b.step_ms},
@@ -213,8 +214,11 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
     else:
         parts.append(f"acceptance {'falls' if ratio < 1 else 'rises'} {lo['al']:.2f} -> {hi['al']:.2f} "
                      f"(it offsets {100 * -dec['acceptance_share']:.0f}% of the change)")
-    grow = [(p, d) for p, d in dec["phases"].items() if d["delta_ms"] > 0]
-    if grow and dec["step_delta_ms"] > 0:
+    grow = [(p, d) for p, d in dec["phases"].items() if d["delta_ms"] > 0 and d["share_of_step_growth"] is not None]
+    if any(d["share_of_step_growth"] is None for d in dec["phases"].values()):
+        parts.append(f"the step time barely changes ({lo['step_ms']:.1f} -> {hi['step_ms']:.1f} ms): its phases "
+                     f"trade off")
+    elif grow and dec["step_delta_ms"] > 0:
         p, d = max(grow, key=lambda kv: kv[1]["delta_ms"])
         f = ev.fits.get(p)
         slope = f" grows {f[0]:+.2f} ms per 1k (r² {f[2]:.2f}) and" if f else ""

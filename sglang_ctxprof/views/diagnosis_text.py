@@ -31,8 +31,9 @@ def render_text(d: Mapping[str, Any]) -> str:
                 f"step time {100 * dec['step_time_share']:.0f}%" if dec["acceptance_share"] is not None else
                 "  shares of the change: none (tok/s changed too little to share out; they about cancel)"]
         for p, v in sorted(dec["phases"].items(), key=lambda kv: -kv[1]["delta_ms"]):
-            out.append(f"    {p:<14} {v['lo_ms']:9.3f} -> {v['hi_ms']:9.3f} ms  ({v['delta_ms']:+.3f} ms, "
-                       f"{100 * v['share_of_step_growth']:+.0f}% of the step change)")
+            share = v["share_of_step_growth"]  # None: the step barely changed
+            out.append(f"    {p:<14} {v['lo_ms']:9.3f} -> {v['hi_ms']:9.3f} ms  ({v['delta_ms']:+.3f} ms"
+                       + (f", {100 * share:+.0f}% of the step change)" if share is not None else ")"))
     ph = d.get("phases") or {}
     if ph:
         out += ["", "per-phase context fit (x = summed context of the step, per 1k tokens):"]

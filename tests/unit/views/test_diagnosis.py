@@ -284,3 +284,20 @@ def test_one_bucket_with_enough_steps_and_a_thin_one_is_nothing_to_compare_yet()
     assert "16384-32767: 1 step, too few to compare" in d["headline"]
     early = diagnose(evidence_from_profile(run(n=2)))
     assert "every bucket has fewer than 5 steps so far" in early["headline"]
+
+
+def test_when_the_step_barely_changes_no_phase_gets_a_share_of_its_growth():
+    """Acceptance falls while the step stays at 10.5 ms, attention growing as MoE shrinks: a phase's
+    share of a 0.02 ms growth (5000%) says nothing; it is null and the headline names no share."""
+    from sglang_ctxprof.views.diagnosis_evidence import Evidence, Point
+
+    def pt(label, ctx, al, attn, moe):
+        ph = {"draft": 3.0, "verify_attn": attn, "verify_moe": moe, "verify_rest": 1.0, "draft_extend": 1.0}
+        return Point(label, ctx, ctx, 64, al, sum(ph.values()), ph)
+
+    d = diagnose(Evidence("x", (pt("64-127", 100, 3.0, 1.0, 4.5), pt("4096-8191", 6000, 2.4, 3.02, 2.5)), {}))
+    dec = d["decomposition"]
+    assert dec["step_delta_ms"] == pytest.approx(0.02)
+    assert all(v["share_of_step_growth"] is None for v in dec["phases"].values())
+    assert "of the step-time growth" not in d["headline"] and "the step time barely changes" in d["headline"]
+    assert "% of the step change" not in render_text(d)
