@@ -26,6 +26,11 @@ from ..model.rids import valid_rid
 from .main import CliError
 
 MAX_SLOWEST = names.MAX_SLOWEST
+# what of a server's setup decides its decode speed (SGLang's /get_server_info keys)
+SETUP_KEYS = ("version", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+              "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend", "dtype",
+              "kv_cache_dtype", "quantization", "tp_size", "dp_size", "enable_dp_attention", "disable_cuda_graph",
+              "context_length")
 RID_PLAIN_RE = re.compile(names.RID_PLAIN)
 CAPTURE_ID_RE = re.compile(names.CAPTURE_ID_PATTERN)
 
@@ -103,6 +108,20 @@ class ServerClient:
         if not isinstance(info, dict) or "model_path" not in info:
             raise ClientError(f"{self.url} is not an SGLang server (unexpected /model_info answer)")
         return info
+
+    def server_setup(self) -> dict:
+        """What of the server's setup decides its decode speed (:data:`SETUP_KEYS` of SGLang's
+        ``/server_info``, ``/get_server_info`` before 0.5.2x); {} from a server that answers neither
+        (its next request says why)."""
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                info = self.call("GET", path, timeout=60)
+            except ClientError as exc:
+                if exc.status == 404:
+                    continue
+                return {}
+            return {k: info[k] for k in SETUP_KEYS if k in info} if isinstance(info, dict) else {}
+        return {}
 
     def tokenize(self, text: str) -> tuple[list[int], int]:
         """Token ids of ``text`` (no special tokens) and the server's max model length."""

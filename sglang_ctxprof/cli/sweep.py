@@ -27,7 +27,7 @@ from . import sweep_results as res
 from .main import REPLY_SHAPE, CliError, os_error_line, printable, unescaped, unexpected
 from .prompts import CACHE_POLICY, PROMPT_MODES, PromptPlan, tokenize_corpus
 from .client import ServerClient, ClientError
-from .sweep_point import NO_PROFILE_NOTE, SCHEMA, sustained, two_point
+from .sweep_point import NO_PROFILE_NOTE, SCHEMA, check_setup, sustained, two_point
 
 @dataclass
 class SweepArgs:
@@ -190,6 +190,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
         raise CliError(f"--ctx {max(args.ctx)} plus {need - max(args.ctx)} new tokens exceeds the server's "
                        f"context length ({max_len} tokens)")
     has_profile = client.profile() is not None
+    setup = client.server_setup()
     ctxs = sorted(set(args.ctx))
     plan = PromptPlan(stream, args.prompt, args.seed)
     plan.plan(ctxs, args.repeat, ("short", "long"))
@@ -200,7 +201,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
             "short": args.short, "long": args.long, "prompt_mode": args.prompt, "seed": args.seed,
             "cache_policy": CACHE_POLICY, "sustained": args.sustained, "window": args.window,
             "has_profile": has_profile, "max_model_len": max_len, "corpus_tokens": len(stream),
-            "fixed_acceptance": args.fixed_acceptance,
+            "fixed_acceptance": args.fixed_acceptance, "server_setup": setup,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     out = _prepare_out(args, meta)
     err.print(f"model {printable(info.get('model_path'))}; prompts: {args.prompt} (exact length, two different prompts "
@@ -232,6 +233,7 @@ def sweep(args: SweepArgs, client: ServerClient, server=None) -> int:
                     r = two_point(client, ctx, rep, plan, args.short, args.long, has_profile)
                 else:
                     r = sustained(client, ctx, args.sustained, args.window, plan, has_profile)
+                check_setup(client, setup)  # measured on the server the sweep started on, or not saved
             except ClientError as exc:
                 raise ClientError(_failure(exc, kind, ctx, rep, ran, out, server)) from None
             except REPLY_SHAPE as exc:  # a reply whose fields are not what SGLang sends

@@ -113,7 +113,7 @@ def run_arms(args: "SweepArgs", after: Optional[Callable[..., None]] = None) -> 
 def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
     from .client import ClientError
     from .prompts import PromptPlan, tokenize_corpus
-    from .sweep_point import SCHEMA, two_point
+    from .sweep_point import SCHEMA, check_setup, two_point
 
     stream, max_len = tokenize_corpus(clients["spec"])
     ctxs = sorted(set(args.ctx))
@@ -123,13 +123,17 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
     plan = PromptPlan(stream, args.prompt, args.seed)
     plan.plan(ctxs, args.repeat, ("short", "long"))
     has_profile = {arm: c.profile() is not None for arm, c in clients.items()}
+    setup = {arm: c.server_setup() for arm, c in clients.items()}
+    if setup["plain"].get("speculative_algorithm"):  # --plain-url naming a speculative server
+        raise CliError(f"the plain server {clients['plain'].url} runs speculative decoding "
+                       f"({setup['plain']['speculative_algorithm']}): --plain-url must name a server without it")
     base = {"schema": SCHEMA, "ctx": ctxs, "repeat": args.repeat, "short": args.short,
             "long": args.long, "prompt_mode": args.prompt, "seed": args.seed, "sustained": 0,
             "window": args.window, "arms": list(ARMS)}
     dirs = {}
     for arm, c in clients.items():  # each arm's folder as a sweep's: refused if it holds results, unless --resume
         dirs[arm] = res.prepare_out(out_dir(args, arm), args.resume, {
-            **base, "arm": arm, "url": c.url, "has_profile": has_profile[arm],
+            **base, "arm": arm, "url": c.url, "has_profile": has_profile[arm], "server_setup": setup[arm],
             "model_path": c.model_info().get("model_path"),
             "server_args": (list(args.server_args) if arm == "spec" else plain_args(args.server_args)) or None})
     for c in clients.values():
@@ -150,6 +154,7 @@ def sweep_arms(args: "SweepArgs", clients: dict[str, Any]) -> int:
                         clients[arm].generate(warm[ctx], 1)
                         warmed.add((arm, ctx))
                     r = two_point(clients[arm], ctx, rep, plan, args.short, args.long, has_profile[arm])
+                    check_setup(clients[arm], setup[arm])
                     ran = set((r.get("breakdown") or {}).get("phases_ms") or {})
                     spec = sorted(set(SPEC_PHASES) & ran)
                     if arm == "plain" and spec:  # --plain-url naming a speculative server: say so at once

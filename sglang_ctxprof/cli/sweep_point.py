@@ -37,9 +37,10 @@ NO_PROFILE_NOTE = "no breakdown: the server has no /ctx_profile (start it with -
 
 def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Pool a ``/ctx_profile`` body over all its decode buckets: ms per step per phase, acceptance
-    (from the buckets' exact counts).  A phase's ms per step is each bucket's mean over the steps that
-    timed it (as the live profile's: under CUDA graphs the verify split is read on sampled steps
-    only), weighted by the bucket's steps; a bucket without the phase adds 0, except to the parts of
+    (from the buckets' exact counts).  A phase's ms per step is each bucket's robust mean over the
+    steps that timed it (as the live profile's: slow steps set apart as outliers are left out, so a
+    first step's warm-up cannot flip a verdict; under CUDA graphs the verify split is read on sampled
+    steps only), weighted by the bucket's steps less those; a bucket without the phase adds 0, except to the parts of
     a forward (``FORWARD_SPLIT``) whose split it never read: its forward is shared out as the buckets
     that read one split theirs, so the leaves still add up to the step."""
     if not body or not body.get("buckets"):
@@ -66,6 +67,7 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     step_s = ms.get(Phase.STEP.value, 0.0) / 1e3
     return {
         "steps": steps,
+        "outlier_steps": steps - sum(_kept(b) for b in buckets),  # set apart from every mean here
         "mean_batch_size": req_steps / steps,
         "accepted_per_step": acc,
         "committed_per_step": com,
@@ -80,15 +82,22 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "hw": prof.hw,  # the server's device facts (the roofline's), as its /ctx_profile gives them
         "buckets": [{"label": b.label, "mean_ctx": b.mean_ctx, "steps": b.steps,
                      "accepted_per_step": b.accepted_per_step,
-                     "step_ms": b.mean_ms(Phase.STEP.value),
-                     "phases_ms": {p: b.phases[p].mean_ms for p in leaf_phases(b.phases)}}
+                     "step_ms": b.robust_ms(Phase.STEP.value),
+                     "phases_ms": {p: b.robust_ms(p) for p in leaf_phases(b.phases)}}
                     for b in buckets],
     }
 
 
+def _kept(b) -> int:
+    """A bucket's steps less those set apart as outliers (its robust mean's steps)."""
+    return int(b.robust["steps"]) if b.robust else b.steps
+
+
 def _pooled(buckets: list, phase: str) -> float:
-    """``phase``'s ms per step over ``buckets``: each one's mean over its timed steps, by its steps."""
-    return sum(b.steps * b.phases[phase].mean_ms for b in buckets if phase in b.phases) / sum(b.steps for b in buckets)
+    """``phase``'s ms per step over ``buckets``: each one's robust mean (its timed steps less the slow
+    ones set apart, as the live profile's) by its steps less those."""
+    kept = sum(_kept(b) for b in buckets)
+    return sum(_kept(b) * (b.robust_ms(phase) or 0.0) for b in buckets if phase in b.phases) / kept if kept else 0.0
 
 
 def _req_info(meta: Mapping[str, Any], wall_s: float, max_new: int) -> dict[str, Any]:
@@ -220,6 +229,19 @@ def sustained(client, ctx: int, n_tokens: int, window: int, prompts, has_profile
         out["server_tok_s_source"] = ("server step clock (committed tokens / wall time from first to "
                                       "last decode step)")
     return out
+
+
+def check_setup(client, setup: Mapping[str, Any]) -> None:
+    """The server still has the setup the sweep started on (``ServerClient.server_setup``), else a
+    :class:`ClientError` naming what changed (a server restarted with other flags mid-sweep): the
+    point just measured is not saved, and a resume against it is refused."""
+    from .client import ClientError
+
+    now = client.server_setup() if setup else {}
+    diff = [f"{k} {setup.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(setup) | set(now))
+            if setup.get(k) != now.get(k)] if now else []
+    if diff:
+        raise ClientError(f"the server's setup changed during the sweep ({'; '.join(diff)[:300]})")
 
 
 def _check_complete(meta: Mapping[str, Any], n_tokens: int, what: str) -> None:

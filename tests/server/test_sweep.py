@@ -64,6 +64,9 @@ def test_prompt_tokens_exact_and_distinct_prompts(run_dir):
 def test_files_csv_and_png(run_dir):
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["has_profile"] is True and meta["ctx"] == list(CTX) and "distinct prompts" in meta["cache_policy"]
+    setup = meta["server_setup"]  # SGLang's own /server_info: what a resume and each point are checked against
+    assert setup["speculative_algorithm"] == "EAGLE" and setup["attention_backend"] == "intel_amx", setup
+    assert setup["version"] and setup["tp_size"] == 1
     rows = list(csv.DictReader(open(run_dir / "summary.csv")))
     assert [int(r["ctx"]) for r in rows] == list(CTX)
     assert all(r["prompt_tokens"] == r["ctx"] for r in rows)

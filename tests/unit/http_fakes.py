@@ -73,10 +73,16 @@ class FakeSGLang(JsonHandler):
     model_path = "fake/model"
     bad_meta_after = None  # generate calls before the fake answers meta_info of the wrong shape
     tokens_answer = None  # what /tokenize answers as "tokens" instead (a reply of the wrong shape)
+    info = None  # what /server_info answers (None: 404, as a server too old for it)
+    info_then = None  # ... updated with this once ``info_after`` generate calls were made (a restart)
+    info_after = None
 
     def do_GET(self):
         if self.path == "/model_info":
             return self._json(200, {"model_path": self.model_path, "is_generation": True})
+        if self.path == "/server_info" and self.info is not None:
+            later = self.info_after is not None and type(self).calls >= self.info_after
+            return self._json(200, {**self.info, **(self.info_then if later else {}), "other": [1]})
         return self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):

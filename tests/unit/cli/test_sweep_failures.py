@@ -303,3 +303,43 @@ def test_a_reply_of_the_wrong_shape_before_the_first_point_is_one_line(fake, tmp
     monkeypatch.setenv(ENV_CLI_DEBUG, "1")
     with pytest.raises(TypeError):
         main(argv)
+
+
+SETUP = {"version": "0.5.23", "speculative_algorithm": "EAGLE", "dtype": "bfloat16", "tp_size": 1}
+
+
+def test_a_server_whose_setup_changes_mid_sweep_stops_it_and_the_point_is_not_saved(fake, tmp_path, capsys):
+    """A server restarted with other flags between two points: the point measured after the change is
+    not saved (its numbers would read as a context effect); the earlier ones are kept."""
+    out = tmp_path / "run"
+    url = fake(info=SETUP, info_after=5, info_then={"speculative_algorithm": "NGRAM"})
+    assert main(["sweep", "--url", url, "--ctx", "32", "64", "--out", str(out)] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "setup changed during the sweep (speculative_algorithm 'EAGLE' -> 'NGRAM')" in line and "--resume" in line
+    assert sorted(p.name for p in out.glob("point-*.json")) == ["point-c000032-r00.json"]
+    assert json.loads((out / "meta.json").read_text())["server_setup"] == SETUP
+
+
+def test_resume_against_a_server_of_another_setup_is_refused_naming_what_differs(fake, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["sweep", "--url", fake(info=SETUP), "--ctx", "32", "--out", str(out)] + SMALL) == 0
+    meta = (out / "meta.json").read_text()
+    capsys.readouterr()
+    other = fake(info={**SETUP, "dtype": "float16", "speculative_algorithm": None})
+    assert main(["sweep", "--url", other, "--ctx", "32", "64", "--out", str(out), "--resume"] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "settings differ from the saved run (server dtype, server speculative_algorithm)" in line, line
+    assert (out / "meta.json").read_text() == meta  # the saved run's meta is kept
+    assert main(["sweep", "--url", fake(), "--ctx", "32", "64", "--out", str(out), "--resume"] + SMALL) == 0
+
+
+def test_a_plain_url_naming_a_speculative_server_is_refused_before_any_point(fake, tmp_path, capsys):
+    """``--plain-url`` naming a server that runs speculation, with no profiler to show its phases: its
+    own setup says so, before a point is measured (a spec-vs-spec table would read 1.00x, measured)."""
+    out = tmp_path / "arms"
+    spec, plain = fake(info=SETUP), fake(info=SETUP)
+    assert main(["sweep", "--arms", "spec,plain", "--url", spec, "--plain-url", plain, "--ctx", "32",
+                 "--out", str(out)] + SMALL) == 2
+    line = _err_line(capsys)
+    assert "runs speculative decoding (EAGLE)" in line and "--plain-url" in line, line
+    assert not list(out.rglob("point-*.json"))

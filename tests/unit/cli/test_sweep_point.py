@@ -152,3 +152,24 @@ def test_a_breakdown_averages_each_phase_over_the_steps_that_timed_it(unsplit, s
     scale = ms["verify"] / 8.0  # the pooled forward over the split one's
     assert (ms["verify_attn"], ms["verify_moe"], ms["verify_rest"]) == pytest.approx((5.0 * scale, 2.0 * scale, scale))
     assert sum(leaf_ms(ms).values()) == pytest.approx(ms["step"])
+
+
+def test_a_slow_first_step_is_set_apart_from_the_points_means_as_the_live_profiles():
+    """One 300 ms warm-up step among 8.5 ms ones: the point's step and phase times are the robust means
+    the live profile and its diagnosis read, so the offline verdict cannot flip on it."""
+    from sglang_ctxprof.aggregate.aggregator import Aggregator
+    from sglang_ctxprof.cli.sweep_point import breakdown
+    from sglang_ctxprof.model.records import RankId, StepRecord
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    for k in range(32):
+        step = 300.0 if k == 0 else 8.5
+        agg.observe(StepRecord(k + 1, "decode", "EAGLE", RankId(), ("r",), (100 + k,), (3,), (3,), (False,), 4,
+                               step, {"draft": 2.5, "verify": step - 3.5, "draft_extend": 1.0},
+                               t_start_ns=k * 400_000_000))
+    prof = build_profile(agg.snapshot())
+    out = breakdown(prof.to_dict())
+    assert out["steps"] == 32 and out["outlier_steps"] == 1
+    assert out["phases_ms"]["step"] == pytest.approx(8.5) == prof.buckets[0].robust_ms("step")
+    assert out["phases_ms"]["verify"] == pytest.approx(5.0) and out["buckets"][0]["step_ms"] == pytest.approx(8.5)
