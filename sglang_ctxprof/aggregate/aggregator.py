@@ -115,6 +115,7 @@ class Aggregator:
         self.requests = RequestLog(self._request_capacity, self._max_steps)
         self.meta: dict[str, Any] = {"algorithms": {}, "timing": None}
         self.records = 0
+        self.retractions_unseen = 0
         self.acceptance: dict[int, dict[str, int]] = {}
         self.points: dict[str, PointSample] = {}
         self.host_gaps = DurationStats()
@@ -163,8 +164,13 @@ class Aggregator:
             b.slow.add(rec.step_ms, self.decode_steps, b.steps, rec.phases_ms)
             self.decode_steps += 1
         b.steps += 1
-        b.req_steps += len(lens)
-        b.ctx_sum += ctx_sum
+        if rec.kind == KIND_DECODE:
+            b.req_steps += len(lens)
+            b.ctx_sum += ctx_sum
+        else:  # a chunked prompt is one request of its prompt: counted at the row that starts its prefill
+            starts = self.requests.prefill_starts(rec)
+            b.req_steps += sum(starts)
+            b.ctx_sum += sum(compress(lens, starts))
         self._host_time(rec)
         if rec.kind == KIND_DECODE:
             yield  # the acceptance counts (one C-level count over the batch, the longest piece before the folds)
@@ -210,8 +216,9 @@ class Aggregator:
         self._gap.brk()
 
     def end_request(self, end: RequestEnd) -> None:
-        """A request SGLang aborted while it waited (no step will say it finished)."""
-        self.requests.end(end)
+        """A request SGLang aborted while it waited (no step will say it finished); its retractions
+        that no re-prefill counted are counted here (``retractions_unseen``: in no prefill bucket)."""
+        self.retractions_unseen += self.requests.end(end)
 
     def _host_time(self, rec: StepRecord) -> None:
         """Host gap since the previous step's end, host time in the step outside the model call."""
@@ -320,6 +327,7 @@ class Aggregator:
             requests_evicted=self.requests.evicted,
             requests_aborted=self.requests.aborted,
             requests_aborted_retracted=self.requests.aborted_by[ABORT_RETRACTED],
+            retractions_unseen=self.retractions_unseen,
             acceptance={i: dict(c) for i, c in self.acceptance.items()},
             host_gaps=self.host_gaps.copy(), host_in_step=self.host_in_step.copy(),
             fit_points={p: s.copy() for p, s in self.points.items()},

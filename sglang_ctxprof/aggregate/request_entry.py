@@ -70,6 +70,26 @@ def decode_steps(r: Mapping[str, Any]) -> int:
     return r["steps"] + len(r["step_rows"])
 
 
+def ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int,
+                  retracted: int) -> bool:
+    """A first prefill (no output, no token) under the rid of a partial entry that had another known
+    prompt (a retraction never changes it), or decoded since its latest prefill row, this row no
+    retraction's (dropped output, ``input_embeds``): it ended unseen, and this is a new request."""
+    if not (r["partial"] and not com and not decoded and prompt is not None and ctx == prompt):
+        return False
+    if r["prompt_tokens"] is not None and prompt != r["prompt_tokens"]:
+        return True
+    return not retracted and decode_steps(r) > r["decoded_at_prefill"]
+
+
+def starts_prefill(r: Optional[dict[str, Any]], com: int, prompt: Optional[int], ctx: int, retracted: int) -> bool:
+    """Whether a prefill row of the request (its entry ``r``; None: none held) starts its prefill: a
+    new request or use, a re-prefill after a retraction, a prefill again after decoding, or one that
+    ended unseen (:func:`ended_unseen`); else it continues a chunked prefill (the same prompt)."""
+    return (r is None or r["finished"] or bool(retracted) or decode_steps(r) > r["decoded_at_prefill"]
+            or ended_unseen(r, com, 0, prompt, ctx, retracted))
+
+
 def output_tokens(r: Mapping[str, Any]) -> int:
     """The tokens a request's client got: SGLang's ``completion_tokens`` where its finish carried them
     (``max_new_tokens=0`` keeps none), else its prefill's first token and the ones committed after

@@ -40,7 +40,8 @@ from typing import Any, Iterator, Optional, Union
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, accepted_drafts
-from .request_entry import decode_steps, finish, new_entry, summarize, tok_s, totals_of
+from .request_entry import (decode_steps, ended_unseen, finish, new_entry, starts_prefill, summarize, tok_s,
+                            totals_of)
 from .request_rows import W, Meta, Metas, Rows, StepRow, append_all, meta_of, prune
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow"]
@@ -172,17 +173,19 @@ class RequestLog:
             if fin:
                 finish(r, rec.end_ns, rec.books[i] if rec.books else None)
 
-    def end(self, end: RequestEnd) -> None:
-        """A request SGLang aborted while it waited: finished now, flagged ``aborted``.  One that
-        already finished (a rid used again and aborted before its first step) is left as it is."""
+    def end(self, end: RequestEnd) -> int:
+        """A request SGLang aborted while it waited: finished now, flagged ``aborted`` (one that finished
+        is left as it is); returns its retractions no re-prefill counted (aborted before one)."""
         self.aborted += 1
         self.aborted_by[end.kind] += 1
         r = self._reqs.get(end.rid)
         if r is None or r["finished"]:
-            return
+            return 0
         finish(r, end.t_ns)
         r["aborted"] = end.kind
-        r["retractions"] = max(r["retractions"], end.retractions)  # SGLang's: its unseen ones too
+        unseen = max(0, end.retractions - r["retractions"])  # SGLang's count: its unseen ones too
+        r["retractions"] += unseen
+        return unseen
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:
         r = self._reqs[rid] = new_entry(rid, rec.t_start_ns)
@@ -216,6 +219,15 @@ class RequestLog:
             if r is not None and tp and not r["trace_parent"]:
                 r["trace_parent"] = tp
 
+    def prefill_starts(self, rec: StepRecord) -> list[bool]:
+        """Per prompt row of a prefill record (``StepRecord.bucket_lens``' rows): whether it starts its
+        request's prefill (``request_entry.starts_prefill``); reads the history, changes nothing."""
+        acc, com, ret, prompts, get = rec.accepted, rec.committed, rec.retractions, rec.prompt_lens, self._reqs.get
+        rows = [i for i, a in enumerate(acc) if not a] if any(acc) else None
+        return [starts_prefill(get(rec.rids[i]), com[i] if com else 0, prompts[i] if prompts else None,
+                               rec.ctx_lens[i], ret[i] if ret else int(bool(com and com[i])))
+                for i in (rows or range(len(rec.rids)))]
+
     def _observe_prefill(self, rec: StepRecord) -> None:
         prompts = rec.prompt_lens or (None,) * len(rec.rids)  # None: a record saved without them
         for i, rid in enumerate(rec.rids):
@@ -223,7 +235,7 @@ class RequestLog:
             com = rec.committed[i] if rec.committed else 0
             decoded, prompt = rec.accepted[i], prompts[i]  # decoded: a running request's token riding a mixed batch
             retracted = rec.retractions[i] if rec.retractions else int(bool(com and not decoded))
-            created = r is None or r["finished"] or _ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i], retracted)
+            created = r is None or r["finished"] or ended_unseen(r, com, decoded, prompt, rec.ctx_lens[i], retracted)
             if r is None:
                 r = self._add(rid, rec)
             elif created:  # a new request under a rid used before: keep the two apart
@@ -236,7 +248,7 @@ class RequestLog:
                 finish(r, rec.end_ns, rec.books[i] if rec.books else None)
             if decoded:  # its token's time: the step it rode (its decode tok/s counts both)
                 r["decode_ms"] += rec.step_ms
-            else:  # a prefill row: what it decoded so far (``_ended_unseen``)
+            else:  # a prefill row: what it decoded so far (``ended_unseen``)
                 r["prefill_ms"] += rec.step_ms
                 r["decoded_at_prefill"] = decode_steps(r)
             r["committed"] += com  # that token, or the re-prefill of a retracted request's (prompt + output)
@@ -376,18 +388,6 @@ class RequestLog:
         self.evicted = 0
         self.aborted = 0
         self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
-
-
-def _ended_unseen(r: dict[str, Any], com: int, decoded: int, prompt: Optional[int], ctx: int,
-                  retracted: int) -> bool:
-    """A first prefill (no output, no token) under the rid of a partial entry that had another known
-    prompt (a retraction never changes it), or decoded since its latest prefill row, this row no
-    retraction's (dropped output, ``input_embeds``): it ended unseen, and this is a new request."""
-    if not (r["partial"] and not com and not decoded and prompt is not None and ctx == prompt):
-        return False
-    if r["prompt_tokens"] is not None and prompt != r["prompt_tokens"]:
-        return True
-    return not retracted and decode_steps(r) > r["decoded_at_prefill"]
 
 
 def _use_key(rid: str, use: int) -> Key:

@@ -118,6 +118,7 @@ class Snapshot:
     requests_evicted: int = 0
     requests_aborted: int = 0  # aborted while waiting in SGLang's queue (requests.RequestLog.end)
     requests_aborted_retracted: int = 0  # of those, retracted and waiting to be prefilled again
+    retractions_unseen: int = 0  # retractions of requests aborted before their re-prefill (no bucket's)
     schema_version: int = SCHEMA_VERSION
     # Per bucket of each request's OWN context: (budget, correct drafts) counts (``acceptance``).
     acceptance: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
@@ -150,6 +151,7 @@ class Snapshot:
             "requests_evicted": self.requests_evicted,
             "requests_aborted": self.requests_aborted,
             "requests_aborted_retracted": self.requests_aborted_retracted,
+            "retractions_unseen": self.retractions_unseen,
             "acceptance": {str(i): dict(c) for i, c in self.acceptance.items()},
             "host_gaps": self.host_gaps.to_state(),
             "host_in_step": self.host_in_step.to_state(),
@@ -176,6 +178,7 @@ class Snapshot:
                 requests_evicted=int(d.get("requests_evicted", 0)),
                 requests_aborted=int(d.get("requests_aborted", 0)),
                 requests_aborted_retracted=int(d.get("requests_aborted_retracted", 0)),
+                retractions_unseen=int(d.get("retractions_unseen", 0)),
                 schema_version=int(d.get("schema_version", SCHEMA_VERSION)),
                 acceptance={int(i): {str(k): int(v) for k, v in c.items()}
                             for i, c in (d.get("acceptance") or {}).items()},
@@ -253,5 +256,6 @@ def merge(snapshots: Iterable[Snapshot], bucketing: Optional[Mapping[str, Any]] 
         requests_evicted=sum(s.requests_evicted for s in snaps),
         requests_aborted=sum(s.requests_aborted for s in snaps),
         requests_aborted_retracted=sum(s.requests_aborted_retracted for s in snaps),
+        retractions_unseen=sum(s.retractions_unseen for s in snaps),
         acceptance=accept, host_gaps=gaps, host_in_step=in_step, fit_points=points,
     )

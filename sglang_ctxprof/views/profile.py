@@ -205,7 +205,7 @@ def build_profile(snap: Snapshot, fits: Optional[FitMemo] = None) -> Profile:
         accepted=sum(b.accepted for b in snap.decode.values()),
         committed=sum(b.committed for b in snap.decode.values())
         + sum(b.committed + b.decoded for b in snap.prefill.values()),
-        retractions=sum(b.retractions for b in snap.prefill.values()),
+        retractions=sum(b.retractions for b in snap.prefill.values()) + snap.retractions_unseen,
         requests_tracked=snap.requests_tracked,
         requests_evicted=snap.requests_evicted,
         requests_aborted=snap.requests_aborted,

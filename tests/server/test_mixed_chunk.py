@@ -138,7 +138,8 @@ def test_prefill_buckets_hold_the_prompts_alone(server, run):
     short context; every bucket's mean is a prompt's length (the prompts: 5-40, 700, 2500, 4000)."""
     status, body = http("GET", server.url + names.ROUTE)
     assert status == 200
-    means = {b["label"]: b["tokens"] / b["requests"] for b in body["prefill"]}
+    means = {b["label"]: b["tokens"] / b["requests"] for b in body["prefill"] if b["requests"]}  # 0: chunks only
+    assert sum(b["requests"] for b in body["prefill"]) >= 6  # a chunked prompt counts once, not per chunk
     assert not [label for label, m in means.items() if 64 <= m < 512], means
 
 
@@ -159,3 +160,6 @@ def test_a_prefix_cache_hit_counts_once_over_a_prompts_chunks(server, run):
     ours = sum(b["cached_tokens"] for b in body["prefill"])
     print("cached tokens, ours / SGLang's:", ours, sum(m["cached_tokens"] for m in metas))
     assert ours == sum(m["cached_tokens"] for m in metas), body["prefill"]
+    # each prompt once over its chunks of 64: the hit ratio is SGLang's (cached / prompt tokens)
+    assert sum(b["requests"] for b in body["prefill"]) == 2, body["prefill"]
+    assert sum(b["tokens"] for b in body["prefill"]) == sum(m["prompt_tokens"] for m in metas), body["prefill"]

@@ -334,3 +334,59 @@ def test_histories_retired_for_stalled_sinks_are_bounded_and_their_markers_stay_
     assert list(agg.retired) == logs[2:]
     agg.drop_retired()
     assert list(agg.retired) == logs[3:]
+
+
+def test_a_chunked_prompt_is_one_request_of_its_prompt_tokens_in_its_prefill_bucket():
+    """A 1000-token prompt prefilled in 8 chunks (each row carries the whole prompt; the cache hit
+    counts at the first): one request and 1000 tokens, so cached / tokens is SGLang's ratio.  Its
+    re-prefill after a retraction starts a prefill again; a decode row riding a chunk is no prompt."""
+    from sglang_ctxprof.views.profile import build_profile
+
+    def pre(i, rids, ctx, cached=(), committed=None, retractions=(), accepted=None):
+        n = len(rids)
+        return StepRecord(step_id=i, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=tuple(rids),
+                          ctx_lens=tuple(ctx), accepted=tuple(accepted or (0,) * n),
+                          committed=tuple(committed or (0,) * n), finished=(False,) * n, draft_tokens=0,
+                          step_ms=5.0, cached_lens=tuple(cached), prompt_lens=tuple(ctx),
+                          retractions=tuple(retractions))
+
+    def dec(i, rid, ctx):
+        return StepRecord(step_id=i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(rid,), ctx_lens=(ctx,),
+                          accepted=(2,), committed=(2,), finished=(False,), draft_tokens=4, step_ms=4.0)
+
+    agg = Aggregator()
+    agg.observe(pre(1, ["a"], [1000], cached=[400]))
+    for k in range(2, 9):
+        agg.observe(pre(k, ["a"], [1000], cached=[0]))
+    pf = {p.label: p for p in build_profile(agg.snapshot()).prefill}["512-1023"]
+    assert (pf.batches, pf.requests, pf.tokens, pf.cached_tokens) == (8, 1, 1000, 400)
+    agg.observe(dec(9, "a", 1001))
+    agg.observe(pre(10, ["b", "a"], [900, 1003], committed=[0, 1], accepted=[0, 1]))  # a rides b's chunk
+    agg.observe(pre(11, ["b"], [900]))  # b's second chunk
+    agg.observe(pre(12, ["a"], [1003], committed=[1], retractions=[1]))  # a retracted, prefilled again
+    pf = {p.label: p for p in build_profile(agg.snapshot()).prefill}["512-1023"]
+    assert (pf.batches, pf.requests, pf.tokens) == (11, 3, 1000 + 900 + 1003)
+
+
+def test_a_request_retracted_then_aborted_before_its_re_prefill_counts_in_the_retractions_total():
+    """KV pressure where clients give up: the retraction has no re-prefill (no bucket), yet the total
+    holds it, so Σ per-request retractions == totals.retractions; a counted one is not counted twice."""
+    from sglang_ctxprof.model.records import RequestEnd
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    for i, rid in enumerate(("a", "b")):
+        agg.observe(StepRecord(step_id=i, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                               ctx_lens=(100,), accepted=(0,), committed=(0,), finished=(False,), draft_tokens=0,
+                               step_ms=5.0, prompt_lens=(100,)))
+        agg.observe(StepRecord(step_id=10 + i, kind="decode", algorithm="EAGLE", rank=RankId(), rids=(rid,),
+                               ctx_lens=(101,), accepted=(2,), committed=(2,), finished=(False,), draft_tokens=4,
+                               step_ms=4.0))
+    agg.observe(StepRecord(step_id=20, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=("b",),
+                           ctx_lens=(103,), accepted=(0,), committed=(1,), finished=(False,), draft_tokens=0,
+                           step_ms=5.0, prompt_lens=(100,), retractions=(1,)))  # b: retracted, prefilled again
+    agg.end_request(RequestEnd("a", retracted=True, t_ns=1, retractions=1))  # a: retracted, then aborted
+    agg.end_request(RequestEnd("b", retracted=True, t_ns=2, retractions=1))  # b: its one is counted already
+    prof = build_profile(agg.snapshot())
+    assert [agg.request(r)["retractions"] for r in ("a", "b")] == [1, 1]
+    assert prof.totals.retractions == 2 and sum(p.retractions for p in prof.prefill) == 1
