@@ -183,6 +183,11 @@ def run_batch(original, self, batch, *args, **kwargs):
     b = None
     if p is not None:
         p.step_source = self  # the graph replay rule's step counter, whatever else happens
+        if p.active:  # bound at the first step (then at once), even with the hooks broken from it
+            try:  # on: the exporters (the live degraded gauge) exist to say so
+                p.bind(self)
+            except Exception as exc:  # noqa: BLE001
+                _fail(p, exc)
     if p is not None and p.active and p.guard.ok("hooks"):
         t = _now()
         try:

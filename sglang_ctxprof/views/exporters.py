@@ -186,8 +186,9 @@ class StepLogSink:
 
 
 class MetricsSink:
-    """``metrics``: the live Prometheus series, built when the profiler binds (so the degraded gauge
-    exists, and hears the guard, before any record: a failure may stop every record) if SGLang
+    """``metrics``: the live Prometheus series, built when the profiler binds at the scheduler's first
+    step, hooks broken or not (so the degraded gauge exists, and hears the guard, before any record:
+    a failure may stop every record) if SGLang
     exports metrics; a sink never bound builds them on its first record.  Every rank shows its own
     failures on the degraded gauge (``livemax`` over the processes); only the primary counts steps."""
 

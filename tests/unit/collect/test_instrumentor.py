@@ -260,3 +260,14 @@ def test_runtime_disable_ends_the_log_summary_thread_and_enable_brings_it_back(t
         session.enable()
         assert len(summary_threads()) == 1
     assert summary_threads() == []
+
+
+def test_hooks_that_fail_from_the_first_step_on_still_bind_the_exporters(prof):
+    """An SGLang whose first step breaks our hooks (an upgrade): the profiler still binds to the
+    scheduler at that step, so the exporters (the live degraded gauge) exist and report it."""
+    prof.guard.fail("hooks", RuntimeError("hooks broken from the start"))
+    assert not prof.recorder.running()
+    sched, reqs = run_steps(1)
+    assert reqs[0].spec_verify_ct == 1
+    assert prof.guard.status()["components"] == {"hooks": "RuntimeError: hooks broken from the start"}
+    assert prof.scheduler is sched and prof.recorder.running()  # bound: the drain and the exporters' facts
