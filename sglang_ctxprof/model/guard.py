@@ -26,6 +26,8 @@ from typing import Any, Callable
 logger = logging.getLogger(__name__)
 
 COMPONENTS = ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control", "capture")
+HTTP = "http"  # the one component of the HTTP process (the routes' own guard); the others are a scheduler's
+SCHEDULER_COMPONENTS = tuple(c for c in COMPONENTS if c != HTTP)
 RECORDING = ("hooks", "recorder", "aggregator")  # after a failure of one, the rank records no more steps
 FAULT_RUNTIME = "runtime"  # SGLANG_CTXPROF_FAULT value that enables the runtime fault switch
 

@@ -23,9 +23,10 @@ schedulers, so metrics created here are written to that directory and SGLang's o
   (read from the recorder when the next record drains);
 * ``sglang_ctxprof_sink_dropped_records_total`` counter: records the sinks missed when a stalled
   sink's backlog was full (the profile has them; these series, the traces and the logs do not);
-* ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component is disabled after a
-  failure, else 0 (updated as records drain and when the guard reports a failure or a heal;
-  ``livemax`` over the scheduler processes);
+* ``sglang_ctxprof_degraded`` gauge, label ``component``: 1 while that component of a scheduler is
+  disabled after a failure, else 0 (updated as records drain and when the guard reports a failure
+  or a heal; ``livemax`` over the scheduler processes); the HTTP routes' own ``http`` component is
+  not on it (its failure is the routes' 503, whose body says so);
 * ``sglang_ctxprof_invariant_violations_total`` counter, label ``invariant``: the self-audit's broken
   invariants (``aggregate.audit``; every invariant exported from the start, 0 is an answer);
 * ``sglang_ctxprof_requests_aborted_total`` counter, label ``kind`` (``queued``, ``retracted``):
@@ -46,7 +47,7 @@ import threading
 from typing import Any, Callable, Mapping, Optional
 
 from ..model.buckets import Bucketing
-from ..model.guard import COMPONENTS
+from ..model.guard import SCHEDULER_COMPONENTS
 from ..model.names import (ABORT_KINDS, LABEL_ABORT_KIND, LABEL_COMPONENT, LABEL_CTX_BUCKET, LABEL_INVARIANT,
                            LABEL_PHASE, LABEL_POSITION, METRIC_REQUESTS_ABORTED, KIND_DECODE, LABEL_MODEL, MAX_POSITION_LABEL, METRIC_ACCEPTED, METRIC_DEGRADED,
                            METRIC_DRAFT_TOKENS, METRIC_DROPPED, METRIC_SINK_DROPPED, METRIC_INVARIANT_VIOLATIONS,
@@ -151,7 +152,7 @@ class MetricsView:
         with self._health:
             bad = frozenset(((self._degraded_fn() or {}).get("components") or {}))
             if bad != self._degraded_seen:
-                for c in COMPONENTS:
+                for c in SCHEDULER_COMPONENTS:  # a scheduler's guard: the routes' (http) is not its to say
                     self.degraded.labels(self.model, c).set(1 if c in bad else 0)
                 self._degraded_seen = bad
 

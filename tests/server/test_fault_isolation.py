@@ -125,6 +125,8 @@ def test_component_fault_is_isolated(server, reference, component):
         assert body["totals"]["records"] == 0
     if component != "http":  # the scheduler's own components: its live gauge says so, records or not
         assert _degraded_gauge(url)[component] == 1.0
+    else:  # the routes' own guard is the HTTP process's: no scheduler series claims it is healthy
+        assert "http" not in _degraded_gauge(url)
 
     # Exactly one warning with a traceback for this component, although many steps/polls ran.
     deadline = time.time() + 10

@@ -83,8 +83,7 @@ def test_live_metrics_for_the_dashboard_model_acceptance_drops_and_degraded():
     assert [(s.labels, s.value) for s in fam["sglang_ctxprof_dropped_records"].samples if s.name.endswith("_total")] \
         == [({"model_name": "tiny-dsv3"}, 0.0)]
     assert {s.labels["component"]: s.value for s in fam["sglang_ctxprof_degraded"].samples} == \
-        {c: 0.0 for c in ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "http", "control",
-                          "capture")}
+        {c: 0.0 for c in ("hooks", "recorder", "aggregator", "exporter", "logs", "metrics", "control", "capture")}
     recs = _recs()
     view.observe(recs[0])  # accepted (3, 2): positions 1, 2 accepted once; 1 once more; 3 tried, never
     state["dropped"], state["degraded"], state["sink_dropped"] = 5, {"components": {"exporter": "boom"}}, 7
