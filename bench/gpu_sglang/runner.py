@@ -268,6 +268,7 @@ class Run:
         self.dry = dry
         self.results: dict[str, Any] = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                         "dry": dry, "budget_s": budget_s, "stages": {}}
+        self.partial: dict[str, Any] = {}  # what the running stage has finished so far (kept if it times out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.write()
 
@@ -289,13 +290,14 @@ class Run:
         log(f"stage {name}: start (limit {limit_s:.0f} s, {self.left():.0f} s left)")
         t = time.time()
         res: dict
+        self.partial = part = {}
         ex = cf.ThreadPoolExecutor(1)  # not a with-block: a stage past its limit is left behind
         fut = ex.submit(fn)
         limit = min(limit_s, max(5.0, self.left()))
         try:
             res = fut.result(timeout=limit)
-        except cf.TimeoutError:
-            res = {"ok": False, "error": f"timed out after {limit:.0f} s"}
+        except cf.TimeoutError:  # what the stage finished before its limit stays
+            res = {"ok": False, "error": f"timed out after {limit:.0f} s", **({"partial": dict(part)} if part else {})}
         except (SystemExit, KeyboardInterrupt):  # SIGTERM (``_terminated``) or ^C: the run stops here
             res = {"ok": False, "error": "stopped by a signal while it ran"}
             ex.shutdown(wait=False, cancel_futures=True)
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             s = overhead.ab_at(cl.url, ns, conc, seed0=(k + 1) * 1000)
             log("  " + s["verdict"])
-            by[str(conc)] = s
+            by[str(conc)] = run.partial[str(conc)] = s
         overhead.toggle(cl.url, True)
         r0 = rank_status(status_of(cl))
         return {"ok": all("median" in v for v in by.values()), "concurrency": by, "cost": r0.get("cost"),
@@ -486,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"(idle against idle: {r['gil_p99_floor_pct']:.2f}%; steps at its p99 in a drain-thread "
                     f"collection: {r['p99_steps_in_drain_gc'][0]} of {r['p99_steps_in_drain_gc'][1]}, p99 without "
                     f"them {r['gil_p99_no_drain_gc_pct']:.2f}%), {r['drain_us_per_record']:.0f} us/record")
-            out[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
+            out[key] = run.partial[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
             out[f"{key}_rc"] = done.returncode
             out[f"{key}_tail"] = done.stdout[-1500:] + done.stderr[-1500:]
         out["ok"] = all(out[f"{k}_rc"] == 0 and out[k] for k in ("rows", "gpu_rows"))

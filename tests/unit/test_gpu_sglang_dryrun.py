@@ -88,8 +88,13 @@ def test_a_missing_phase_fails(runner):
 def test_stage_time_limit_and_skip(runner, tmp_path):
     r, _ = runner
     run = r.Run(tmp_path, budget_s=1e9, dry=True)
-    res = run.stage("slow", lambda: __import__("time").sleep(3) or {"ok": True}, need_s=0, limit_s=0.5)
-    assert res["ok"] is False and "timed out" in res["error"]
+    def slow():
+        run.partial["first half"] = {"ok": True}  # what a stage finished before its limit
+        __import__("time").sleep(3)
+        return {"ok": True}
+
+    res = run.stage("slow", slow, need_s=0, limit_s=0.5)
+    assert res["ok"] is False and "timed out" in res["error"] and res["partial"] == {"first half": {"ok": True}}
     run.budget_s = 0
     assert run.stage("late", lambda: {"ok": True}, need_s=10, limit_s=5) is None
     saved = json.loads((tmp_path / "results.json").read_text())["stages"]
