@@ -39,6 +39,7 @@ def sustained_name(ctx: int) -> str:
     return f"sustained-c{ctx:06d}.json"
 
 
+SHARED_BATCH = 1.05  # a point's mean decode batch above this: other requests shared the server's steps
 RESUME_KEYS = ("schema", "short", "long", "prompt_mode", "seed", "sustained", "window", "fixed_acceptance")
 
 
@@ -234,6 +235,7 @@ def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[s
             "server_tok_s": _stat(b.get("server_tok_s") for b in bds),
             CACHED_TOKENS: max((p.get(CACHED_TOKENS) or 0 for p in pts), default=0),
             "breakdown": bool(bds),
+            "mean_batch_size": max((b["mean_batch_size"] for b in bds if b.get("mean_batch_size")), default=None),
             "phases_ms": phases,
             "sustained": None if s is None else {
                 "tokens": s.get("tokens"), "decode_tok_s": s.get("decode_tok_s"),
@@ -369,6 +371,12 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
            f"two-point: short {meta.get('short', '?')} / long {meta.get('long', '?')} new tokens, greedy, "
            f"ignore_eos; tok/s = median over repeats, ± = half the min-max range; srv tok/s = the server's "
            f"committed tokens per step / mean step time over the same requests"]
+    shared = [r["ctx"] for r in rows if (r.get("mean_batch_size") or 1.0) > SHARED_BATCH]
+    if shared:
+        most = max(r["mean_batch_size"] for r in rows if r["ctx"] in shared)
+        out.append(f"other traffic: at ctx {', '.join(map(str, shared))} the server's decode steps held more than "
+                   f"one request on average (up to {most:.2f}): other requests shared them, and the sweep's "
+                   f"figures assume one request at a time")
     if rows and not any(r["breakdown"] for r in rows):
         out.append("no phase breakdown: the server has no /ctx_profile (start it with --enable-ctx-profile)")
     if any(r["sustained"] for r in rows):

@@ -302,3 +302,14 @@ def test_the_tables_show_a_verify_that_ran_whole(tmp_path):
     assert "verify" in table and "8.00" in table
     data = list(csv.DictReader(open(tmp_path / "summary.csv")))
     assert float(data[0]["ms_verify"]) == 8.0
+
+
+def test_other_traffic_on_the_swept_server_is_said_in_a_footnote():
+    """The sweep measures one request at a time: a point whose server steps held more (another client
+    on the server) is named, with how many its steps held on average."""
+    pts = [_point(64, 0, 100.0, 3.0, 1.1), _point(1024, 0, 90.0, 3.0, 3.0)]
+    pts[1]["breakdown"]["mean_batch_size"] = 2.5
+    pts[0]["breakdown"]["mean_batch_size"] = 1.0
+    notes = res.footnotes(res.summarize(pts), {})
+    assert [n for n in notes if n.startswith("other traffic: at ctx 1024 ") and "(up to 2.50)" in n]
+    assert not [n for n in res.footnotes(res.summarize(pts[:1]), {}) if n.startswith("other traffic")]
