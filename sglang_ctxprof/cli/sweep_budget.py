@@ -54,7 +54,8 @@ def with_budget(sargs: list[str], n: int) -> list[str]:
 
 
 def budget_table(per_budget: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per context: tok/s by budget (two-point client median, server) and the best budget."""
+    """Per context: tok/s by budget (two-point client median, server) and the best budget, judged by
+    the server's figure where every budget has one, else by the client's (``best_by``), never a mix."""
     ctxs = sorted({r["ctx"] for rows in per_budget.values() for r in rows})
     table = []
     for c in ctxs:
@@ -64,8 +65,11 @@ def budget_table(per_budget: dict[int, list[dict[str, Any]]]) -> list[dict[str, 
             if r is not None:
                 cells[n] = {"tok_s": res._med(r["decode_tok_s"]), "server_tok_s": res._med(r["server_tok_s"]),
                             "accept_per_step": res._med(r["accept_per_step"])}
-        scored = {n: v["server_tok_s"] or v["tok_s"] for n, v in cells.items() if v["server_tok_s"] or v["tok_s"]}
-        table.append({"ctx": c, "by_budget": cells, "best": max(scored, key=scored.get) if scored else None})
+        by = "server" if cells and all(v["server_tok_s"] for v in cells.values()) else "client"  # one kind
+        scored = {n: v["server_tok_s" if by == "server" else "tok_s"] for n, v in cells.items()}
+        scored = {n: v for n, v in scored.items() if v}
+        table.append({"ctx": c, "by_budget": cells, "best": max(scored, key=scored.get) if scored else None,
+                      "best_by": by})
     return table
 
 
@@ -85,5 +89,5 @@ def run_budgets(args: "SweepArgs", run_args) -> int:
     for row in table:
         cells = "  ".join(f"N={n}: {res._f(v['tok_s'], '{:.1f}')}/{res._f(v['server_tok_s'], '{:.1f}')} "
                           f"(acc {res._f(v['accept_per_step'])})" for n, v in row["by_budget"].items())
-        print(f"  ctx {row['ctx']:>6}: {cells}  -> best N={row['best']}")
+        print(f"  ctx {row['ctx']:>6}: {cells}  -> best N={row['best']} (by the {row['best_by']}'s tok/s)")
     return rc

@@ -28,7 +28,10 @@ def test_budget_table_picks_the_best_budget_per_context():
         return {"ctx": ctx, "decode_tok_s": st(tok), "server_tok_s": st(srv), "accept_per_step": st(2.0)}
 
     t = budget_table({2: [row(64, 100, 110), row(4096, 50, 52)], 8: [row(64, 150, 160), row(4096, 40, 41)]})
-    assert [(r["ctx"], r["best"]) for r in t] == [(64, 8), (4096, 2)]
+    assert [(r["ctx"], r["best"], r["best_by"]) for r in t] == [(64, 8, "server"), (4096, 2, "server")]
+    # one budget without the server's figure: every budget is judged by the client's, never a mix
+    t = budget_table({2: [row(64, 100, 300)], 8: [dict(row(64, 150, 0), server_tok_s=None)]})
+    assert (t[0]["best"], t[0]["best_by"]) == (8, "client")
 
 
 @pytest.mark.parametrize("kw, msg", [
