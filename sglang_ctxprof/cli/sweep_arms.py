@@ -214,7 +214,6 @@ def arms_report(out: Path) -> dict[str, Any]:
                          "speedup": statistics.median(ratios) if ratios else None,
                          "speedup_spread": (max(ratios) - min(ratios)) / 2 if ratios else None,
                          **mean_ci95(ratios, "speedup")}
-        row["speedup"] = row["server"]["speedup"] or row["client"]["speedup"]
         # the ledger's prediction per interleaved pair (both arms' steps measured side by side), median
         agree = pair_agreement(runs["spec"][1], runs["plain"][1], ctx)
         pairs = [a["point_predicted"] for a in agree]
@@ -225,6 +224,9 @@ def arms_report(out: Path) -> dict[str, Any]:
         errs = [abs(a["error"]) for a in agree if a["error"] is not None]
         row["pair_error"] = statistics.median(errs) if errs else None
         table.append(row)
+    by = "server" if table and all(t["server"]["speedup"] for t in table) else "client"  # one kind for all
+    for t in table:  # a crossover between a server figure and a client one would mean nothing
+        t["speedup"], t["speedup_by"] = t[by]["speedup"], by
     measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
                  "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
                 for t in table if t["speedup"] is not None]
@@ -325,7 +327,9 @@ def render_arms(rep: dict[str, Any]) -> list[str]:
            "  ".join(h.rjust(w) for h, w in zip(head, widths))]
     out += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     c = rep["crossover"]
-    out.append("crossover (measured speedup < 1): " + (f"~{c['ctx']:.0f} tokens of context, {c['how']} ({c['note']})"
-                                                       if c.get("ctx") is not None else f"none ({c['note']})"))
+    by = next((t["speedup_by"] for t in rep["table"] if t.get("speedup_by")), "server")
+    out.append(f"crossover (measured speedup < 1, the {by} speedups): "
+               + (f"~{c['ctx']:.0f} tokens of context, {c['how']} ({c['note']})"
+                  if c.get("ctx") is not None else f"none ({c['note']})"))
     out += [""] + render_ledger(rep["ledger"])
     return out

@@ -60,9 +60,25 @@ def test_arms_report_from_saved_directories(tmp_path):
     assert c["how"] == "measured" and 1000 < c["ctx"] < 4000
     assert rep["ledger"]["attention"]["scales_worse"]
     text = "\n".join(render_arms(rep))
-    assert "speculative vs plain decode" in text and "crossover (measured speedup < 1): ~" in text
+    assert "speculative vs plain decode" in text
+    assert "crossover (measured speedup < 1, the server speedups): ~" in text
     assert "the verify attention path scales worse than decode attention" in text
     assert main(["report", str(tmp_path)]) == 0  # the sweep report of an arms directory
+
+
+def test_one_context_without_the_server_figure_makes_every_speedup_the_clients(tmp_path):
+    """The table's speedups (and the crossover between them) are of one kind: the server's wall-clock
+    figure where every context has it, else the client's everywhere."""
+    test_arms_report_from_saved_directories(tmp_path)
+    t = {r["ctx"]: r for r in arms_report(tmp_path)["table"]}
+    assert {r["speedup_by"] for r in t.values()} == {"server"}
+    for f in (tmp_path / "plain").glob("point-c004000-*.json"):
+        p = json.loads(f.read_text())
+        p["server_wall_tok_s"], p["decode_tok_s"] = None, p["decode_tok_s"] * 0.9  # the client's differs
+        f.write_text(json.dumps(p))
+    t = {r["ctx"]: r for r in arms_report(tmp_path)["table"]}
+    assert {r["speedup_by"] for r in t.values()} == {"client"}
+    assert all(r["speedup"] == r["client"]["speedup"] for r in t.values())
 
 
 def test_a_speculative_plain_arm_is_refused(tmp_path, capsys):
