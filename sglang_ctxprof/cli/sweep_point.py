@@ -68,6 +68,8 @@ def breakdown(body: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {
         "steps": steps,
         "outlier_steps": steps - sum(_kept(b) for b in buckets),  # set apart from every mean here
+        # where its steps ran: the prompt plus what was decoded so far (about half the long request)
+        "mean_ctx": sum(b.ctx_sum for b in buckets) / req_steps,
         "mean_batch_size": req_steps / steps,
         "accepted_per_step": acc,
         "committed_per_step": com,

@@ -236,6 +236,7 @@ def summarize(points: list[dict], sust: list[dict] | None = None) -> list[dict[s
             CACHED_TOKENS: max((p.get(CACHED_TOKENS) or 0 for p in pts), default=0),
             "breakdown": bool(bds),
             "mean_batch_size": max((b["mean_batch_size"] for b in bds if b.get("mean_batch_size")), default=None),
+            "mean_ctx": _stat(b.get("mean_ctx") for b in bds),  # the measured steps' context (server)
             "phases_ms": phases,
             "sustained": None if s is None else {
                 "tokens": s.get("tokens"), "decode_tok_s": s.get("decode_tok_s"),

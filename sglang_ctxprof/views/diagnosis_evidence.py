@@ -125,7 +125,9 @@ def partial_ranks(profile: Profile) -> tuple[str, ...]:
 
 
 def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], source: str = "sweep") -> Evidence:
-    """A saved sweep: one point per context (medians over repeats; noise = half the range)."""
+    """A saved sweep: one point per context (medians over repeats; noise = half the range), placed at
+    the mean context its measured steps ran at (the prompt plus what was decoded so far, as the live
+    profile's buckets place theirs), or at the prompt length for a point saved without it."""
     pts = []
     for r in rows:
         ph = {p: st["median"] for p, st in (r.get("phases_ms") or {}).items()}
@@ -135,8 +137,8 @@ def evidence_from_sweep(rows: list[Mapping[str, Any]], meta: Mapping[str, Any], 
         if not ph.get(_STEP) or not al:
             continue
         noise = {p: st.get("spread", 0.0) for p, st in r["phases_ms"].items()}
-        pts.append(Point(str(r["ctx"]), float(r["ctx"]), float(r["ctx"]), int(r.get("repeats", 1)), float(al),
-                         float(ph[_STEP]), ph, noise))
+        x = float((r.get("mean_ctx") or {}).get("median") or r["ctx"])
+        pts.append(Point(str(r["ctx"]), x, x, int(r.get("repeats", 1)), float(al), float(ph[_STEP]), ph, noise))
     fits = {}
     for p in LEAF_PHASES + (_STEP, _V, _DEC):  # a whole forward too: it is a leaf where its split is missing
         xy = [(pt.ctx_sum / 1e3, pt.phases[p]) for pt in pts if p in pt.phases]

@@ -171,5 +171,6 @@ def test_a_slow_first_step_is_set_apart_from_the_points_means_as_the_live_profil
     prof = build_profile(agg.snapshot())
     out = breakdown(prof.to_dict())
     assert out["steps"] == 32 and out["outlier_steps"] == 1
+    assert out["mean_ctx"] == pytest.approx(100 + 31 / 2)  # where the steps ran, not the prompt's 100
     assert out["phases_ms"]["step"] == pytest.approx(8.5) == prof.buckets[0].robust_ms("step")
     assert out["phases_ms"]["verify"] == pytest.approx(5.0) and out["buckets"][0]["step_ms"] == pytest.approx(8.5)

@@ -313,3 +313,16 @@ def test_other_traffic_on_the_swept_server_is_said_in_a_footnote():
     notes = res.footnotes(res.summarize(pts), {})
     assert [n for n in notes if n.startswith("other traffic: at ctx 1024 ") and "(up to 2.50)" in n]
     assert not [n for n in res.footnotes(res.summarize(pts[:1]), {}) if n.startswith("other traffic")]
+
+
+def test_a_sweep_point_is_placed_where_its_steps_ran():
+    """The live profile places a bucket at its steps' mean context; a sweep point likewise (the prompt
+    plus what was decoded so far), so the what-if and the crossover read the same x in both."""
+    from sglang_ctxprof.views.diagnosis import evidence_from_sweep
+
+    pts = [_point(64, 0, 100.0, 3.0, 1.1), _point(1024, 0, 90.0, 3.0, 3.0)]
+    pts[0]["breakdown"]["mean_ctx"], pts[1]["breakdown"]["mean_ctx"] = 128.0, 1088.0
+    ev = evidence_from_sweep(res.summarize(pts), {})
+    assert [(p.label, p.ctx, p.ctx_sum) for p in ev.points] == [("64", 128.0, 128.0), ("1024", 1088.0, 1088.0)]
+    del pts[0]["breakdown"]["mean_ctx"], pts[1]["breakdown"]["mean_ctx"]  # a point saved before: its prompt
+    assert [p.ctx for p in evidence_from_sweep(res.summarize(pts), {}).points] == [64.0, 1024.0]
