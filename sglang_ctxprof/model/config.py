@@ -90,6 +90,7 @@ from typing import Any, Mapping, Optional
 
 from . import names
 from .buckets import DEFAULT_MAX_CTX, Bucketing
+from .guard import COMPONENTS, FAULT_RUNTIME
 
 TRACE_MODES = ("off", "slow", "all")
 LOG_FORMATS = ("off", "text", "json")
@@ -167,6 +168,46 @@ def _float(env: Mapping[str, str], key: str, default: float) -> float:
 def _choice(env: Mapping[str, str], key: str, default: str, choices: tuple[str, ...]) -> str:
     raw = _raw(env, key)
     return default if raw is None else parse_choice(key, raw, choices)
+
+
+SUMMARY_S = (0.1, 86400.0)  # the log summary's period: 0 (off) or within these seconds
+FAULTS = ("", FAULT_RUNTIME) + COMPONENTS  # SGLANG_CTXPROF_FAULT: none, the runtime switch, or a component
+
+
+def _summary_s(env: Mapping[str, str]) -> float:
+    v = _float(env, names.ENV_LOG_SUMMARY_S, 60.0)
+    if v and not SUMMARY_S[0] <= v <= SUMMARY_S[1]:
+        raise ValueError(f"{names.ENV_LOG_SUMMARY_S}={_raw(env, names.ENV_LOG_SUMMARY_S)!r}: use 0 (off) or "
+                         f"{SUMMARY_S[0]:g} to {SUMMARY_S[1]:g} seconds")
+    return v
+
+
+def _fault(env: Mapping[str, str]) -> str:
+    v = (env.get(names.ENV_FAULT, "") or "").strip()
+    if v not in FAULTS:
+        raise ValueError(f"{names.ENV_FAULT}={v!r}: use one of {', '.join(f or repr(f) for f in FAULTS)}")
+    return v
+
+
+def _log_dest(env: Mapping[str, str]) -> str:
+    """``stderr``, ``stdout`` (any case) or a file whose folder exists."""
+    raw = _raw(env, names.ENV_LOG_FILE) or "stderr"
+    if raw.strip().lower() in ("stderr", "stdout"):
+        return raw.strip().lower()
+    folder = os.path.dirname(os.path.abspath(raw))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{names.ENV_LOG_FILE}={raw!r}: its folder {folder!r} does not exist")
+    return raw
+
+
+def _hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Host names, comma-separated: a name as a browser's Host header gives it (no scheme, no path)."""
+    out = tuple(h.strip().lower() for h in (_raw(env, names.ENV_ALLOWED_HOSTS) or "").split(",") if h.strip())
+    bad = [h for h in out if "/" in h or ":" in h or " " in h]
+    if bad:
+        raise ValueError(f"{names.ENV_ALLOWED_HOSTS}: {bad[0]!r} is no host name (give names only, e.g. "
+                         f"profiler.example.com, without a scheme, port or path)")
+    return out
 
 
 READ_SHARE = 0.1  # the default share of SGLang's HTTP process the read builds may take
@@ -303,18 +344,17 @@ class CtxProfConfig:
             control_timeout_s=parse_float(names.ENV_CONTROL_TIMEOUT_S,
                                           _raw(env, names.ENV_CONTROL_TIMEOUT_S) or CONTROL_TIMEOUT_S,
                                           positive=True),
-            fault=env.get(names.ENV_FAULT, "") or "",
-            allowed_hosts=tuple(h.strip().lower() for h in (_raw(env, names.ENV_ALLOWED_HOSTS) or "").split(",")
-                                if h.strip()),
+            fault=_fault(env),
+            allowed_hosts=_hosts(env),
             trace=TraceSettings(
                 mode=_choice(env, names.ENV_TRACE, "off", TRACE_MODES),
                 slow_tok_s=_float(env, names.ENV_TRACE_SLOW_TOK_S, 20.0),
                 slow_step_ms=_float(env, names.ENV_TRACE_SLOW_STEP_MS, 250.0)),
             logs=LogSettings(
                 fmt=_choice(env, names.ENV_LOG, "text", LOG_FORMATS),
-                dest=_raw(env, names.ENV_LOG_FILE) or "stderr",
+                dest=_log_dest(env),
                 level=_choice(env, names.ENV_LOG_LEVEL, "info", LOG_LEVELS),
-                summary_s=_float(env, names.ENV_LOG_SUMMARY_S, 60.0),
+                summary_s=_summary_s(env),
                 slow_steps_per_min=_int(env, names.ENV_LOG_SLOW_STEP_PER_MIN, 6, lo=0)),
             export=ExportSettings(
                 otel_queue=DEFAULT_OTEL_QUEUE if otel_queue is None else parse_int(key, otel_queue)),
@@ -329,7 +369,10 @@ class CtxProfConfig:
             clock=_choice(env, names.ENV_CLOCK, names.CLOCK_WALL, names.CLOCKS),
         )
         cfg = replace(cfg, **overrides) if overrides else cfg
-        cfg.bucketing()  # validate early: a bad spec is a clear error at start-up
+        try:
+            cfg.bucketing()  # validate early: a bad spec is a clear error at start-up
+        except ValueError as exc:
+            raise ValueError(f"{names.ENV_BUCKETS}={cfg.buckets!r}: {exc}") from None
         return cfg
 
     def bucketing(self) -> Bucketing:

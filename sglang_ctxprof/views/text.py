@@ -28,16 +28,17 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def _total_share(c: dict) -> float:
     """A rank's whole share of the step (an older rank reports only its scheduler thread's)."""
-    return c.get("total_share", c["step_share"])
+    total = c.get("total_share")
+    return c["step_share"] if total is None else total
 
 
 def cost_line(ranks) -> str:
     """"profiler cost: 1.4% of the step in the scheduler's process: 38 µs/step on the scheduler
     thread (0.2%), drain thread 150 µs/record (1.2%)" from the rank that reports the largest total
-    share, or "" when no rank has timed a step yet.  (A rank of an older version reports no drain
+    share, or "" when no rank has timed a step yet (its shares are None).  (A rank of an older version reports no drain
     share: its scheduler thread's share stands for the total.)"""
     reported = [(r.get("status") or {}).get("cost") for r in ranks if isinstance(r, dict)]
-    costs = [c for c in reported if c and c.get("sampled_steps")]
+    costs = [c for c in reported if c and c.get("sampled_steps") and c.get("step_share") is not None]  # timed
     if not costs:
         return ""
     c = max(costs, key=_total_share)

@@ -23,3 +23,21 @@ def test_the_text_table_shows_a_forward_that_ran_whole():
     assert "verify ms" in head and "v.attn" not in head
     row = next(ln for ln in lines if ln.lstrip().startswith("2048-4095"))
     assert "8.00" in row.split()
+
+
+def test_a_rank_that_has_not_timed_a_step_gives_no_cost_line_and_no_failure():
+    """A sampled step whose scheduler time is counted but whose step time is not (a GPU step still
+    parked, an overlap step that made no record): its shares are None; the text says nothing of it
+    instead of failing the route (three failures would switch every route off)."""
+    from sglang_ctxprof.collect.cost import Cost
+    from sglang_ctxprof.views.text import cost_line
+
+    untimed = Cost()
+    untimed.add_sched(40_000)
+    timed = Cost()
+    timed.add_sched(40_000)
+    timed.add_step(20.0, None)
+    assert untimed.to_dict()["sampled_steps"] == 1 and untimed.to_dict()["step_share"] is None
+    assert cost_line([{"status": {"cost": untimed.to_dict()}}]) == ""
+    line = cost_line([{"status": {"cost": untimed.to_dict()}}, {"status": {"cost": timed.to_dict()}}])
+    assert line.startswith("profiler cost: 0.2% of the step")
