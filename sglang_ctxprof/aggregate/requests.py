@@ -183,8 +183,8 @@ class RequestLog:
             return 0
         finish(r, end.t_ns)
         r["aborted"] = end.kind
-        unseen = max(0, end.retractions - r["retractions"])  # SGLang's count: its unseen ones too
-        r["retractions"] += unseen
+        unseen = min(1, max(0, end.retractions - r["retractions"]))  # each earlier one had its re-prefill
+        r["retractions"] = max(r["retractions"], end.retractions)  # SGLang's count (an entry rebuilt since)
         return unseen
 
     def _add(self, rid: str, rec: StepRecord) -> dict[str, Any]:

@@ -390,3 +390,21 @@ def test_a_request_retracted_then_aborted_before_its_re_prefill_counts_in_the_re
     prof = build_profile(agg.snapshot())
     assert [agg.request(r)["retractions"] for r in ("a", "b")] == [1, 1]
     assert prof.totals.retractions == 2 and sum(p.retractions for p in prof.prefill) == 1
+
+
+def test_after_a_reset_an_aborted_retraction_counts_once_not_the_ones_before():
+    """Retraction 1 was prefilled again before a reset; after it the request is retracted again and
+    aborted while waiting: the window holds one retraction, though SGLang's count says 2."""
+    from sglang_ctxprof.model.records import RequestEnd
+    from sglang_ctxprof.views.profile import build_profile
+
+    agg = Aggregator()
+    agg.observe(StepRecord(step_id=1, kind="prefill", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(103,),
+                           accepted=(0,), committed=(1,), finished=(False,), draft_tokens=0, step_ms=5.0,
+                           prompt_lens=(100,), retractions=(1,)))
+    agg.reset()
+    agg.observe(StepRecord(step_id=2, kind="decode", algorithm="EAGLE", rank=RankId(), rids=("a",), ctx_lens=(104,),
+                           accepted=(2,), committed=(2,), finished=(False,), draft_tokens=4, step_ms=4.0))
+    agg.end_request(RequestEnd("a", retracted=True, t_ns=1, retractions=2))
+    assert build_profile(agg.snapshot()).totals.retractions == 1
+    assert agg.request("a")["retractions"] == 2  # the request's own: SGLang's count
