@@ -215,9 +215,11 @@ def _headline(ev: Evidence, dec: Optional[dict], phys: Mapping, base: Mapping, f
         parts.append(f"acceptance {'falls' if ratio < 1 else 'rises'} {lo['al']:.2f} -> {hi['al']:.2f} "
                      f"(it offsets {100 * -dec['acceptance_share']:.0f}% of the change)")
     grow = [(p, d) for p, d in dec["phases"].items() if d["delta_ms"] > 0 and d["share_of_step_growth"] is not None]
-    if any(d["share_of_step_growth"] is None for d in dec["phases"].values()):
-        parts.append(f"the step time barely changes ({lo['step_ms']:.1f} -> {hi['step_ms']:.1f} ms): its phases "
-                     f"trade off")
+    if any(d["share_of_step_growth"] is None for d in dec["phases"].values()):  # too small a change to share
+        up = max(dec["phases"].items(), key=lambda kv: kv[1]["delta_ms"], default=None)
+        how = ("its phases trade off" if any(d["delta_ms"] < 0 for d in dec["phases"].values()) else
+               f"{up[0]} {up[1]['delta_ms']:+.2f} ms" if up and up[1]["delta_ms"] > 0 else "no phase moves")
+        parts.append(f"the step time barely changes ({lo['step_ms']:.1f} -> {hi['step_ms']:.1f} ms): {how}")
     elif grow and dec["step_delta_ms"] > 0:
         p, d = max(grow, key=lambda kv: kv[1]["delta_ms"])
         f = ev.fits.get(p)

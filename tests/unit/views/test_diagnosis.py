@@ -301,3 +301,14 @@ def test_when_the_step_barely_changes_no_phase_gets_a_share_of_its_growth():
     assert all(v["share_of_step_growth"] is None for v in dec["phases"].values())
     assert "of the step-time growth" not in d["headline"] and "the step time barely changes" in d["headline"]
     assert "% of the step change" not in render_text(d)
+
+
+def test_a_small_growth_of_one_phase_is_named_not_called_a_trade_off():
+    from sglang_ctxprof.views.diagnosis_evidence import Evidence, Point
+
+    def pt(label, ctx, attn):
+        ph = {"draft": 3.0, "verify_attn": attn, "verify_moe": 4.5, "verify_rest": 1.0, "draft_extend": 1.0}
+        return Point(label, ctx, ctx, 64, 3.0, sum(ph.values()), ph)
+
+    h = diagnose(Evidence("x", (pt("64-127", 100, 1.0), pt("4096-8191", 6000, 1.45)), {}))["headline"]
+    assert "the step time barely changes (10.5 -> 10.9 ms): verify_attn +0.45 ms" in h and "trade off" not in h
