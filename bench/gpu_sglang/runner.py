@@ -424,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                 "phases": d.get("phases"), "flags": d.get("flags"), "diagnosis": d}
 
     def ab() -> dict:
+        part = run.partial  # this stage's own (a thread left behind past its limit never writes the next's)
         cl = state["graph_client"]
         ns = argparse.Namespace(pairs=a.pairs, order="ABBA", requests=None, prompt=256, max_new_tokens=48)
         overhead.window(cl.url, 2, 2, 256, 16, seed=1)
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             s = overhead.ab_at(cl.url, ns, conc, seed0=(k + 1) * 1000)
             log("  " + s["verdict"])
-            by[str(conc)] = run.partial[str(conc)] = s
+            by[str(conc)] = part[str(conc)] = s
         overhead.toggle(cl.url, True)
         r0 = rank_status(status_of(cl))
         return {"ok": all("median" in v for v in by.values()), "concurrency": by, "cost": r0.get("cost"),
@@ -466,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                 "split_eager": ee, "gap": gap, "eager_buckets": bucket_checks(body)}
 
     def drain() -> dict:
+        part = run.partial  # this stage's own, as ab()'s
         out: dict = {"cpus": os.cpu_count()}
         end = time.time() + min(190.0, run.left() - 10)  # inside the stage's own limit (200 s): no run outlives it
         small = ["--batches", "1", "--window", "10", "--rounds", "2"]
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"(idle against idle: {r['gil_p99_floor_pct']:.2f}%; steps at its p99 in a drain-thread "
                     f"collection: {r['p99_steps_in_drain_gc'][0]} of {r['p99_steps_in_drain_gc'][1]}, p99 without "
                     f"them {r['gil_p99_no_drain_gc_pct']:.2f}%), {r['drain_us_per_record']:.0f} us/record")
-            out[key] = run.partial[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
+            out[key] = part[key] = [{k: v for k, v in r.items() if k != "gc_ms"} for r in rows]
             out[f"{key}_rc"] = done.returncode
             out[f"{key}_tail"] = done.stdout[-1500:] + done.stderr[-1500:]
         out["ok"] = all(out[f"{k}_rc"] == 0 and out[k] for k in ("rows", "gpu_rows"))

@@ -88,13 +88,18 @@ def test_a_missing_phase_fails(runner):
 def test_stage_time_limit_and_skip(runner, tmp_path):
     r, _ = runner
     run = r.Run(tmp_path, budget_s=1e9, dry=True)
-    def slow():
-        run.partial["first half"] = {"ok": True}  # what a stage finished before its limit
-        __import__("time").sleep(3)
+
+    def slow_then_late():
+        part = run.partial  # taken at the stage's start, as the runner's stages do
+        part["first half"] = {"ok": True}  # what a stage finished before its limit
+        __import__("time").sleep(1.0)
+        part["late"] = True  # the thread left behind writes after its stage timed out
         return {"ok": True}
 
-    res = run.stage("slow", slow, need_s=0, limit_s=0.5)
+    res = run.stage("slow", slow_then_late, need_s=0, limit_s=0.3)
     assert res["ok"] is False and "timed out" in res["error"] and res["partial"] == {"first half": {"ok": True}}
+    nxt = run.stage("next", lambda: __import__("time").sleep(1.5) or {"ok": True}, need_s=0, limit_s=5)
+    assert nxt["ok"] and "late" not in run.partial  # the next stage's dict is its own
     run.budget_s = 0
     assert run.stage("late", lambda: {"ok": True}, need_s=10, limit_s=5) is None
     saved = json.loads((tmp_path / "results.json").read_text())["stages"]
