@@ -16,7 +16,7 @@ Pure; imports only the package's record types.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from ..model.records import RequestEnd
 from .request_rows import LazyRows, row_dict
@@ -88,6 +88,17 @@ def starts_prefill(r: Optional[dict[str, Any]], com: int, prompt: Optional[int],
     ended unseen (:func:`ended_unseen`); else it continues a chunked prefill (the same prompt)."""
     return (r is None or r["finished"] or bool(retracted) or decode_steps(r) > r["decoded_at_prefill"]
             or ended_unseen(r, com, 0, prompt, ctx, retracted))
+
+
+def end_unheld(entries: Iterable[tuple[Any, dict[str, Any]]], held: frozenset[str], stamp: int) -> int:
+    """Profiling starts again: an unfinished request SGLang no longer holds (``held``: the rids it
+    does; an entry's key is its rid) finished while it was off; it ends now, partial (no record says
+    it finished, so no exporter exports it).  Returns how many ended."""
+    ended = [r for key, r in entries if not r["finished"] and key not in held]
+    for r in ended:
+        finish(r, stamp)
+        r["partial"] = True
+    return len(ended)
 
 
 def output_tokens(r: Mapping[str, Any]) -> int:

@@ -40,8 +40,8 @@ from typing import Any, Iterator, Optional, Union
 
 from ..model.names import ABORT_KINDS, KIND_DECODE
 from ..model.records import RequestEnd, StepRecord, accepted_drafts
-from .request_entry import (decode_steps, ended_unseen, finish, new_entry, starts_prefill, summarize, tok_s,
-                            totals_of)
+from .request_entry import (decode_steps, end_unheld, ended_unseen, finish, new_entry, starts_prefill, summarize,
+                            tok_s, totals_of)
 from .request_rows import W, Meta, Metas, Rows, StepRow, append_all, meta_of, prune
 
 __all__ = ["CHUNK", "MAX_ROWS", "RequestLog", "StepRow"]
@@ -62,16 +62,8 @@ class RequestLog:
         self.capacity = max(1, capacity)
         self.max_steps = max(0, max_steps)
         self.max_rows = max(0, max_rows)
-        self._reqs: "OrderedDict[Key, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
-        self._with_rows: "OrderedDict[Key, None]" = OrderedDict()  # keys holding rows, oldest first
-        self._cells: dict[str, array] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
-        self._metas: Metas = {}  # key -> a decode step's shared facts, for the rows that refer to it
         self._key = 0  # the next decode step's key (increasing; steps that kept no row leave holes)
-        self._prune_at = PRUNE
-        self.rows = 0
-        self.evicted = 0
-        self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
-        self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)  # the same, by how they waited (RequestEnd.kind)
+        self.clear()
 
     def __len__(self) -> int:
         return len(self._reqs)
@@ -378,16 +370,21 @@ class RequestLog:
     def to_state(self, with_steps: bool = False) -> list[dict[str, Any]]:
         return [summarize(r, with_steps=with_steps) for r in self._reqs.values()]
 
+    def ended_while_off(self, held: frozenset[str], stamp: int) -> int:
+        """Profiling starts again: ``request_entry.end_unheld`` over the history."""
+        return end_unheld(self._reqs.items(), held, stamp)
+
     def clear(self) -> None:
-        self._reqs.clear()
-        self._with_rows.clear()
-        self._cells.clear()
-        self._metas.clear()
+        """No request (the history as new; the step keys go on)."""
+        self._reqs: "OrderedDict[Key, dict[str, Any]]" = OrderedDict()  # "step_rows": a Rows
+        self._with_rows: "OrderedDict[Key, None]" = OrderedDict()  # keys holding rows, oldest first
+        self._cells: dict[str, array] = {}  # rid -> the cells of its ring entry's rows (Rows.cells)
+        self._metas: Metas = {}  # key -> a decode step's shared facts, for the rows that refer to it
         self._prune_at = PRUNE
         self.rows = 0
         self.evicted = 0
-        self.aborted = 0
-        self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)
+        self.aborted = 0  # requests aborted while waiting in SGLang's queue, seen by a step or not
+        self.aborted_by = dict.fromkeys(ABORT_KINDS, 0)  # the same, by how they waited (RequestEnd.kind)
 
 
 def _use_key(rid: str, use: int) -> Key:

@@ -45,6 +45,25 @@ def ended_request(req: Any) -> RequestEnd:
                       int(getattr(req, "retraction_count", 0) or 0))
 
 
+def held_rids(scheduler: Any) -> Optional[frozenset[str]]:
+    """The rids (as the history keeps them) of the requests SGLang still holds unfinished: its waiting
+    queue, running batch, last batch and chunked request; read where profiling starts again (a request
+    the history holds unfinished and SGLang does not ended while it was off).  None where SGLang holds
+    requests elsewhere too (disaggregation, diffusion LLMs, pipeline stages) or they cannot be read."""
+    try:
+        mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
+        if mode != "null" or getattr(scheduler, "dllm_config", None) is not None \
+                or getattr(getattr(scheduler, "server_args", None), "pp_size", 1) != 1:
+            return None
+        reqs = [*scheduler.waiting_queue, *scheduler.running_batch.reqs,
+                *(getattr(getattr(scheduler, "last_batch", None), "reqs", None) or ())]
+        if getattr(scheduler, "chunked_req", None) is not None:
+            reqs.append(scheduler.chunked_req)
+        return frozenset(short_rid(r.rid) for r in reqs if not req_finished(r))
+    except Exception:  # noqa: BLE001 - another layout: nothing is judged ended
+        return None
+
+
 FINISHED_REASON = attrgetter("finished_reason")
 _RETRACTED = attrgetter("is_retracted")
 

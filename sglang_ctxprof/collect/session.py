@@ -20,12 +20,13 @@ handle (``hooks.SESSION``), which ``sglang_ctxprof.phase()`` reads too.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from ..control.handler import handle
 from ..model.config import CtxProfConfig
 from ..model.sinks import ExporterSet
-from . import graph_hooks, hooks
+from . import adapter_ends, graph_hooks, hooks
 from .clocks import Clock
 from .instrumentor import CtxProfInstrumentor
 from .profiler import Profiler
@@ -85,6 +86,10 @@ class CtxProfSession:
         report = inst.instrument(self.targets, HOOKS, self.signatures, groups=[GROUP_TIMING])
         p.hook_report = dict(report)
         p.active = True
+        held = adapter_ends.held_rids(p.scheduler) if p.scheduler is not None else None
+        if held is not None:  # what finished while profiling was off ends now (partial), not never
+            stamp = time.time_ns()
+            p.recorder.with_aggregator(lambda a: a.requests.ended_while_off(held, stamp))
         p.resume()
         if p.exporters is not None:  # the exporters' own thread (the log summary's)
             p.guard.run("exporter", p.exporters.resume)

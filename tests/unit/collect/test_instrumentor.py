@@ -271,3 +271,26 @@ def test_hooks_that_fail_from_the_first_step_on_still_bind_the_exporters(prof):
     assert reqs[0].spec_verify_ct == 1
     assert prof.guard.status()["components"] == {"hooks": "RuntimeError: hooks broken from the start"}
     assert prof.scheduler is sched and prof.recorder.running()  # bound: the drain and the exporters' facts
+
+
+def test_a_request_that_finished_while_profiling_was_off_ends_when_profiling_starts_again():
+    """``disable``, a request finishes, ``enable``: SGLang no longer holds it, so it ends (partial),
+    where it used to stay unfinished until evicted; one SGLang still runs stays open."""
+    from types import SimpleNamespace
+
+    with instrumented(TARGETS) as session:
+        p = session.profiler
+        sched = fakes.Scheduler(fakes.Worker(0.001))
+        a, b = fakes.Req("a", 100), fakes.Req("b", 100)
+        for _ in range(2):
+            batch = fakes.Batch([a, b])
+            sched.process_batch_result(batch, sched.run_batch(batch))
+        session.disable()
+        a.max_new = 1  # a finished while nothing was recorded; b still runs (SGLang holds it)
+        sched.waiting_queue, sched.running_batch, sched.last_batch, sched.chunked_req = [], SimpleNamespace(
+            reqs=[a, b]), None, None
+        session.enable()
+        p.recorder.flush()
+        ra, rb = (p.recorder.with_aggregator(lambda g, r=r: g.request(r)) for r in ("a", "b"))
+        assert ra["finished"] and ra["partial"] and ra["steps"] == 2
+        assert not rb["finished"] and rb["partial"]
