@@ -251,6 +251,11 @@ def test_a_reset_or_a_pause_mid_request_raises_no_counter(server):
     for rid in mid:  # and says so: its totals are a lower bound
         status, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{rid}")
         assert status == 200 and r["partial"] is True and r["finished"], r
+    off = f"mid-off-{uuid.uuid4().hex[:6]}"  # finishes while profiling is off: it ends when it is on again
+    _stream_acting(url, off, {8: names.ROUTE + "/disable"})
+    assert http("POST", url + names.ROUTE + "/enable")[0] == 200
+    status, r = http("GET", f"{url}{names.ROUTE_REQUESTS}/{off}")
+    assert status == 200 and r["partial"] is True and r["finished"] is True, r
     before = audit(url)["checked"]["requests"]
     generate(url, rand_ids(120, seed=94), 12)  # finishes after both: its check comes after theirs
     a = _settled(url, before, 1)
