@@ -359,7 +359,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     results = {"device": DEV.name, "dry_run": a.dry_run, "checks": {}}
     ok_all = True
-    for name, fn in (("graph_vs_eager", lambda: check_graph_vs_eager(a.layers, a.steps, a.dry_run, a.eager_report_only)),
+    eager_only = a.eager_report_only
+    for name, fn in (("graph_vs_eager", lambda: check_graph_vs_eager(a.layers, a.steps, a.dry_run, eager_only)),
                      ("overhead", lambda: check_overhead(a.layers, a.dry_run)),
                      ("no_sync", lambda: check_no_sync(a.layers, a.steps, a.dry_run))):
         try:

@@ -151,7 +151,8 @@ def test_a_probe_kit_past_its_time_keeps_the_probes_it_finished(runner, tmp_path
         return real(cmd, *a, **kw)
 
     monkeypatch.setattr(r.subprocess, "run", short)
-    r.main([str(tmp_path / "out"), "--dry", "--work", str(tmp_path / "w"), "--skip", "imports,server_graph,eager,drain"])
+    r.main([str(tmp_path / "out"), "--dry", "--work", str(tmp_path / "w"),
+            "--skip", "imports,server_graph,eager,drain"])
     stage = json.loads((tmp_path / "out" / "results.json").read_text())["stages"]["probe"]
     assert stage["ok"] is False and stage["rc"] == "timeout"
     merged = json.loads((tmp_path / "out" / "probes.json").read_text())
