@@ -26,7 +26,7 @@ from ..model.rids import valid_rid
 from .main import CliError
 
 MAX_SLOWEST = names.MAX_SLOWEST
-# what of a server's setup decides its decode speed (SGLang's /get_server_info keys)
+# what of a server's setup decides its decode speed (keys of SGLang's /server_info)
 SETUP_KEYS = ("version", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
               "speculative_eagle_topk", "speculative_num_draft_tokens", "attention_backend", "dtype",
               "kv_cache_dtype", "quantization", "tp_size", "dp_size", "enable_dp_attention", "disable_cuda_graph",

@@ -198,10 +198,11 @@ def arms_report(out: Path) -> dict[str, Any]:
     plain_arm(ev["plain"], f"the plain arm {out / 'plain'}")
     led = ledger(ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     led["plain_source"] = ev["plain"].source
-    predicted = {round(r["ctx"]): r["speedup"] for r in led.get("rows") or []}
+    at = {r["label"]: r for r in led.get("rows") or []}  # a row's label is its sweep context (its x: where
+    predicted = {label: r["speedup"] for label, r in at.items()}  # its steps ran, a little later)
     table = []
     for ctx in sorted({p["ctx"] for p in runs["spec"][1]} & {p["ctx"] for p in runs["plain"][1]}):
-        row: dict[str, Any] = {"ctx": ctx, "predicted_speedup": predicted.get(ctx)}
+        row: dict[str, Any] = {"ctx": ctx, "predicted_speedup": predicted.get(str(ctx))}
         for key, name in (("server_wall_tok_s", "server"), ("decode_tok_s", "client")):
             by = {arm: {p["repeat"]: p.get(key) for p in runs[arm][1] if p["ctx"] == ctx} for arm in ARMS}
             spec = {r: v for r, v in by["spec"].items() if v}
@@ -227,8 +228,8 @@ def arms_report(out: Path) -> dict[str, Any]:
     by = "server" if table and all(t["server"]["speedup"] for t in table) else "client"  # one kind for all
     for t in table:  # a crossover between a server figure and a client one would mean nothing
         t["speedup"], t["speedup_by"] = t[by]["speedup"], by
-    measured = [{"ctx": float(t["ctx"]), "label": str(t["ctx"]), "speedup": t["speedup"],
-                 "al": next((r["al"] for r in led.get("rows") or [] if round(r["ctx"]) == t["ctx"]), 1.0)}
+    measured = [{"ctx": float(at[str(t["ctx"])]["ctx"] if str(t["ctx"]) in at else t["ctx"]), "label": str(t["ctx"]),
+                 "speedup": t["speedup"], "al": at[str(t["ctx"])]["al"] if str(t["ctx"]) in at else 1.0}
                 for t in table if t["speedup"] is not None]
     cross = crossover(measured, ledger_points(ev["spec"]), ledger_points(ev["plain"]))
     return {"table": table, "crossover": cross, "ledger": led}

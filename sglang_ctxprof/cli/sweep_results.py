@@ -69,7 +69,7 @@ def prepare_out(out: Path, resume: bool, meta: dict) -> Path:
         if prev.get("server_args") and meta.get("server_args") and prev["server_args"] != meta["server_args"]:
             diff.append("server_args")
         was, now = prev.get("server_setup") or {}, meta.get("server_setup") or {}
-        if was and now:  # the server's own setup (/get_server_info): a --url sweep has no server_args
+        if was and now:  # the server's own setup (/server_info): a --url sweep has no server_args
             diff += [f"server {k}" for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]
         if diff:
             raise CliError(f"cannot --resume {out}: settings differ from the saved run ({', '.join(diff)})")

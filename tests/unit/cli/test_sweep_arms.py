@@ -204,3 +204,32 @@ def test_a_hand_edited_arms_point_is_one_line(tmp_path, capsys, edit):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert rc == 0 or (rc == 2 and "point-c004000-r00.json" in err), err
+
+
+def _arms_dirs(tmp_path, offset):
+    """Both arms at 1000/4000/8000 tokens, speculation paying at each (so the crossover is
+    extrapolated with the speculative arm's acceptance); ``offset``: how far past the prompt the
+    points' steps ran (their breakdown's ``mean_ctx``; 0: a point saved without it)."""
+    steps = {1000: (20.0, 10.0), 4000: (26.0, 11.0), 8000: (32.0, 12.0)}
+    for arm in ("spec", "plain"):
+        d = tmp_path / arm
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"arm": arm, "ctx": sorted(steps)}))
+        for ctx, (s_step, p_step) in steps.items():
+            for rep in range(2):
+                al = 3.0 if arm == "spec" else 1.0
+                step = s_step if arm == "spec" else p_step
+                p = _point(arm, ctx, rep, 1e3 * al / (step + 0.1), al, step, 2.0 + ctx / 1e3)
+                if offset:
+                    p["breakdown"]["mean_ctx"] = ctx + offset
+                (d / f"point-c{ctx:06d}-r{rep:02d}.json").write_text(json.dumps(p))
+    return arms_report(tmp_path)
+
+
+def test_points_placed_where_their_steps_ran_keep_the_table_and_crossover(tmp_path):
+    """The ledger's rows sit at the points' step contexts (a little past their prompts): the table and
+    the extrapolated crossover still find each context's row (by its label), acceptance included."""
+    at_prompt, later = _arms_dirs(tmp_path / "a", 0), _arms_dirs(tmp_path / "b", 40)
+    assert at_prompt["crossover"]["how"] == later["crossover"]["how"] == "extrapolated"
+    assert later["crossover"]["ctx"] == pytest.approx(at_prompt["crossover"]["ctx"] + 40, rel=0.02)
+    assert [r["ctx"] for r in later["ledger"]["rows"]] == [1040.0, 4040.0, 8040.0]
