@@ -128,7 +128,8 @@ def arms(servers, name, repeats=PLANTED_REPEATS, long=LONG):
 
 
 def _rows(rep):
-    return {round(r["ctx"]): r for r in rep["ledger"]["rows"]}
+    """The ledger's rows by their sweep context (the label; a row's ctx is where its steps ran)."""
+    return {int(r["label"]): r for r in rep["ledger"]["rows"]}
 
 
 def _clock(servers, clock):
